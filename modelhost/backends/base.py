@@ -1,0 +1,56 @@
+"""The backend contract: a backend loads model files into Model instances that run batches."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.types import TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSignature:
+    """Inputs and outputs as the model file declares them (full shapes, -1 where variable)."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSettings:
+    """What the core decides for one instance: its index and the CPU threads it may use."""
+
+    index: int
+    threads: int
+
+
+class Model(abc.ABC):
+    """One loaded instance. `infer` is never called concurrently on the same instance."""
+
+    @abc.abstractmethod
+    def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        """Run one batch; return at least the named outputs."""
+
+    def unload(self) -> None:
+        """Free the instance's memory; it is never used again."""
+
+
+class Backend(abc.ABC):
+    """Stateless factory for one model format. Called off the event loop; may be slow."""
+
+    name: str
+    platform: str
+    default_filename: str
+
+    @abc.abstractmethod
+    def describe(self, path: Path) -> ModelSignature:
+        """Read the model file's inputs and outputs (for config completion and checks)."""
+
+    @abc.abstractmethod
+    def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
+        """Load one instance of the model at `path` (the version's model file or directory)."""

@@ -1,0 +1,145 @@
+"""ONNX Runtime backend on CPU: one InferenceSession per instance.
+
+Session options come from config `parameters` (Triton's onnxruntime names or ORT's own):
+intra_op_thread_count / intra_op_num_threads, inter_op_thread_count / inter_op_num_threads,
+graph_optimization_level (disable_all | basic | extended | all), or Triton's
+`optimization { graph { level } }` (-1 basic, 0 all, 1 extended).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
+from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.types import TensorSpec
+
+_ONNX_TYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+_LEVELS = {
+    "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+_TRITON_LEVELS = {-1: "basic", 0: "all", 1: "extended"}
+_ORT_ERROR = ort.capi.onnxruntime_pybind11_state
+_ORT_LOG_ERRORS_ONLY = 3
+
+
+class OnnxBackend(Backend):
+    name = "onnxruntime"
+    platform = "onnxruntime_onnx"
+    default_filename = "model.onnx"
+
+    def describe(self, path: Path) -> ModelSignature:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = _ORT_LOG_ERRORS_ONLY
+        session = ort.InferenceSession(_model_file(path), options, providers=["CPUExecutionProvider"])
+        return ModelSignature(
+            inputs=tuple(_spec(arg) for arg in session.get_inputs()),
+            outputs=tuple(_spec(arg) for arg in session.get_outputs()),
+        )
+
+    def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
+        options = session_options(config, instance.threads)
+        session = ort.InferenceSession(_model_file(path), options, providers=["CPUExecutionProvider"])
+        return OnnxModel(session)
+
+
+class OnnxModel(Model):
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self._session: ort.InferenceSession | None = session
+        self._string_inputs = {arg.name for arg in session.get_inputs() if arg.type == "tensor(string)"}
+
+    def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        assert self._session is not None, "instance used after unload"
+        feeds = inputs
+        if self._string_inputs:
+            feeds = {name: _to_str(name, a) if name in self._string_inputs else a for name, a in inputs.items()}
+        try:
+            results = self._session.run(list(outputs), feeds)
+        except _ORT_ERROR.InvalidArgument as exc:
+            raise ModelhostError(ErrorKind.INVALID_INPUT, f"onnxruntime: {exc}") from exc
+        except Exception as exc:  # onnxruntime raises several unrelated types for run-time failures
+            raise ModelhostError(ErrorKind.INTERNAL, f"onnxruntime: {exc}") from exc
+        return {name: _from_ort(result) for name, result in zip(outputs, results)}
+
+    def unload(self) -> None:
+        self._session = None
+
+
+def session_options(config: ModelConfig, default_threads: int) -> ort.SessionOptions:
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    options = ort.SessionOptions()
+    options.log_severity_level = _ORT_LOG_ERRORS_ONLY
+    options.intra_op_num_threads = _int_param(params, default_threads, "intra_op_thread_count", "intra_op_num_threads")
+    options.inter_op_num_threads = _int_param(params, 1, "inter_op_thread_count", "inter_op_num_threads")
+    level = params.get("graph_optimization_level")
+    if level is None and config.optimization.HasField("graph"):
+        level = _TRITON_LEVELS.get(config.optimization.graph.level, "all")
+    if level is not None:
+        if level.lower() not in _LEVELS:
+            raise ValueError(f"parameter graph_optimization_level '{level}' is not one of {', '.join(_LEVELS)}")
+        options.graph_optimization_level = _LEVELS[level.lower()]
+    return options
+
+
+def _int_param(params: dict[str, str], default: int, *names: str) -> int:
+    for name in names:
+        if name in params:
+            try:
+                value = int(params[name])
+            except ValueError:
+                raise ValueError(f"parameter {name} must be an integer, got '{params[name]}'") from None
+            if value < 0:
+                raise ValueError(f"parameter {name} must be >= 0, got {value}")
+            return value
+    return default
+
+
+def _model_file(path: Path) -> str:
+    # Triton also accepts a directory model.onnx/ holding model.onnx plus external data.
+    return str(path / path.name if path.is_dir() else path)
+
+
+def _spec(arg: ort.NodeArg) -> TensorSpec:
+    datatype = _ONNX_TYPES.get(arg.type)
+    if datatype is None:
+        raise ValueError(f"tensor '{arg.name}' has type {arg.type}, which modelhost does not serve")
+    shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or []))
+    return TensorSpec(arg.name, datatype, shape)
+
+
+def _to_str(name: str, array: np.ndarray) -> np.ndarray:
+    # onnxruntime string tensors take str objects; bytes would be stringified as "b'...'".
+    try:
+        return np.array([b.decode("utf-8") if isinstance(b, bytes) else b for b in array.flat],
+                        dtype=object).reshape(array.shape)
+    except UnicodeDecodeError as exc:
+        raise ModelhostError(ErrorKind.INVALID_INPUT, f"input '{name}': onnxruntime needs UTF-8 strings: {exc}") from exc
+
+
+def _from_ort(result: np.ndarray) -> np.ndarray:
+    if result.dtype == np.object_:
+        return np.array([s.encode("utf-8") for s in result.flat], dtype=object).reshape(result.shape)
+    return result

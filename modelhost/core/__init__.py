@@ -1,0 +1,1 @@
+"""The protocol-neutral core: data plane, control, model manager, scheduling."""

@@ -1,0 +1,79 @@
+"""The only object protocol front-ends call for health, metadata and inference."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from modelhost.config.loader import config_to_json
+from modelhost.core.manager import ModelManager
+from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.types import InferRequest, InferResponse, ModelMetadata
+
+log = logging.getLogger("modelhost.dataplane")
+
+SERVER_NAME = "modelhost"
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository")
+
+
+class DataPlane:
+    def __init__(self, manager: ModelManager, version: str, strict_readiness: bool) -> None:
+        self._manager = manager
+        self._version = version
+        self._strict_readiness = strict_readiness
+        self._started = False
+
+    def mark_started(self) -> None:
+        self._started = True
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        """Started and done loading; with strict readiness, also every model READY."""
+        if not self._started or self._manager.loading():
+            return False
+        return self._manager.all_ready() if self._strict_readiness else True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": self._version, "extensions": list(EXTENSIONS)}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self._manager.get(name, version)
+        except ModelhostError:
+            return False
+        return True
+
+    def metadata(self, name: str, version: str = "") -> ModelMetadata:
+        served = self._manager.get(name, version)
+        signature = served.signature
+        return ModelMetadata(
+            name=served.name,
+            versions=tuple(str(v) for v in self._manager.versions(name)),
+            platform=served.config.platform or served.config.backend,
+            inputs=signature.specs(signature.inputs),
+            outputs=signature.specs(signature.outputs),
+        )
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        return config_to_json(self._manager.get(name, version).config)
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        served = self._manager.get(request.model_name, request.model_version)
+        signature = served.signature
+        inputs, _ = signature.check_inputs(request.inputs)
+        names = signature.check_outputs(request.outputs)
+        try:
+            results = await served.scheduler.submit(inputs, names)
+        except ModelhostError:
+            raise
+        except Exception as exc:
+            log.exception("model %s version %d failed", served.name, served.version)
+            raise ModelhostError(ErrorKind.INTERNAL, f"model '{served.name}' failed: {exc}") from exc
+        return InferResponse(
+            model_name=served.name,
+            model_version=str(served.version),
+            outputs=signature.shape_outputs(results, names),
+            id=request.id,
+        )

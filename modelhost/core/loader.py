@@ -1,0 +1,110 @@
+"""Turn a model directory into served versions: read, complete and check the config, load instances.
+
+Everything here blocks (file reads, session creation); the manager calls it in a thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelhost.backends import backend_for_filename, backend_name, get_backend
+from modelhost.backends.base import Backend, InstanceSettings
+from modelhost.config.completion import apply_defaults, complete_config
+from modelhost.config.loader import ConfigError, read_config
+from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.core.scheduler import Scheduler
+from modelhost.core.signature import Signature
+from modelhost.store.local import ModelSource
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One loaded, ready version of a model."""
+
+    name: str
+    version: int
+    config: ModelConfig
+    signature: Signature
+    scheduler: Scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    """What the loader found in a model directory before loading: config, backend, versions to load."""
+
+    config: ModelConfig
+    backend: Backend
+    versions: tuple[int, ...]
+
+
+def plan_model(source: ModelSource) -> LoadPlan:
+    """Read the model's config and pick the versions its version policy serves."""
+    config = read_config(source.path) or ModelConfig()
+    backend = get_backend(_resolve_backend(config, source))
+    apply_defaults(config, source.name, backend.platform, backend.name)
+    return LoadPlan(config, backend, select_versions(config, source))
+
+
+def _resolve_backend(config: ModelConfig, source: ModelSource) -> str:
+    if config.platform or config.backend:
+        try:
+            return backend_name(config.platform, config.backend)
+        except LookupError as exc:
+            raise ConfigError(f"config.pbtxt: {exc}") from None
+    for version in reversed(source.versions):
+        filename = config.default_model_filename
+        candidates = [filename] if filename else [p.name for p in (source.path / str(version)).iterdir()]
+        for candidate in candidates:
+            name = backend_for_filename(candidate)
+            if name:
+                return name
+    raise ConfigError(
+        f"no platform or backend in the config of model '{source.name}', and no known model file "
+        f"(e.g. model.onnx) in its version directories to infer one from"
+    )
+
+
+def select_versions(config: ModelConfig, source: ModelSource) -> tuple[int, ...]:
+    available = source.versions
+    if not available:
+        raise ConfigError(f"model '{source.name}' has no version directory (e.g. {source.path}/1/)")
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return available
+    if choice == "specific":
+        missing = [v for v in policy.specific.versions if v not in available]
+        if missing:
+            raise ConfigError(
+                f"version_policy specific lists version(s) {missing} that have no directory in {source.path}"
+            )
+        return tuple(sorted(set(policy.specific.versions)))
+    count = max(policy.latest.num_versions, 1)
+    return available[-count:]
+
+
+def load_version(
+    source: ModelSource, version: int, plan: LoadPlan, cpu_count: int, default_max_batch_size: int
+) -> ServedModel:
+    backend = plan.backend
+    filename = plan.config.default_model_filename or backend.default_filename
+    path: Path = source.path / str(version) / filename
+    if not path.exists():
+        raise ConfigError(f"model file {path} does not exist")
+    signature = backend.describe(path)
+    config = complete_config(
+        plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", default_max_batch_size
+    )
+    count = sum(group.count for group in config.instance_group)
+    threads = max(1, cpu_count // count)
+    label = f"{source.name}:{version}"
+    instances = []
+    try:
+        for index in range(count):
+            instances.append(backend.load(path, config, InstanceSettings(index, threads)))
+    except BaseException:
+        for instance in instances:
+            instance.unload()
+        raise
+    return ServedModel(source.name, version, config, Signature.from_config(config), Scheduler(label, instances))

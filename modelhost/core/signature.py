@@ -1,0 +1,130 @@
+"""A model's served signature, derived once from its completed config, and request checks against it.
+
+Checks run per request on the hot path, so they compare precomputed tuples only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from modelhost.config.datatypes import v2_datatype
+from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.errors import invalid
+from modelhost.types import DATATYPE_DTYPES, RequestedOutput, TensorSpec, datatype_of, format_shape
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRule:
+    name: str
+    datatype: str
+    dtype: np.dtype
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    model: str
+    max_batch_size: int
+    inputs: dict[str, TensorRule]
+    outputs: dict[str, TensorRule]
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> Signature:
+        def rule(tensor, optional: bool) -> TensorRule:  # type: ignore[no-untyped-def]
+            datatype = v2_datatype(tensor.data_type)
+            reshape = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None
+            return TensorRule(tensor.name, datatype, DATATYPE_DTYPES[datatype], tuple(tensor.dims), reshape, optional)
+
+        return cls(
+            config.name,
+            config.max_batch_size,
+            {t.name: rule(t, t.optional) for t in config.input},
+            {t.name: rule(t, False) for t in config.output},
+        )
+
+    def specs(self, rules: dict[str, TensorRule]) -> tuple[TensorSpec, ...]:
+        batch = (-1,) if self.max_batch_size > 0 else ()
+        return tuple(TensorSpec(r.name, r.datatype, batch + r.dims, r.optional) for r in rules.values())
+
+    def check_inputs(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """Validate request inputs; return them shaped as the backend wants, and the batch size (1 if unbatched)."""
+        for name in inputs:
+            if name not in self.inputs:
+                raise invalid(
+                    f"unexpected inference input '{name}' for model '{self.model}'; "
+                    f"its inputs are {', '.join(repr(n) for n in self.inputs)}"
+                )
+        batch = -1
+        feeds: dict[str, np.ndarray] = {}
+        for rule in self.inputs.values():
+            array = inputs.get(rule.name)
+            if array is None:
+                if rule.optional:
+                    continue
+                raise invalid(f"missing inference input '{rule.name}' for model '{self.model}'")
+            if array.dtype != rule.dtype and not (rule.datatype == "BYTES" and array.dtype.kind in "SUO"):
+                raise invalid(
+                    f"input '{rule.name}' has datatype {datatype_of(array)}, "
+                    f"but model '{self.model}' expects {rule.datatype}"
+                )
+            shape = array.shape
+            if self.max_batch_size > 0:
+                batch = self._check_batch(rule, shape, batch)
+                body = shape[1:]
+            else:
+                body = shape
+            if len(body) != len(rule.dims) or any(d != -1 and d != s for d, s in zip(rule.dims, body)):
+                expected = ((-1,) if self.max_batch_size > 0 else ()) + rule.dims
+                raise invalid(
+                    f"input '{rule.name}' has shape {format_shape(shape)}, "
+                    f"but model '{self.model}' expects {format_shape(expected)}"
+                )
+            if rule.reshape is not None:
+                array = array.reshape(shape[:1] + rule.reshape if self.max_batch_size > 0 else rule.reshape)
+            feeds[rule.name] = array
+        return feeds, max(batch, 1)
+
+    def _check_batch(self, rule: TensorRule, shape: tuple[int, ...], batch: int) -> int:
+        if not shape:
+            raise invalid(f"input '{rule.name}' is a scalar, but model '{self.model}' needs a batch dimension")
+        if shape[0] > self.max_batch_size:
+            raise invalid(
+                f"input '{rule.name}' has batch size {shape[0]}, above max_batch_size "
+                f"{self.max_batch_size} of model '{self.model}'"
+            )
+        if batch != -1 and shape[0] != batch:
+            raise invalid(
+                f"input '{rule.name}' has batch size {shape[0]}, but other inputs have {batch}; "
+                "all inputs of a request share the batch dimension"
+            )
+        return int(shape[0])
+
+    def check_outputs(self, requested: list[RequestedOutput] | None) -> list[str]:
+        """Names of the outputs to compute, in response order."""
+        if not requested:
+            return list(self.outputs)
+        names = []
+        for output in requested:
+            if output.name not in self.outputs:
+                raise invalid(
+                    f"unexpected inference output '{output.name}' for model '{self.model}'; "
+                    f"its outputs are {', '.join(repr(n) for n in self.outputs)}"
+                )
+            names.append(output.name)
+        return names
+
+    def shape_outputs(self, results: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        """Outputs in response order, reshaped from the backend's `reshape` to the API's `dims`."""
+        shaped = {}
+        for name in names:
+            array = results[name]
+            rule = self.outputs[name]
+            if rule.reshape is not None:
+                lead = array.shape[:1] if self.max_batch_size > 0 else ()
+                array = array.reshape(lead + rule.dims)
+            shaped[name] = array
+        return shaped

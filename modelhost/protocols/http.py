@@ -1,0 +1,168 @@
+"""The one ASGI application: routes from the enabled protocols, errors mapped to HTTP statuses.
+
+Protocol modules hand in `Route`s; this module owns request reading, dispatch, the
+ErrorKind -> status table and the lifespan hooks. Handlers get the whole body as bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from modelhost.errors import ErrorKind, ModelhostError, invalid
+
+log = logging.getLogger("modelhost.http")
+
+STATUS = {
+    ErrorKind.INVALID_INPUT: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.OVERLOADED: 503,
+    ErrorKind.TIMEOUT: 504,
+    ErrorKind.UNSUPPORTED: 501,
+    ErrorKind.INTERNAL: 500,
+}
+JSON = b"application/json"
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str
+    headers: dict[bytes, bytes]
+    params: dict[str, str]
+    body: bytes
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int = 200
+    body: Sequence[bytes] = ()
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    pattern: str
+    handler: Handler
+
+
+def json_response(document: Any, status: int = 200) -> HttpResponse:
+    return HttpResponse(status, [orjson.dumps(document)], [(b"content-type", JSON)])
+
+
+def error_response(status: int, message: str) -> HttpResponse:
+    return json_response({"error": message}, status)
+
+
+class HttpApp:
+    """ASGI callable. `startup`/`shutdown` run in the lifespan protocol, around serving."""
+
+    def __init__(
+        self,
+        routes: Sequence[Route],
+        startup: Callable[[], Awaitable[None]] | None = None,
+        shutdown: Callable[[], Awaitable[None]] | None = None,
+        max_body_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self._routes = [(r.method, re.compile(r.pattern), r.handler) for r in routes]
+        self._startup = startup
+        self._shutdown = shutdown
+        self._max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            response = await self._handle(scope, receive)
+            await _send(send, response)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _handle(self, scope: dict[str, Any], receive: Any) -> HttpResponse:
+        path, method = scope["path"], scope["method"]
+        handler, params, path_known = None, {}, False
+        for route_method, pattern, route_handler in self._routes:
+            match = pattern.fullmatch(path)
+            if match:
+                path_known = True
+                if route_method == method:
+                    handler, params = route_handler, {k: v for k, v in match.groupdict().items() if v is not None}
+                    break
+        if handler is None:
+            return error_response(405, "Method Not Allowed") if path_known else error_response(404, "Not Found")
+        headers = dict(scope["headers"])
+        try:
+            body = await self._read_body(receive, headers)
+            return await handler(HttpRequest(method, path, headers, params, body))
+        except ModelhostError as exc:
+            return error_response(STATUS[exc.kind], exc.message)
+        except Exception as exc:
+            log.exception("%s %s failed", method, path)
+            return error_response(500, f"internal error: {exc}")
+
+    async def _read_body(self, receive: Any, headers: dict[bytes, bytes]) -> bytes:
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise invalid("client disconnected before sending the whole body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._max_body_bytes:
+                raise invalid(f"request body exceeds the {self._max_body_bytes}-byte limit (--http-max-body-bytes)")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        encoding = headers.get(b"content-encoding", b"identity").lower()
+        if encoding == b"gzip":
+            return _decompress(gzip.decompress, body, "gzip")
+        if encoding == b"deflate":
+            return _decompress(zlib.decompress, body, "deflate")
+        if encoding != b"identity":
+            raise invalid(f"Content-Encoding {encoding.decode(errors='replace')} is not supported (gzip, deflate)")
+        return body
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    if self._startup:
+                        await self._startup()
+                except Exception as exc:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._shutdown:
+                    await self._shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _decompress(function: Callable[[bytes], bytes], body: bytes, name: str) -> bytes:
+    try:
+        return function(body)
+    except (OSError, zlib.error) as exc:
+        raise invalid(f"request body is not valid {name} data: {exc}") from None
+
+
+async def _send(send: Any, response: HttpResponse) -> None:
+    body = response.body[0] if len(response.body) == 1 else b"".join(response.body)
+    headers = response.headers
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,1 @@
+"""KServe V2 / Open Inference Protocol with Triton's extensions."""

@@ -1,0 +1,275 @@
+"""KServe V2 inference bodies <-> core types: JSON tensors and Triton's binary tensor data extension.
+
+Pure functions with no I/O, shared by the HTTP front-end and (later) the Python client.
+Binary inputs become numpy views of the request body (np.frombuffer): no copy in Python.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+
+from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.types import DATATYPE_DTYPES, InferRequest, InferResponse, RequestedOutput, datatype_of, format_shape
+
+_JSON_ONLY_BINARY = ("FP16", "BF16")
+_U32 = struct.Struct("<I")
+
+
+def decode_infer_request(
+    body: bytes, header_length: int | None, model_name: str, model_version: str = ""
+) -> InferRequest:
+    """Parse a V2 infer body; `header_length` is Inference-Header-Content-Length (None: all JSON)."""
+    if header_length is None:
+        header_length = len(body)
+    elif header_length == 0:
+        raise ModelhostError(
+            ErrorKind.UNSUPPORTED,
+            "raw binary requests (Inference-Header-Content-Length: 0) are not supported; send a JSON header",
+        )
+    elif not 0 < header_length <= len(body):
+        raise invalid(
+            f"Inference-Header-Content-Length {header_length} is outside the request body of {len(body)} bytes"
+        )
+    view = memoryview(body)
+    document = _parse_json(view[:header_length])
+    offset = header_length
+    inputs: dict[str, np.ndarray] = {}
+    for index, entry in enumerate(_list_field(document, "inputs", required=True)):
+        name, datatype, shape, parameters = _tensor_header(entry, f"inputs[{index}]")
+        if name in inputs:
+            raise invalid(f"input '{name}' appears twice in the request")
+        size = parameters.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise invalid(f"input '{name}': binary_data_size must be a non-negative integer, got {size!r}")
+            if offset + size > len(body):
+                raise invalid(
+                    f"input '{name}': binary_data_size {size} exceeds the {len(body) - offset} bytes "
+                    "of binary data left in the request body"
+                )
+            inputs[name] = tensor_from_bytes(name, datatype, shape, view[offset : offset + size])
+            offset += size
+        elif "data" in entry:
+            inputs[name] = tensor_from_json(name, datatype, shape, entry["data"])
+        else:
+            raise invalid(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
+    if offset != len(body):
+        raise invalid(f"request body has {len(body) - offset} bytes of binary data that no input claims")
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=inputs,
+        id=_string_field(document, "id"),
+        outputs=_requested_outputs(document),
+        parameters=_dict_field(document, "parameters", "request"),
+    )
+
+
+def _parse_json(header: memoryview) -> dict[str, Any]:
+    try:
+        document = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise invalid("request body must be a JSON object with an 'inputs' list")
+    return document
+
+
+def _list_field(document: dict[str, Any], field: str, required: bool = False) -> list[Any]:
+    value = document.get(field)
+    if value is None:
+        if required:
+            raise invalid(f"request has no '{field}' list")
+        return []
+    if not isinstance(value, list):
+        raise invalid(f"request field '{field}' must be a list, got {type(value).__name__}")
+    return value
+
+
+def _string_field(document: dict[str, Any], field: str) -> str:
+    value = document.get(field, "")
+    if not isinstance(value, str):
+        raise invalid(f"request field '{field}' must be a string, got {type(value).__name__}")
+    return value
+
+
+def _dict_field(document: dict[str, Any], field: str, where: str) -> dict[str, Any]:
+    value = document.get(field)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise invalid(f"{where} field '{field}' must be an object, got {type(value).__name__}")
+    return value
+
+
+def _tensor_header(entry: Any, where: str) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
+    if not isinstance(entry, dict):
+        raise invalid(f"{where} must be an object with name, datatype and shape")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid(f"{where} has no 'name'")
+    datatype = entry.get("datatype")
+    if datatype not in DATATYPE_DTYPES:
+        if datatype is None:
+            raise invalid(f"input '{name}' has no 'datatype'")
+        raise invalid(f"input '{name}' has unknown datatype {datatype!r}; known: {', '.join(DATATYPE_DTYPES)}")
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise invalid(f"input '{name}' needs 'shape' as a list of non-negative integers, got {shape!r}")
+    return name, datatype, tuple(shape), _dict_field(entry, "parameters", f"input '{name}'")
+
+
+def tensor_from_bytes(name: str, datatype: str, shape: tuple[int, ...], chunk: memoryview) -> np.ndarray:
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return np.array(_split_bytes(name, chunk, count), dtype=object).reshape(shape)
+    dtype = DATATYPE_DTYPES[datatype]
+    if len(chunk) != count * dtype.itemsize:
+        raise invalid(
+            f"input '{name}' has {len(chunk)} bytes of binary data, but shape {format_shape(shape)} "
+            f"of {datatype} needs {count * dtype.itemsize}"
+        )
+    return np.frombuffer(chunk, dtype=dtype).reshape(shape)
+
+
+def _split_bytes(name: str, chunk: memoryview, count: int) -> list[bytes]:
+    elements: list[bytes] = []
+    offset, end = 0, len(chunk)
+    while offset < end:
+        if offset + 4 > end:
+            raise invalid(f"input '{name}': BYTES element {len(elements)} has a truncated 4-byte length prefix")
+        (length,) = _U32.unpack_from(chunk, offset)
+        offset += 4
+        if offset + length > end:
+            raise invalid(f"input '{name}': BYTES element {len(elements)} of {length} bytes runs past its data")
+        elements.append(bytes(chunk[offset : offset + length]))
+        offset += length
+    if len(elements) != count:
+        raise invalid(f"input '{name}' has {len(elements)} BYTES elements, but its shape needs {count}")
+    return elements
+
+
+def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    if datatype in _JSON_ONLY_BINARY:
+        raise invalid(f"input '{name}': {datatype} data cannot be sent as JSON; use binary tensor data")
+    if not isinstance(data, list):
+        data = [data]
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        flat = _flatten_strings(name, data)
+        if len(flat) != count:
+            raise invalid(f"input '{name}' has {len(flat)} elements, but shape {format_shape(shape)} needs {count}")
+        return np.array(flat, dtype=object).reshape(shape)
+    try:
+        array = np.asarray(data)
+    except ValueError:
+        raise invalid(f"input '{name}': 'data' is a ragged nested list") from None
+    if array.size != count:
+        raise invalid(f"input '{name}' has {array.size} elements, but shape {format_shape(shape)} needs {count}")
+    return _cast_json(name, datatype, array).reshape(shape)
+
+
+def _flatten_strings(name: str, data: list[Any]) -> list[bytes]:
+    flat: list[bytes] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, str):
+                flat.append(item.encode("utf-8"))
+            elif isinstance(item, list):
+                stack.append(iter(item))
+                break
+            else:
+                raise invalid(f"input '{name}' is BYTES, so its data must be strings, got {type(item).__name__}")
+        else:
+            stack.pop()
+    return flat
+
+
+def _cast_json(name: str, datatype: str, array: np.ndarray) -> np.ndarray:
+    dtype = DATATYPE_DTYPES[datatype]
+    kind = array.dtype.kind
+    if array.size == 0:
+        return array.astype(dtype)
+    if datatype == "BOOL":
+        if kind != "b":
+            raise invalid(f"input '{name}' is BOOL, so its data must be true/false")
+        return array
+    if dtype.kind in "iu":
+        if kind not in "iu":
+            raise invalid(f"input '{name}' is {datatype}, so its data must be integers")
+        info = np.iinfo(dtype)
+        if array.min() < info.min or array.max() > info.max:
+            raise invalid(f"input '{name}' has values outside the range of {datatype}")
+        return array.astype(dtype, copy=False)
+    if kind not in "iuf":
+        raise invalid(f"input '{name}' is {datatype}, so its data must be numbers")
+    return array.astype(dtype, copy=False)
+
+
+def _requested_outputs(document: dict[str, Any]) -> list[RequestedOutput] | None:
+    entries = _list_field(document, "outputs")
+    if not entries:
+        return None
+    outputs = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise invalid(f"outputs[{index}] must be an object with a 'name'")
+        parameters = _dict_field(entry, "parameters", f"output '{entry['name']}'")
+        if "classification" in parameters:
+            raise ModelhostError(
+                ErrorKind.UNSUPPORTED, f"output '{entry['name']}': the classification extension is not supported"
+            )
+        outputs.append(RequestedOutput(entry["name"], parameters))
+    return outputs
+
+
+def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[list[bytes], int | None]:
+    """Body parts of a V2 infer response, and the JSON header length when binary parts follow."""
+    default_binary = request.parameters.get("binary_data_output") is True
+    binary_of = {o.name: o.parameters.get("binary_data", default_binary) is True for o in request.outputs or ()}
+    outputs = []
+    chunks: list[bytes] = []
+    for name, array in response.outputs.items():
+        entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
+        if binary_of.get(name, default_binary):
+            data = tensor_to_bytes(array)
+            entry["parameters"] = {"binary_data_size": len(data)}
+            chunks.append(data)
+        else:
+            entry["data"] = _json_data(name, array)
+        outputs.append(entry)
+    document: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        document["id"] = response.id
+    if response.parameters:
+        document["parameters"] = response.parameters
+    document["outputs"] = outputs
+    header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    if chunks:
+        return [header, *chunks], len(header)
+    return [header], None
+
+
+def tensor_to_bytes(array: np.ndarray) -> bytes:
+    if array.dtype == np.object_:
+        parts = []
+        for element in array.flat:
+            data = element if isinstance(element, bytes) else str(element).encode("utf-8")
+            parts += (_U32.pack(len(data)), data)
+        return b"".join(parts)
+    return np.ascontiguousarray(array).tobytes()
+
+
+def _json_data(name: str, array: np.ndarray) -> Any:
+    if array.dtype == np.object_:
+        try:
+            return [e.decode("utf-8") if isinstance(e, bytes) else str(e) for e in array.flat]
+        except UnicodeDecodeError:
+            raise invalid(f"output '{name}' holds bytes that are not UTF-8; request it with binary_data") from None
+    return np.ascontiguousarray(array.reshape(-1))

@@ -1,0 +1,124 @@
+"""KServe V2 (and Triton extension) routes over HTTP: parse, call the core once, encode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from modelhost.core.control import Control
+from modelhost.core.dataplane import DataPlane
+from modelhost.errors import invalid
+from modelhost.protocols.http import HttpRequest, HttpResponse, Route, error_response, json_response
+from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
+from modelhost.types import ModelMetadata, TensorSpec
+
+_MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
+_HEADER_LENGTH = b"inference-header-content-length"
+
+
+def routes(dataplane: DataPlane, control: Control) -> list[Route]:
+    async def infer(request: HttpRequest) -> HttpResponse:
+        header_length = _header_length(request.headers.get(_HEADER_LENGTH))
+        infer_request = decode_infer_request(
+            request.body, header_length, request.params["model"], request.params.get("version", "")
+        )
+        response = await dataplane.infer(infer_request)
+        parts, json_length = encode_infer_response(response, infer_request)
+        if json_length is None:
+            return HttpResponse(200, parts, [(b"content-type", b"application/json")])
+        headers = [(b"content-type", b"application/octet-stream"), (_HEADER_LENGTH, str(json_length).encode())]
+        return HttpResponse(200, parts, headers)
+
+    async def live(request: HttpRequest) -> HttpResponse:
+        return _health(dataplane.live())
+
+    async def ready(request: HttpRequest) -> HttpResponse:
+        return _health(dataplane.ready())
+
+    async def server_metadata(request: HttpRequest) -> HttpResponse:
+        return json_response(dataplane.server_metadata())
+
+    async def model_metadata(request: HttpRequest) -> HttpResponse:
+        return json_response(_metadata_json(dataplane.metadata(request.params["model"], _version(request))))
+
+    async def model_ready(request: HttpRequest) -> HttpResponse:
+        if dataplane.model_ready(request.params["model"], _version(request)):
+            return HttpResponse(200, (), [])
+        return error_response(400, "Model version not ready")
+
+    async def model_config(request: HttpRequest) -> HttpResponse:
+        return json_response(dataplane.model_config(request.params["model"], _version(request)))
+
+    async def index(request: HttpRequest) -> HttpResponse:
+        body = _optional_json(request.body)
+        ready_only = body.get("ready", False) is True
+        entries = [
+            {k: v for k, v in (("name", e.name), ("version", e.version), ("state", e.state), ("reason", e.reason)) if v}
+            for e in control.index(ready_only)
+        ]
+        return json_response(entries)
+
+    async def load(request: HttpRequest) -> HttpResponse:
+        await control.load(request.params["model"])
+        return HttpResponse(200, (), [])
+
+    async def unload(request: HttpRequest) -> HttpResponse:
+        await control.unload(request.params["model"])
+        return HttpResponse(200, (), [])
+
+    return [
+        Route("POST", _MODEL + "/infer", infer),
+        Route("GET", "/v2/health/live", live),
+        Route("GET", "/v2/health/ready", ready),
+        Route("GET", "/v2", server_metadata),
+        Route("GET", _MODEL, model_metadata),
+        Route("GET", _MODEL + "/ready", model_ready),
+        Route("GET", _MODEL + "/config", model_config),
+        Route("POST", "/v2/repository/index", index),
+        Route("POST", r"/v2/repository/models/(?P<model>[^/]+)/load", load),
+        Route("POST", r"/v2/repository/models/(?P<model>[^/]+)/unload", unload),
+    ]
+
+
+def _health(ok: bool) -> HttpResponse:
+    # Triton answers health checks with an empty body: 200 when true, 400 when false.
+    return HttpResponse(200 if ok else 400, (), [])
+
+
+def _version(request: HttpRequest) -> str:
+    return request.params.get("version", "")
+
+
+def _header_length(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise invalid(f"Inference-Header-Content-Length must be an integer, got {value.decode(errors='replace')!r}")
+
+
+def _optional_json(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise invalid("request body must be a JSON object")
+    return document
+
+
+def _metadata_json(metadata: ModelMetadata) -> dict[str, Any]:
+    def tensor(spec: TensorSpec) -> dict[str, Any]:
+        return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+
+    return {
+        "name": metadata.name,
+        "versions": list(metadata.versions),
+        "platform": metadata.platform,
+        "inputs": [tensor(s) for s in metadata.inputs],
+        "outputs": [tensor(s) for s in metadata.outputs],
+    }

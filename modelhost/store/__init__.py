@@ -1,0 +1,1 @@
+"""Model stores: where model directories come from."""
