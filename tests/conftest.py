@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def example_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The built-in example repository (rank, deepfm, tiny), served once for the session."""
+    server = ServerProcess(None, cache_dir=tmp_path_factory.mktemp("cache")).wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def start_server() -> Iterator:
+    """Factory: start_server(repository, *args) -> a ready ServerProcess, stopped after the test."""
+    servers: list[ServerProcess] = []
+
+    def start(repository: Path | None, *args: str, ready_path: str = "/v2/health/ready") -> ServerProcess:
+        server = ServerProcess(repository, *args)
+        servers.append(server)
+        return server.wait_ready(path=ready_path)
+
+    yield start
+    for server in servers:
+        server.stop()

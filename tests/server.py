@@ -1,0 +1,64 @@
+"""Start a real modelhost server in a subprocess on a free port, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """`modelhost serve` on 127.0.0.1; `url` is "127.0.0.1:PORT" as tritonclient wants it."""
+
+    def __init__(self, repository: Path | None, *extra_args: str, cache_dir: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        self.base = f"http://{self.url}"
+        args = [sys.executable, "-m", "modelhost", "serve", "--http-port", str(self.port), *extra_args]
+        if repository is not None:
+            args += ["--model-repository", str(repository)]
+        env = dict(os.environ)
+        if cache_dir is not None:
+            env["MODELHOST_CACHE_DIR"] = str(cache_dir)
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+        self.output = ""
+
+    def wait_ready(self, timeout: float = 60.0, path: str = "/v2/health/ready") -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.stop()}")
+            try:
+                if requests.get(self.base + path, timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.stop()}")
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        self.process.send_signal(signum)
+
+    def stop(self, timeout: float = 30.0) -> str:
+        """Stop the server (SIGTERM) if it runs, and return everything it printed."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, _ = self.process.communicate()
+        self.output += out or ""
+        return self.output
