@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 from modelhost.config.model_config_pb2 import ModelConfig
 
@@ -46,7 +47,42 @@ def config_from_json(document: str | dict[str, Any], origin: str = "config") -> 
 
 
 def config_to_json(config: ModelConfig) -> dict[str, Any]:
-    """The JSON form Triton serves at /config: proto field names, every field present."""
-    return json_format.MessageToDict(
+    """The JSON form Triton serves at /config: proto field names, every field present,
+    and 64-bit integers as JSON numbers (protobuf's JSON mapping would quote them)."""
+    document = json_format.MessageToDict(
         config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+    _unquote_int64(document, ModelConfig.DESCRIPTOR)
+    return document
+
+
+_INT64_TYPES = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+def _unquote_int64(document: dict[str, Any], descriptor: Descriptor) -> None:
+    for field in descriptor.fields:
+        value = document.get(field.name)
+        if value is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            # JSON object keys stay strings, whatever the map's key type.
+            value_field = field.message_type.fields_by_name["value"]
+            document[field.name] = {key: _convert(item, value_field) for key, item in value.items()}
+        elif isinstance(value, list):
+            document[field.name] = [_convert(item, field) for item in value]
+        else:
+            document[field.name] = _convert(value, field)
+
+
+def _convert(value: Any, field: FieldDescriptor) -> Any:
+    if field.type in _INT64_TYPES:
+        return int(value)
+    if field.message_type is not None and isinstance(value, dict):
+        _unquote_int64(value, field.message_type)
+    return value

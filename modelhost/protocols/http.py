@@ -6,7 +6,6 @@ ErrorKind -> status table and the lifespan hooks. Handlers get the whole body as
 
 from __future__ import annotations
 
-import gzip
 import logging
 import re
 import zlib
@@ -126,13 +125,11 @@ class HttpApp:
                 break
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         encoding = headers.get(b"content-encoding", b"identity").lower()
-        if encoding == b"gzip":
-            return _decompress(gzip.decompress, body, "gzip")
-        if encoding == b"deflate":
-            return _decompress(zlib.decompress, body, "deflate")
-        if encoding != b"identity":
+        if encoding == b"identity":
+            return body
+        if encoding not in _WBITS:
             raise invalid(f"Content-Encoding {encoding.decode(errors='replace')} is not supported (gzip, deflate)")
-        return body
+        return _decompress(body, encoding.decode(), self._max_body_bytes)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -153,11 +150,26 @@ class HttpApp:
                 return
 
 
-def _decompress(function: Callable[[bytes], bytes], body: bytes, name: str) -> bytes:
+_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+
+
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """Inflate with the body limit applied to the inflated size; gzip may hold several members."""
+    parts, size, data = [], 0, body
     try:
-        return function(body)
-    except (OSError, zlib.error) as exc:
-        raise invalid(f"request body is not valid {name} data: {exc}") from None
+        while data:
+            inflater = zlib.decompressobj(_WBITS[encoding.encode()])
+            part = inflater.decompress(data, limit + 1 - size)
+            size += len(part)
+            if size > limit:
+                raise invalid(f"request body exceeds the {limit}-byte limit (--http-max-body-bytes) once decompressed")
+            if not inflater.eof:
+                raise invalid(f"request body is truncated {encoding} data")
+            parts.append(part)
+            data = inflater.unused_data if encoding == "gzip" else b""
+    except zlib.error as exc:
+        raise invalid(f"request body is not valid {encoding} data: {exc}") from None
+    return b"".join(parts)
 
 
 async def _send(send: Any, response: HttpResponse) -> None:

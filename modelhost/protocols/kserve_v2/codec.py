@@ -171,6 +171,8 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         raise invalid(f"input '{name}': 'data' is a ragged nested list") from None
     if array.size != count:
         raise invalid(f"input '{name}' has {array.size} elements, but shape {format_shape(shape)} needs {count}")
+    if DATATYPE_DTYPES[datatype].kind in "iu" and array.dtype.kind in "fO":
+        array = _exact_integers(name, datatype, data, array)
     return _cast_json(name, datatype, array).reshape(shape)
 
 
@@ -201,15 +203,23 @@ def _cast_json(name: str, datatype: str, array: np.ndarray) -> np.ndarray:
             raise invalid(f"input '{name}' is BOOL, so its data must be true/false")
         return array
     if dtype.kind in "iu":
-        if kind not in "iu":
+        if kind not in "iuO":
             raise invalid(f"input '{name}' is {datatype}, so its data must be integers")
         info = np.iinfo(dtype)
         if array.min() < info.min or array.max() > info.max:
             raise invalid(f"input '{name}' has values outside the range of {datatype}")
-        return array.astype(dtype, copy=False)
+        return array.astype(dtype)
     if kind not in "iuf":
         raise invalid(f"input '{name}' is {datatype}, so its data must be numbers")
     return array.astype(dtype, copy=False)
+
+
+def _exact_integers(name: str, datatype: str, data: list[Any], array: np.ndarray) -> np.ndarray:
+    # numpy reads [0, 2**64 - 1] as float64; as Python ints every 64-bit value stays exact.
+    values = np.asarray(data, dtype=object)
+    if values.shape != array.shape or not all(type(v) is int for v in values.flat):
+        raise invalid(f"input '{name}' is {datatype}, so its data must be integers")
+    return values
 
 
 def _requested_outputs(document: dict[str, Any]) -> list[RequestedOutput] | None:
