@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from pathlib import Path
 
 import uvicorn
@@ -93,4 +94,9 @@ class Server:
             access_log=False,
             timeout_graceful_shutdown=int(s.graceful_shutdown_seconds),
         )
+        # uvicorn re-raises the signal that stopped it after its graceful shutdown; with the default
+        # handlers that kills us with -SIGTERM or a KeyboardInterrupt traceback. A finished graceful
+        # shutdown is a clean exit (Triton exits 0), so the re-raised signals are ignored here.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: None)
         uvicorn.Server(config).run()

@@ -44,6 +44,8 @@ def _check_dims(where: str, dims: list[int], reshape: Sequence[int] | None) -> N
         raise ConfigError(f"{where} has no dims (use dims: [ 1 ] with reshape: {{ shape: [ ] }} for a scalar)")
     if any(d == 0 or d < -1 for d in dims):
         raise ConfigError(f"{where} has dims {format_shape(dims)}; each dim must be -1 or positive")
+    if reshape is not None and any(d == 0 or d < -1 for d in reshape):
+        raise ConfigError(f"{where} has reshape {format_shape(list(reshape))}; each dim must be -1 or positive")
     if reshape is not None and -1 not in dims and -1 not in reshape:
         if _count(dims) != _count(reshape):
             raise ConfigError(
@@ -72,15 +74,15 @@ def complete_config(
     """
     completed = ModelConfig()
     completed.CopyFrom(config)
-    fill_io = not completed.input and not completed.output
-    if fill_io:
-        batching = _supports_batching(model_inputs, model_outputs)
-        if completed.max_batch_size == 0 and batching:
+    # Like Triton's onnxruntime backend: inputs and outputs are completed independently.
+    fill_inputs, fill_outputs = not completed.input, not completed.output
+    if fill_inputs or fill_outputs:
+        if completed.max_batch_size == 0 and _supports_batching(model_inputs, model_outputs):
             completed.max_batch_size = default_max_batch_size
         skip = 1 if completed.max_batch_size > 0 else 0
-        for spec in model_inputs:
+        for spec in model_inputs if fill_inputs else ():
             _fill(completed.input.add(), spec, skip)
-        for spec in model_outputs:
+        for spec in model_outputs if fill_outputs else ():
             _fill(completed.output.add(), spec, skip)
     check_config(completed)
     _check_against_model(completed, "input", completed.input, model_inputs, model_label)

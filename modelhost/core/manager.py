@@ -93,6 +93,8 @@ class ModelManager:
             if not version.isdigit():
                 raise invalid(f"model version '{version}' of model '{name}' is not a number")
             status = record.versions.get(int(version))
+            if status is None and record.failure:
+                raise unavailable(f"model '{name}' version {version} is not ready: {record.failure}")
             if status is None:
                 raise not_found(f"Request for unknown model: '{name}' version {version} is not found")
             if status.state is not ModelState.READY:

@@ -84,7 +84,8 @@ class Signature:
                     f"but model '{self.model}' expects {format_shape(expected)}"
                 )
             if rule.reshape is not None:
-                array = array.reshape(shape[:1] + rule.reshape if self.max_batch_size > 0 else rule.reshape)
+                lead = shape[:1] if self.max_batch_size > 0 else ()
+                array = array.reshape(lead + _resolve(body, rule.dims, rule.reshape))
             feeds[rule.name] = array
         return feeds, max(batch, 1)
 
@@ -125,6 +126,18 @@ class Signature:
             rule = self.outputs[name]
             if rule.reshape is not None:
                 lead = array.shape[:1] if self.max_batch_size > 0 else ()
-                array = array.reshape(lead + rule.dims)
+                array = array.reshape(lead + _resolve(array.shape[len(lead):], rule.reshape, rule.dims))
             shaped[name] = array
         return shaped
+
+
+def _resolve(actual: tuple[int, ...], source: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:
+    """`target` with its k-th -1 replaced by the size of the k-th variable dim of `actual` (laid out as `source`).
+
+    Triton lets dims and reshape share several variable dims (same trunks); numpy takes only one -1.
+    """
+    sizes = [a for a, d in zip(actual, source) if d == -1]
+    if len(sizes) != target.count(-1):
+        return target
+    variable = iter(sizes)
+    return tuple(next(variable) if t == -1 else t for t in target)

@@ -171,7 +171,7 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         raise invalid(f"input '{name}': 'data' is a ragged nested list") from None
     if array.size != count:
         raise invalid(f"input '{name}' has {array.size} elements, but shape {format_shape(shape)} needs {count}")
-    if DATATYPE_DTYPES[datatype].kind in "iu" and array.dtype.kind in "fO":
+    if DATATYPE_DTYPES[datatype].kind in "iu" and array.dtype.kind in "fOiu":
         array = _exact_integers(name, datatype, data, array)
     return _cast_json(name, datatype, array).reshape(shape)
 
@@ -267,7 +267,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
 
 
 def tensor_to_bytes(array: np.ndarray) -> bytes:
-    if array.dtype == np.object_:
+    if array.dtype.kind in "OSU":
         parts = []
         for element in array.flat:
             data = element if isinstance(element, bytes) else str(element).encode("utf-8")
@@ -277,7 +277,7 @@ def tensor_to_bytes(array: np.ndarray) -> bytes:
 
 
 def _json_data(name: str, array: np.ndarray) -> Any:
-    if array.dtype == np.object_:
+    if array.dtype.kind in "OSU":
         try:
             return [e.decode("utf-8") if isinstance(e, bytes) else str(e) for e in array.flat]
         except UnicodeDecodeError:
