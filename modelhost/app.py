@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from pathlib import Path
 
-import uvicorn
+import uvloop
 
 from modelhost import __version__
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.manager import ModelManager
 from modelhost.protocols.http import HttpApp
+from modelhost.protocols.http_server import HttpServer
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.settings import ServerSettings
 from modelhost.store.local import LocalStore
@@ -82,21 +82,5 @@ class Server:
             "modelhost %s: HTTP %s:%d (gRPC port %d and metrics port %d are reserved for front-ends not built yet)",
             __version__, s.host, s.http_port, s.grpc_port, s.metrics_port,
         )
-        config = uvicorn.Config(
-            self.build_asgi(),
-            host=s.host,
-            port=s.http_port,
-            loop="uvloop",
-            http="httptools",
-            lifespan="on",
-            log_config=None,
-            log_level=s.log_level,
-            access_log=False,
-            timeout_graceful_shutdown=int(s.graceful_shutdown_seconds),
-        )
-        # uvicorn re-raises the signal that stopped it after its graceful shutdown; with the default
-        # handlers that kills us with -SIGTERM or a KeyboardInterrupt traceback. A finished graceful
-        # shutdown is a clean exit (Triton exits 0), so the re-raised signals are ignored here.
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: None)
-        uvicorn.Server(config).run()
+        server = HttpServer(self.build_asgi(), s.host, s.http_port, s.http_max_body_bytes, s.graceful_shutdown_seconds)
+        uvloop.run(server.serve())
