@@ -60,7 +60,8 @@ def cases() -> list[dict]:
     table = []
     for binary in (True, False):
         for c in (1, 4):
-            table.append({"model": "rank", "input": "features", "output": "score", "array": rank, "binary": binary, "c": c})
+            table.append({"model": "rank", "input": "features", "output": "score", "array": rank,
+                          "binary": binary, "c": c})
     for binary in (True, False):
         for c in (1, 8, 32):
             table.append({"model": "tiny", "input": "x", "output": "y", "array": tiny, "binary": binary, "c": c})

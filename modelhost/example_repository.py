@@ -22,7 +22,7 @@ DEEPFM_EMBED_DIM = 16
 DEEPFM_VOCAB = 100_000
 MAX_BATCH_SIZE = 1024
 
-_TRITON_TYPES = {TensorProto.FLOAT: "TYPE_FP32", TensorProto.INT64: "TYPE_INT64"}
+_TRITON_TYPES: dict[int, str] = {TensorProto.FLOAT: "TYPE_FP32", TensorProto.INT64: "TYPE_INT64"}
 
 Spec = tuple[str, int, list[int]]
 
@@ -78,15 +78,19 @@ def _config(name: str, inputs: list[Spec], outputs: list[Spec]) -> str:
 
 
 def _rank() -> tuple[onnx.ModelProto, list[Spec], list[Spec]]:
-    inputs, outputs = [("features", TensorProto.FLOAT, [RANK_FEATURES])], [("score", TensorProto.FLOAT, [1])]
+    inputs: list[Spec] = [("features", TensorProto.FLOAT, [RANK_FEATURES])]
+    outputs: list[Spec] = [("score", TensorProto.FLOAT, [1])]
     nodes, inits, y = _dense(np.random.default_rng(1), "mlp", "features", [RANK_FEATURES, 256, 64, 1], "Sigmoid")
     nodes.append(helper.make_node("Identity", [y], ["score"]))
     return _model("rank", nodes, inits, inputs, outputs), inputs, outputs
 
 
 def _deepfm() -> tuple[onnx.ModelProto, list[Spec], list[Spec]]:
-    inputs = [("feat_ids", TensorProto.INT64, [DEEPFM_FIELDS]), ("feat_vals", TensorProto.FLOAT, [DEEPFM_FIELDS])]
-    outputs = [("prob", TensorProto.FLOAT, [1])]
+    inputs: list[Spec] = [
+        ("feat_ids", TensorProto.INT64, [DEEPFM_FIELDS]),
+        ("feat_vals", TensorProto.FLOAT, [DEEPFM_FIELDS]),
+    ]
+    outputs: list[Spec] = [("prob", TensorProto.FLOAT, [1])]
     rng = np.random.default_rng(2)
     inits = [
         _init("embedding", (rng.standard_normal((DEEPFM_VOCAB, DEEPFM_EMBED_DIM)) * 0.1).astype(np.float32)),
@@ -127,7 +131,8 @@ def _deepfm() -> tuple[onnx.ModelProto, list[Spec], list[Spec]]:
 
 
 def _tiny() -> tuple[onnx.ModelProto, list[Spec], list[Spec]]:
-    inputs, outputs = [("x", TensorProto.FLOAT, [4])], [("y", TensorProto.FLOAT, [4])]
+    inputs: list[Spec] = [("x", TensorProto.FLOAT, [4])]
+    outputs: list[Spec] = [("y", TensorProto.FLOAT, [4])]
     inits = [_init("two", np.array(2.0, np.float32)), _init("one", np.array(1.0, np.float32))]
     nodes = [helper.make_node("Mul", ["x", "two"], ["x2"]), helper.make_node("Add", ["x2", "one"], ["y"])]
     return _model("tiny", nodes, inits, inputs, outputs), inputs, outputs

@@ -18,4 +18,5 @@ def infer(body: bytes) -> bytes:
 
 
 def chunk_report(sizes, body_types) -> bytes:
-    return orjson.dumps({"chunks": len(sizes), "sizes": sizes[:8], "total": sum(sizes), "types": sorted(set(body_types))})
+    report = {"chunks": len(sizes), "sizes": sizes[:8], "total": sum(sizes), "types": sorted(set(body_types))}
+    return orjson.dumps(report)

@@ -3,7 +3,6 @@ import sys
 
 import uvloop
 from aiohttp import web
-
 from common import CHUNKS, HEALTH, INFER, chunk_report, infer
 
 

@@ -2,10 +2,9 @@
 import sys
 
 import uvicorn
+from common import CHUNKS, HEALTH, INFER, chunk_report, infer
 from starlette.responses import Response
 from starlette.routing import Route, Router
-
-from common import CHUNKS, HEALTH, INFER, chunk_report, infer
 
 
 async def live(request):

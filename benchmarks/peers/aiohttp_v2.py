@@ -35,7 +35,8 @@ def decode(body: bytes, header_length: str | None) -> tuple[dict, dict]:
         if size is None:
             feeds[tensor["name"]] = np.asarray(tensor["data"], dtype=dtype).reshape(tensor["shape"])
         else:
-            feeds[tensor["name"]] = np.frombuffer(body, dtype, offset=offset, count=size // 4 if dtype == np.float32 else size // 8).reshape(tensor["shape"])
+            count = size // np.dtype(dtype).itemsize
+            feeds[tensor["name"]] = np.frombuffer(body, dtype, count, offset).reshape(tensor["shape"])
             offset += size
     return request, feeds
 

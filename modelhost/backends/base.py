@@ -36,7 +36,7 @@ class Model(abc.ABC):
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Run one batch; return at least the named outputs."""
 
-    def unload(self) -> None:
+    def unload(self) -> None:  # noqa: B027 - optional hook: most models free memory when dropped
         """Free the instance's memory; it is never used again."""
 
 

@@ -136,7 +136,8 @@ def _to_str(name: str, array: np.ndarray) -> np.ndarray:
         return np.array([b.decode("utf-8") if isinstance(b, bytes) else b for b in array.flat],
                         dtype=object).reshape(array.shape)
     except UnicodeDecodeError as exc:
-        raise ModelhostError(ErrorKind.INVALID_INPUT, f"input '{name}': onnxruntime needs UTF-8 strings: {exc}") from exc
+        message = f"input '{name}': onnxruntime needs UTF-8 strings: {exc}"
+        raise ModelhostError(ErrorKind.INVALID_INPUT, message) from exc
 
 
 def _from_ort(result: np.ndarray) -> np.ndarray:

@@ -28,7 +28,9 @@ import orjson
 
 log = logging.getLogger("modelhost.http")
 
-ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
 _READ_SIZE = 256 * 1024
 _MAX_PIPELINE = 16
@@ -274,7 +276,8 @@ class HttpConnection(asyncio.BufferedProtocol):
     def _reject(self, status: int, message: str) -> None:
         if self._transport is not None:
             body = orjson.dumps({"error": message})
-            self._transport.writelines([_head(status, [(b"content-type", b"application/json")], len(body), False), body])
+            head = _head(status, [(b"content-type", b"application/json")], len(body), False)
+            self._transport.writelines([head, body])
         self._direct = None
         self._close()
 

@@ -268,7 +268,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
 
 def tensor_to_bytes(array: np.ndarray) -> bytes:
     if array.dtype.kind in "OSU":
-        parts = []
+        parts: list[bytes] = []
         for element in array.flat:
             data = element if isinstance(element, bytes) else str(element).encode("utf-8")
             parts += (_U32.pack(len(data)), data)

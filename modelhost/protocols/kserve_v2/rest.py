@@ -96,7 +96,8 @@ def _header_length(value: bytes | None) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise invalid(f"Inference-Header-Content-Length must be an integer, got {value.decode(errors='replace')!r}")
+        text = value.decode(errors="replace")
+        raise invalid(f"Inference-Header-Content-Length must be an integer, got {text!r}") from None
 
 
 def _optional_json(body: bytes) -> dict[str, Any]:
