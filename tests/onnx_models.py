@@ -41,6 +41,20 @@ def identity_model(onnx_elem_type: int, batch: bool = True, dims: Sequence[int] 
     return _finish(graph)
 
 
+ADD_SUB_CONFIG = """
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+"""
+
+
 def add_sub_model() -> onnx.ModelProto:
     """Triton's "simple" model: INPUT0, INPUT1 FP32 [batch, 16] -> OUTPUT0 = a + b, OUTPUT1 = a - b."""
     def info(name: str) -> onnx.ValueInfoProto:

@@ -17,21 +17,10 @@ import requests
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.onnx_models import IR_VERSION, OPSET, add_sub_model, write_model
+from tests.onnx_models import ADD_SUB_CONFIG, IR_VERSION, OPSET, add_sub_model, write_model
 from tests.server import ServerProcess
 
-GOOD_CONFIG = """
-platform: "onnxruntime_onnx"
-max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
-"""
+GOOD_CONFIG = ADD_SUB_CONFIG
 
 ADD_CONFIG = """
 platform: "onnxruntime_onnx"

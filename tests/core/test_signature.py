@@ -9,6 +9,7 @@ from modelhost.config.loader import parse_config
 from modelhost.core.signature import Signature
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import RequestedOutput, TensorSpec
+from tests.onnx_models import ADD_SUB_CONFIG
 
 
 def signature(text: str, name: str = "m") -> Signature:
@@ -24,17 +25,7 @@ def rejected(call, match: str) -> ModelhostError:  # type: ignore[no-untyped-def
     return info.value
 
 
-ADD_SUB = signature("""
-max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
-""", name="add_sub")
+ADD_SUB = signature(ADD_SUB_CONFIG, name="add_sub")
 
 UNBATCHED = signature("""
 max_batch_size: 0

@@ -27,7 +27,7 @@ from modelhost.example_repository import (
     repository_tag,
     write_example_repository,
 )
-from tests.onnx_models import add_sub_model, write_model
+from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, write_model
 from tests.server import ServerProcess
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -241,14 +241,7 @@ def test_infer_explicit_output(client: httpclient.InferenceServerClient, referen
 def add_sub_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Triton's "simple" model (two outputs), for requested-output subsets."""
     repository = tmp_path_factory.mktemp("add-sub-repository")
-    config = (
-        'name: "add_sub"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
-        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
-        ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
-    )
-    write_model(repository, "add_sub", add_sub_model(), config)
+    write_model(repository, "add_sub", add_sub_model(), 'name: "add_sub"\n' + ADD_SUB_CONFIG)
     server = ServerProcess(repository).wait_ready()
     yield server
     server.stop()
