@@ -3,7 +3,10 @@
 Session options come from config `parameters` (Triton's onnxruntime names or ORT's own):
 intra_op_thread_count / intra_op_num_threads, inter_op_thread_count / inter_op_num_threads,
 graph_optimization_level (disable_all | basic | extended | all), or Triton's
-`optimization { graph { level } }` (-1 basic, 0 all, 1 extended).
+`optimization { graph { level } }` (-1 basic, 0 all, 1 extended), and allow_spinning
+(0 | 1, default 0). Spinning is off by default: on a server, threads that spin after a
+run take the cores the event loop needs to read the next request (rank x 500 rows at
+concurrency 1: p99 2.0-2.8 ms without spinning, 4.9-6.2 ms with it; p50 the same).
 """
 
 from __future__ import annotations
@@ -94,6 +97,11 @@ def session_options(config: ModelConfig, default_threads: int) -> ort.SessionOpt
     options.log_severity_level = _ORT_LOG_ERRORS_ONLY
     options.intra_op_num_threads = _int_param(params, default_threads, "intra_op_thread_count", "intra_op_num_threads")
     options.inter_op_num_threads = _int_param(params, 1, "inter_op_thread_count", "inter_op_num_threads")
+    spinning = params.get("allow_spinning", "0")
+    if spinning not in ("0", "1"):
+        raise ValueError(f"parameter allow_spinning must be 0 or 1, got '{spinning}'")
+    options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+    options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
     level = params.get("graph_optimization_level")
     if level is None and config.optimization.HasField("graph"):
         level = _TRITON_LEVELS.get(config.optimization.graph.level, "all")
