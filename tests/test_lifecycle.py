@@ -256,3 +256,11 @@ def test_cli_version() -> None:
     result = run_cli("--version")
     assert result.returncode == 0
     assert result.stdout.strip().startswith("modelhost ")
+
+
+def test_port_in_use_is_a_clear_startup_error(example_server: ServerProcess, tmp_path: Path) -> None:
+    result = run_cli("serve", "--model-repository", str(tmp_path), "--http-port", str(example_server.port))
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{example_server.port}" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert requests.get(example_server.base + "/v2/health/ready", timeout=5).status_code == 200

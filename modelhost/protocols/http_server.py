@@ -45,7 +45,11 @@ class HttpServer:
             loop.add_signal_handler(signum, self.stop)
         lifespan = _Lifespan(self.app)
         await lifespan.startup()
-        server = await loop.create_server(lambda: HttpConnection(self), self.host, self.port, backlog=2048)
+        try:
+            server = await loop.create_server(lambda: HttpConnection(self), self.host, self.port, backlog=2048)
+        except OSError as exc:
+            await lifespan.shutdown()
+            raise SystemExit(f"modelhost: cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
         log.info("HTTP listening on %s:%d", self.host, self.port)
         await self._stopping.wait()
         log.info("shutting down: no new connections, finishing %d open", len(self.connections))
