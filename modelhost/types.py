@@ -78,6 +78,8 @@ class InferRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    # The whole data of the model's only input, shape left to the server (Triton's raw binary request).
+    raw_input: bytes | memoryview | None = None
 
 
 @dataclass(slots=True)

@@ -62,7 +62,8 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         served = self._manager.get(request.model_name, request.model_version)
         signature = served.signature
-        inputs, _ = signature.check_inputs(request.inputs)
+        raw = request.raw_input
+        inputs, _ = signature.check_inputs(request.inputs if raw is None else signature.raw_inputs(raw))
         names = signature.check_outputs(request.outputs)
         try:
             results = await served.scheduler.submit(inputs, names)

@@ -287,3 +287,41 @@ class TestOutputs:
     def test_unbatched_output_without_reshape_is_untouched(self) -> None:
         label = np.array([b"cat"], dtype=object)
         assert UNBATCHED.shape_outputs({"label": label}, ["label"])["label"] is label
+
+
+class TestRawInputs:
+    """Triton's raw binary request: the body is all of the only input, batch 1."""
+
+    def test_variable_dim_is_decided_by_the_data(self) -> None:
+        sig = signature('max_batch_size: 8 input [{ name: "x" data_type: TYPE_FP32 dims: [ 2, -1 ] }] '
+                        'output [{ name: "y" data_type: TYPE_FP32 dims: [ 2, -1 ] }]')
+        data = np.arange(6, dtype=np.float32).tobytes()
+        [(name, array)] = sig.raw_inputs(data).items()
+        assert name == "x" and array.shape == (1, 2, 3)
+        np.testing.assert_array_equal(array.reshape(-1), np.arange(6, dtype=np.float32))
+
+    def test_unbatched_fixed_shape(self) -> None:
+        sig = signature('input [{ name: "x" data_type: TYPE_INT32 dims: [ 3 ] }] '
+                        'output [{ name: "y" data_type: TYPE_INT32 dims: [ 3 ] }]')
+        assert sig.raw_inputs(np.arange(3, dtype=np.int32).tobytes())["x"].shape == (3,)
+
+    def test_bytes_input_takes_the_body_as_one_element(self) -> None:
+        sig = signature('max_batch_size: 4 input [{ name: "s" data_type: TYPE_STRING dims: [ 1 ] }] '
+                        'output [{ name: "y" data_type: TYPE_STRING dims: [ 1 ] }]')
+        array = sig.raw_inputs(b"hello world")["s"]
+        assert array.shape == (1, 1) and array[0, 0] == b"hello world"
+
+    @pytest.mark.parametrize(
+        ("config", "size", "match"),
+        [
+            ('input [{ name: "x" data_type: TYPE_FP32 dims: [ -1, -1 ] }]', 16, "more than one variable"),
+            ('input [{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }]', 12, "12 bytes does not fit"),
+            ('input [{ name: "x" data_type: TYPE_FP32 dims: [ 3, -1 ] }]', 16, "16 bytes does not fit"),
+            ('input [{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }]', 15, "15 bytes does not fit"),
+            ('input [{ name: "a" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "b" data_type: TYPE_FP32 dims: [ 4 ] }]',
+             16, "exactly one input"),
+        ],
+    )
+    def test_data_that_does_not_fit(self, config: str, size: int, match: str) -> None:
+        sig = signature(config + ' output [{ name: "y" data_type: TYPE_FP32 dims: [ 4 ] }]')
+        rejected(lambda: sig.raw_inputs(b"\0" * size), match)

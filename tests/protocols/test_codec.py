@@ -381,10 +381,12 @@ class TestBinaryRequestErrors:
         body = json_body({"inputs": [tensor("x", "FP32", [1], data=[1])]})
         invalid(body, len(body) - 3, match="not valid JSON")
 
-    def test_raw_binary_request_is_unsupported(self) -> None:
-        with pytest.raises(ModelhostError) as info:
-            decode(b"\x00" * 8, 0)
-        assert info.value.kind is ErrorKind.UNSUPPORTED
+    def test_raw_binary_request_leaves_the_shape_to_the_model(self) -> None:
+        body = b"\x01" * 8
+        request = decode(body, 0)
+        assert request.inputs == {}
+        assert bytes(request.raw_input) == body
+        assert request.parameters == {"binary_data_output": True}
 
 
 # --------------------------------------------------------------------------- responses

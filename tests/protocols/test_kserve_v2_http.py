@@ -338,6 +338,43 @@ def test_binary_framing_on_the_wire(example_server: ServerProcess, reference: Re
     np.testing.assert_allclose(actual, reference("tiny", {"x": x})["y"], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("model", ["tiny", "rank"])
+def test_raw_binary_request(example_server: ServerProcess, reference: Reference, model: str) -> None:
+    """Inference-Header-Content-Length: 0: the body is the only input's data, batch 1; outputs come back binary."""
+    [(name, array)] = example_inputs(model, seed=7).items()
+    row = array[:1]
+    response = requests.post(
+        f"{example_server.base}/v2/models/{model}/infer",
+        data=row.tobytes(),
+        headers={"Inference-Header-Content-Length": "0"},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    json_length = int(response.headers["inference-header-content-length"])
+    [entry] = json.loads(response.content[:json_length])["outputs"]
+    [expected] = reference(model, {name: row}).values()
+    assert entry["shape"] == list(expected.shape)
+    actual = np.frombuffer(response.content[json_length:], dtype=np.float32).reshape(entry["shape"])
+    np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    ("model", "size", "fragment"),
+    [("deepfm", 39 * 8, "exactly one input; model 'deepfm' has 2"), ("tiny", 6, "6 bytes does not fit input 'x'"),
+     ("tiny", 32, "32 bytes does not fit input 'x'")],
+)
+def test_raw_binary_request_that_does_not_fit(example_server: ServerProcess, model: str, size: int,
+                                              fragment: str) -> None:
+    response = requests.post(
+        f"{example_server.base}/v2/models/{model}/infer",
+        data=b"\x00" * size,
+        headers={"Inference-Header-Content-Length": "0"},
+        timeout=10,
+    )
+    assert response.status_code == 400
+    assert fragment in response.json()["error"]
+
+
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_compressed_request_body(

@@ -27,10 +27,9 @@ def decode_infer_request(
     if header_length is None:
         header_length = len(body)
     elif header_length == 0:
-        raise ModelhostError(
-            ErrorKind.UNSUPPORTED,
-            "raw binary requests (Inference-Header-Content-Length: 0) are not supported; send a JSON header",
-        )
+        # Raw binary request: the body is the data of the model's only input; every output goes back binary.
+        return InferRequest(model_name, {}, model_version, parameters={"binary_data_output": True},
+                            raw_input=memoryview(body))
     elif not 0 < header_length <= len(body):
         raise invalid(
             f"Inference-Header-Content-Length {header_length} is outside the request body of {len(body)} bytes"
