@@ -18,10 +18,12 @@ class ErrorKind(enum.Enum):
 class ModelhostError(Exception):
     """An error with a kind the protocols translate and a message meant for the client."""
 
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        # Seconds after which a retry may succeed (an overloaded queue); protocols that can, say so.
+        self.retry_after = retry_after
 
     def __repr__(self) -> str:
         return f"ModelhostError({self.kind.name}, {self.message!r})"

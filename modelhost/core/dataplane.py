@@ -7,7 +7,7 @@ from typing import Any
 
 from modelhost.config.loader import config_to_json
 from modelhost.core.manager import ModelManager
-from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.types import InferRequest, InferResponse, ModelMetadata
 
 log = logging.getLogger("modelhost.dataplane")
@@ -63,10 +63,12 @@ class DataPlane:
         served = self._manager.get(request.model_name, request.model_version)
         signature = served.signature
         raw = request.raw_input
-        inputs, _ = signature.check_inputs(request.inputs if raw is None else signature.raw_inputs(raw))
+        inputs, rows = signature.check_inputs(request.inputs if raw is None else signature.raw_inputs(raw))
         names = signature.check_outputs(request.outputs)
+        priority = _natural_parameter(request.parameters, "priority")
+        timeout_us = _natural_parameter(request.parameters, "timeout")
         try:
-            results = await served.scheduler.submit(inputs, names)
+            results = await served.scheduler.submit(inputs, names, rows, priority, timeout_us)
         except ModelhostError:
             raise
         except Exception as exc:
@@ -78,3 +80,11 @@ class DataPlane:
             outputs=signature.shape_outputs(results, names),
             id=request.id,
         )
+
+
+def _natural_parameter(parameters: dict[str, Any], name: str) -> int:
+    """A request parameter that must be a non-negative integer (Triton's `priority`, `timeout` in µs)."""
+    value = parameters.get(name, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid(f"request parameter '{name}' must be a non-negative integer, got {value!r}")
+    return value

@@ -13,6 +13,7 @@ from modelhost.backends.base import Backend, InstanceSettings
 from modelhost.config.completion import apply_defaults, complete_config
 from modelhost.config.loader import ConfigError, read_config
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.signature import Signature
 from modelhost.store.local import ModelSource
@@ -107,4 +108,11 @@ def load_version(
         for instance in instances:
             instance.unload()
         raise
-    return ServedModel(source.name, version, config, Signature.from_config(config), Scheduler(label, instances))
+    try:
+        policy = SchedulingPolicy.from_config(config)
+    except ConfigError:
+        for instance in instances:
+            instance.unload()
+        raise
+    scheduler = Scheduler(label, instances, policy)
+    return ServedModel(source.name, version, config, Signature.from_config(config), scheduler)

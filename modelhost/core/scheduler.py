@@ -1,18 +1,18 @@
-"""Per-model scheduling: requests wait in one FIFO queue that the model's instances pull from.
+"""Per-model scheduling: priority queues, dynamic batching, timeouts and ordering, one thread per instance.
 
 One scheduler per loaded model version, shared by every protocol. The contract is
-submit (awaitable) / inflight / stop; dynamic batching plugs in behind `submit`.
+submit (awaitable) / inflight / stop; backends see batches and never batch.
 
-Each instance owns a thread that takes the next request as soon as it finishes the last
-one, so an instance never idles while the event loop hands it work: a thread pool fed
-from the loop holds the instance across two thread handoffs per request, which capped
-the tiny model at ~7,000 requests/s on one instance whatever the client concurrency.
+Each instance owns a thread that takes the next batch from the model's RequestQueue as soon as
+it finishes the last one, so an instance never idles while the event loop hands it work (a
+thread pool fed from the loop held the instance across two handoffs per request and capped the
+tiny model near 7,000 requests/s). Results go back to the loop with one call per batch; the
+loop resolves futures, keeps arrival order when asked, and expires requests that wait too long.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -20,81 +20,156 @@ from typing import Any
 import numpy as np
 
 from modelhost.backends.base import Model
-from modelhost.errors import unavailable
+from modelhost.core.policy import SchedulingPolicy
+from modelhost.core.request_queue import Pending, RequestQueue
+from modelhost.errors import ErrorKind, ModelhostError, invalid
 
 Outputs = dict[str, np.ndarray]
 
 
-class _Work:
-    __slots__ = ("inputs", "outputs", "future", "loop")
-
-    def __init__(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], loop: asyncio.AbstractEventLoop) -> None:
-        self.inputs = inputs
-        self.outputs = outputs
-        self.loop = loop
-        self.future: asyncio.Future[Outputs] = loop.create_future()
-
-
-_STOP = None
-
-
 class Scheduler:
-    """Owns the model's instances: one thread each, one call at a time per instance."""
-
-    def __init__(self, label: str, instances: Sequence[Model]) -> None:
+    def __init__(self, label: str, instances: Sequence[Model], policy: SchedulingPolicy) -> None:
         self._label = label
-        self._instances = list(instances)
-        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._policy = policy
+        self._queue = RequestQueue(policy)
+        self._inflight = 0
+        self._sequence = 0
+        self._next_to_settle = 0
+        self._finished: dict[int, tuple[asyncio.Future[Outputs], Outputs | None, BaseException | None]] = {}
         self._threads = [
             threading.Thread(target=self._serve, args=(instance,), name=f"{label}#{index}", daemon=True)
-            for index, instance in enumerate(self._instances)
+            for index, instance in enumerate(instances)
         ]
         for thread in self._threads:
             thread.start()
-        self._inflight = 0
-        self._accepting = True
 
-    async def submit(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> Outputs:
-        if not self._accepting:
-            raise unavailable(f"model {self._label} is stopping")
-        work = _Work(inputs, outputs, asyncio.get_running_loop())
+    async def submit(
+        self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
+        timeout_us: int | None = None,
+    ) -> Outputs:
+        """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest."""
+        level = self._level(priority)
+        timeout = self._timeout(level, timeout_us)
+        loop = asyncio.get_running_loop()
+        key = _batch_key(inputs, outputs) if self._policy.batching else None
+        pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), sequence=self._sequence)
+        self._queue.put(pending, self._label)
+        self._sequence += 1
+        timer = loop.call_later(timeout, self._expire, pending) if timeout else None
         self._inflight += 1
         try:
-            self._queue.put(work)
-            return await work.future
+            return await pending.future
+        except asyncio.CancelledError:
+            # The client is gone: a request still queued is dropped before it runs.
+            if self._queue.withdraw(pending):
+                self._finish(pending, None, None)
+            raise
         finally:
             self._inflight -= 1
+            if timer is not None:
+                timer.cancel()
 
     def inflight(self) -> int:
         return self._inflight
 
+    def queued(self) -> int:
+        return self._queue.depth()
+
     async def stop(self) -> None:
-        """Stop accepting, let the instances finish what is queued, then unload them."""
-        self._accepting = False
-        for _ in self._threads:
-            self._queue.put(_STOP)
+        """Stop accepting; the instances finish what is queued, then unload."""
+        self._queue.close()
         await asyncio.to_thread(self._join)
 
     def _join(self) -> None:
         for thread in self._threads:
             thread.join()
 
+    def _level(self, priority: int) -> int:
+        if priority == 0:
+            return self._policy.default_level
+        levels = len(self._policy.levels)
+        if not 1 <= priority <= levels:
+            raise invalid(
+                f"request priority {priority} is outside the {levels} priority level(s) of model {self._label}"
+            )
+        return priority - 1
+
+    def _timeout(self, level: int, timeout_us: int | None) -> float:
+        policy = self._policy.levels[level]
+        timeout = policy.default_timeout_s
+        if timeout_us and policy.allow_timeout_override:
+            requested = timeout_us / 1e6
+            timeout = min(timeout, requested) if timeout else requested
+        return timeout
+
+    def _expire(self, pending: Pending) -> None:
+        if self._policy.levels[pending.level].delay_on_timeout:
+            self._queue.delay(pending)
+        elif self._queue.withdraw(pending):
+            error = ModelhostError(
+                ErrorKind.TIMEOUT, f"request for model {self._label} timed out in the queue before it ran"
+            )
+            self._finish(pending, None, error)
+
+    # instance threads
+
     def _serve(self, instance: Model) -> None:
-        """An instance's thread: run queued work until the stop marker, then unload."""
-        while (work := self._queue.get()) is not _STOP:
-            if work.future.cancelled():
-                continue
+        while (batch := self._queue.take()) is not None:
+            loop = batch[0].future.get_loop()
             try:
-                result: Any = instance.infer(work.inputs, work.outputs)
-            except BaseException as exc:  # delivered to the awaiting request, never lost in this thread
-                work.loop.call_soon_threadsafe(_settle, work.future, None, exc)
+                results = _run(instance, batch)
+            except BaseException as exc:  # delivered to every request of the batch
+                loop.call_soon_threadsafe(self._complete, batch, None, exc)
             else:
-                work.loop.call_soon_threadsafe(_settle, work.future, result, None)
+                loop.call_soon_threadsafe(self._complete, batch, results, None)
         instance.unload()
 
+    # event loop
 
-def _settle(future: asyncio.Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:
-    if future.cancelled():
+    def _complete(self, batch: list[Pending], results: list[Outputs] | None, error: BaseException | None) -> None:
+        for index, pending in enumerate(batch):
+            self._finish(pending, results[index] if results is not None else None, error)
+
+    def _finish(self, pending: Pending, result: Outputs | None, error: BaseException | None) -> None:
+        if not self._policy.preserve_ordering:
+            _resolve(pending.future, result, error)
+            return
+        self._finished[pending.sequence] = (pending.future, result, error)
+        while self._next_to_settle in self._finished:
+            _resolve(*self._finished.pop(self._next_to_settle))
+            self._next_to_settle += 1
+
+
+def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> Any:
+    return tuple((name, array.shape[1:], array.dtype.str) for name, array in inputs.items()), tuple(outputs)
+
+
+def _run(instance: Model, batch: list[Pending]) -> list[Outputs]:
+    """Run one batch on an instance thread: concatenate along dim 0, run once, give each its rows."""
+    if len(batch) == 1:
+        return [instance.infer(batch[0].inputs, batch[0].outputs)]
+    first = batch[0]
+    inputs = {name: np.concatenate([p.inputs[name] for p in batch]) for name in first.inputs}
+    outputs = instance.infer(inputs, first.outputs)
+    total = sum(p.rows for p in batch)
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != total:
+            raise ModelhostError(
+                ErrorKind.INTERNAL,
+                f"output '{name}' of a batch of {total} rows has shape {list(array.shape)}: its first dimension "
+                "is not the batch",
+            )
+    results = []
+    start = 0
+    for pending in batch:
+        end = start + pending.rows
+        results.append({name: array[start:end] for name, array in outputs.items()})
+        start = end
+    return results
+
+
+def _resolve(future: asyncio.Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:
+    if future.done():
         return
     if error is not None:
         future.set_exception(error)

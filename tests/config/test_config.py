@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -561,8 +562,7 @@ class TestConfigContradictsModel:
             assert served.config.max_batch_size == 4
             assert io(served.config.input)[0] == ("INPUT0", "TYPE_FP32", [16], None)
         finally:
-            for instance in served.scheduler._instances:
-                instance.unload()
+            asyncio.run(served.scheduler.stop())
 
 
 # --------------------------------------------------------------------------- JSON form (/config)

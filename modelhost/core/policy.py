@@ -1,0 +1,74 @@
+"""A model's scheduling policy, read once from config.pbtxt's `dynamic_batching` (Triton's semantics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from modelhost.config.loader import ConfigError
+from modelhost.config.model_config_pb2 import ModelConfig, ModelQueuePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class LevelPolicy:
+    """Queue policy of one priority level."""
+
+    max_queue_size: int = 0  # 0 = unbounded
+    default_timeout_s: float = 0.0  # 0 = none
+    allow_timeout_override: bool = False
+    delay_on_timeout: bool = False  # timeout_action DELAY: run after every request still in time
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingPolicy:
+    batching: bool
+    max_batch_size: int
+    preferred_batch_sizes: tuple[int, ...]  # descending
+    max_queue_delay_s: float
+    preserve_ordering: bool
+    levels: tuple[LevelPolicy, ...]  # levels[0] is priority 1, the highest
+    default_level: int  # index into levels
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> SchedulingPolicy:
+        if config.WhichOneof("scheduling_choice") != "dynamic_batching":
+            # Without a dynamic batcher requests run one by one; a request may still bring its own timeout.
+            return cls(False, config.max_batch_size, (), 0.0, False, (LevelPolicy(allow_timeout_override=True),), 0)
+        batching = config.dynamic_batching
+        count = batching.priority_levels or 1
+        if batching.priority_levels and not 1 <= batching.default_priority_level <= count:
+            raise ConfigError(
+                f"dynamic_batching default_priority_level must be between 1 and priority_levels {count}, "
+                f"got {batching.default_priority_level}"
+            )
+        for size in batching.preferred_batch_size:
+            if not 0 < size <= max(config.max_batch_size, 1):
+                raise ConfigError(
+                    f"dynamic_batching preferred_batch_size {size} must be between 1 and max_batch_size "
+                    f"{config.max_batch_size}"
+                )
+        for level in batching.priority_queue_policy:
+            if not 1 <= level <= count:
+                raise ConfigError(f"dynamic_batching priority_queue_policy level {level} is not in 1..{count}")
+        default = _level(batching.default_queue_policy)
+        levels = tuple(
+            _level(batching.priority_queue_policy[n]) if n in batching.priority_queue_policy else default
+            for n in range(1, count + 1)
+        )
+        return cls(
+            batching=config.max_batch_size > 0,
+            max_batch_size=config.max_batch_size,
+            preferred_batch_sizes=tuple(sorted(set(batching.preferred_batch_size), reverse=True)),
+            max_queue_delay_s=batching.max_queue_delay_microseconds / 1e6,
+            preserve_ordering=batching.preserve_ordering,
+            levels=levels,
+            default_level=max(batching.default_priority_level, 1) - 1,
+        )
+
+
+def _level(policy: ModelQueuePolicy) -> LevelPolicy:
+    return LevelPolicy(
+        max_queue_size=policy.max_queue_size,
+        default_timeout_s=policy.default_timeout_microseconds / 1e6,
+        allow_timeout_override=policy.allow_timeout_override,
+        delay_on_timeout=policy.timeout_action == ModelQueuePolicy.DELAY,
+    )

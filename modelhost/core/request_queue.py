@@ -1,0 +1,144 @@
+"""The queue between a model's requests and its instance threads: priority levels and batch forming.
+
+Thread contract: the event loop puts, withdraws and expires requests; instance threads block in
+`take()`. One Condition guards everything, and every critical section is short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from modelhost.core.policy import SchedulingPolicy
+from modelhost.errors import ErrorKind, ModelhostError
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """One queued request (or one chunk of a split request)."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: Sequence[str]
+    rows: int  # its share of a batch: the batch dim, or 1 for models without one
+    key: Any  # requests batch together only when their keys are equal
+    level: int
+    future: asyncio.Future[Any]
+    enqueued: float = field(default_factory=time.monotonic)
+    sequence: int = 0
+    taken: bool = False
+    delayed: bool = False
+
+
+class RequestQueue:
+    def __init__(self, policy: SchedulingPolicy) -> None:
+        self._policy = policy
+        self._cond = threading.Condition()
+        self._levels: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
+        self._delayed: collections.deque[Pending] = collections.deque()
+        self._closed = False
+
+    def put(self, pending: Pending, model: str) -> None:
+        level_policy = self._policy.levels[pending.level]
+        with self._cond:
+            if self._closed:
+                raise ModelhostError(ErrorKind.UNAVAILABLE, f"model {model} is stopping")
+            queue = self._levels[pending.level]
+            if level_policy.max_queue_size and len(queue) >= level_policy.max_queue_size:
+                raise ModelhostError(
+                    ErrorKind.OVERLOADED,
+                    f"model {model}: the queue of priority level {pending.level + 1} is full "
+                    f"(max_queue_size {level_policy.max_queue_size}); retry later",
+                    retry_after=1,
+                )
+            queue.append(pending)
+            self._cond.notify()
+
+    def withdraw(self, pending: Pending) -> bool:
+        """Remove a request that no instance has taken yet; False if one already has."""
+        with self._cond:
+            if pending.taken:
+                return False
+            queue = self._delayed if pending.delayed else self._levels[pending.level]
+            queue.remove(pending)
+            pending.taken = True
+            return True
+
+    def delay(self, pending: Pending) -> None:
+        """timeout_action DELAY: move an expired request behind every request still in time."""
+        with self._cond:
+            if pending.taken or pending.delayed:
+                return
+            self._levels[pending.level].remove(pending)
+            pending.delayed = True
+            self._delayed.append(pending)
+
+    def depth(self) -> int:
+        return sum(map(len, self._levels)) + len(self._delayed)
+
+    def close(self) -> None:
+        """Instance threads finish what is queued, then `take` returns None."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def take(self) -> list[Pending] | None:
+        """Block until a batch is due; None once closed and empty. Called by instance threads."""
+        with self._cond:
+            while True:
+                head = self._head()
+                if head is None:
+                    if self._closed:
+                        return None
+                    self._cond.wait()
+                    continue
+                batch, complete = self._form(head)
+                wait = head.enqueued + self._policy.max_queue_delay_s - time.monotonic()
+                if complete or wait <= 0 or self._closed:
+                    for pending in batch:
+                        self._remove(pending)
+                    return batch
+                self._cond.wait(wait)
+
+    def _head(self) -> Pending | None:
+        for queue in self._levels:
+            if queue:
+                return queue[0]
+        return self._delayed[0] if self._delayed else None
+
+    def _ordered(self) -> Any:
+        for queue in self._levels:
+            yield from queue
+        yield from self._delayed
+
+    def _form(self, head: Pending) -> tuple[list[Pending], bool]:
+        """The batch to run now, and whether it is as good as waiting could make it."""
+        policy = self._policy
+        if not policy.batching:
+            return [head], True
+        batch: list[Pending] = []
+        sizes: list[int] = []
+        rows = 0
+        for pending in self._ordered():
+            if pending.key != head.key or rows + pending.rows > policy.max_batch_size:
+                continue
+            batch.append(pending)
+            rows += pending.rows
+            sizes.append(rows)
+            if rows == policy.max_batch_size:
+                return batch, True
+        for preferred in policy.preferred_batch_sizes:
+            if preferred in sizes:
+                return batch[: sizes.index(preferred) + 1], True
+        return batch, False
+
+    def _remove(self, pending: Pending) -> None:
+        queue = self._delayed if pending.delayed else self._levels[pending.level]
+        queue.remove(pending)
+        pending.taken = True
