@@ -7,6 +7,7 @@ ErrorKind -> status table and the lifespan hooks. Handlers get the whole body as
 from __future__ import annotations
 
 import logging
+import math
 import re
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
@@ -104,7 +105,10 @@ class HttpApp:
             body = await self._read_body(receive, headers)
             return await handler(HttpRequest(method, path, headers, params, body))
         except ModelhostError as exc:
-            return error_response(STATUS[exc.kind], exc.message)
+            response = error_response(STATUS[exc.kind], exc.message)
+            if exc.retry_after is not None:
+                response.headers.append((b"retry-after", str(math.ceil(exc.retry_after)).encode()))
+            return response
         except Exception as exc:
             log.exception("%s %s failed", method, path)
             return error_response(500, f"internal error: {exc}")

@@ -88,6 +88,9 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._disconnected.set()
         self._writable.set()
         self._cancel_idle_timer()
+        # Nobody is left to answer: cancelling drops a request still queued for a model before it runs.
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
 
     def eof_received(self) -> bool | None:
         # A half-close ends the requests, not the connection: answer those already received, then close.
@@ -109,11 +112,6 @@ class HttpConnection(asyncio.BufferedProtocol):
                 self._parser = httptools.HttpRequestParser(self)
                 self.on_message_complete()
             return
-        if self._in_head:  # a request line / header section that began in an earlier read
-            self._head_bytes += nbytes
-            if self._head_bytes > _MAX_HEAD_BYTES:
-                self._reject(431, f"request line and headers exceed {_MAX_HEAD_BYTES} bytes")
-                return
         try:
             self._parser.feed_data(memoryview(self._read_buffer)[:nbytes])
         except httptools.HttpParserUpgrade:
@@ -127,6 +125,13 @@ class HttpConnection(asyncio.BufferedProtocol):
         except httptools.HttpParserError as exc:
             # httptools replaces exceptions raised in callbacks by its own "callback error".
             self._reject(400, self._callback_error or f"malformed HTTP request: {exc}")
+            return
+        # httptools buffers an unfinished request line or header; bound what a client can make it hold.
+        # Only reads that end with the header section still open count, so body bytes never do.
+        if self._in_head:
+            self._head_bytes += nbytes
+            if self._head_bytes > _MAX_HEAD_BYTES:
+                self._reject(431, f"request line and headers exceed {_MAX_HEAD_BYTES} bytes")
 
     def pause_writing(self) -> None:
         self._writable.clear()
