@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from modelhost.config.loader import config_to_json
+from modelhost.core.loader import ServedModel
 from modelhost.core.manager import ModelManager
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.types import InferRequest, InferResponse, ModelMetadata
@@ -13,7 +15,7 @@ from modelhost.types import InferRequest, InferResponse, ModelMetadata
 log = logging.getLogger("modelhost.dataplane")
 
 SERVER_NAME = "modelhost"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics")
 
 
 class DataPlane:
@@ -56,11 +58,26 @@ class DataPlane:
             outputs=signature.specs(signature.outputs),
         )
 
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """Triton's `model_stats`: every loaded version, of every model or of one model, or one version."""
+        models = [self._manager.get(name, version)] if version else self._manager.served(name)
+        return [m.statistics.as_json(m.name, m.version) for m in sorted(models, key=lambda m: (m.name, m.version))]
+
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_json(self._manager.get(name, version).config)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         served = self._manager.get(request.model_name, request.model_version)
+        started = time.monotonic_ns()
+        ok = False
+        try:
+            response = await self._infer(served, request)
+            ok = True
+            return response
+        finally:
+            served.statistics.record_request(ok, time.monotonic_ns() - started)
+
+    async def _infer(self, served: ServedModel, request: InferRequest) -> InferResponse:
         signature = served.signature
         raw = request.raw_input
         inputs, rows = signature.check_inputs(request.inputs if raw is None else signature.raw_inputs(raw))

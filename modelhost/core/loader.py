@@ -16,6 +16,7 @@ from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.signature import Signature
+from modelhost.core.statistics import ModelStatistics
 from modelhost.store.local import ModelSource
 
 
@@ -28,6 +29,7 @@ class ServedModel:
     config: ModelConfig
     signature: Signature
     scheduler: Scheduler
+    statistics: ModelStatistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,5 +116,6 @@ def load_version(
         for instance in instances:
             instance.unload()
         raise
-    scheduler = Scheduler(label, instances, policy)
-    return ServedModel(source.name, version, config, Signature.from_config(config), scheduler)
+    statistics = ModelStatistics()
+    scheduler = Scheduler(label, instances, policy, statistics)
+    return ServedModel(source.name, version, config, Signature.from_config(config), scheduler, statistics)

@@ -134,8 +134,12 @@ class ModelManager:
             entries = [e for e in entries if e.state == ModelState.READY.value]
         return entries
 
-    def served(self) -> list[ServedModel]:
-        return [s.served for r in self._records.values() for s in r.versions.values() if s.served is not None]
+    def served(self, name: str = "") -> list[ServedModel]:
+        """Loaded versions, of every model or of the one named (NOT_FOUND when it is unknown)."""
+        if name and name not in self._records:
+            raise not_found(f"Request for unknown model: '{name}' is not found")
+        records = [self._records[name]] if name else list(self._records.values())
+        return [s.served for r in records for s in r.versions.values() if s.served is not None]
 
     async def stop(self) -> None:
         """Drain every model's in-flight requests, then unload them."""

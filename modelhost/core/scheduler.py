@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,15 +23,19 @@ import numpy as np
 from modelhost.backends.base import Model
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.request_queue import Pending, RequestQueue
+from modelhost.core.statistics import ExecutionTiming, ModelStatistics
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
 Outputs = dict[str, np.ndarray]
 
 
 class Scheduler:
-    def __init__(self, label: str, instances: Sequence[Model], policy: SchedulingPolicy) -> None:
+    def __init__(
+        self, label: str, instances: Sequence[Model], policy: SchedulingPolicy, statistics: ModelStatistics
+    ) -> None:
         self._label = label
         self._policy = policy
+        self._statistics = statistics
         self._queue = RequestQueue(policy)
         self._inflight = 0
         self._sequence = 0
@@ -117,16 +122,21 @@ class Scheduler:
         while (batch := self._queue.take()) is not None:
             loop = batch[0].future.get_loop()
             try:
-                results = _run(instance, batch)
+                results, timing = _run(instance, batch)
             except BaseException as exc:  # delivered to every request of the batch
-                loop.call_soon_threadsafe(self._complete, batch, None, exc)
+                loop.call_soon_threadsafe(self._complete, batch, None, exc, None)
             else:
-                loop.call_soon_threadsafe(self._complete, batch, results, None)
+                loop.call_soon_threadsafe(self._complete, batch, results, None, timing)
         instance.unload()
 
     # event loop
 
-    def _complete(self, batch: list[Pending], results: list[Outputs] | None, error: BaseException | None) -> None:
+    def _complete(
+        self, batch: list[Pending], results: list[Outputs] | None, error: BaseException | None,
+        timing: ExecutionTiming | None,
+    ) -> None:
+        if timing is not None:
+            self._statistics.record_execution(sum(p.rows for p in batch), len(batch), timing)
         for index, pending in enumerate(batch):
             self._finish(pending, results[index] if results is not None else None, error)
 
@@ -144,13 +154,20 @@ def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> Any:
     return tuple((name, array.shape[1:], array.dtype.str) for name, array in inputs.items()), tuple(outputs)
 
 
-def _run(instance: Model, batch: list[Pending]) -> list[Outputs]:
+def _run(instance: Model, batch: list[Pending]) -> tuple[list[Outputs], ExecutionTiming]:
     """Run one batch on an instance thread: concatenate along dim 0, run once, give each its rows."""
-    if len(batch) == 1:
-        return [instance.infer(batch[0].inputs, batch[0].outputs)]
+    taken = time.monotonic()
+    queue_ns = [int((taken - p.enqueued) * 1e9) for p in batch]
     first = batch[0]
+    if len(batch) == 1:
+        started = time.monotonic_ns()
+        outputs = instance.infer(first.inputs, first.outputs)
+        return [outputs], ExecutionTiming(queue_ns, 0, time.monotonic_ns() - started, 0)
+    started = time.monotonic_ns()
     inputs = {name: np.concatenate([p.inputs[name] for p in batch]) for name in first.inputs}
+    concatenated = time.monotonic_ns()
     outputs = instance.infer(inputs, first.outputs)
+    inferred = time.monotonic_ns()
     total = sum(p.rows for p in batch)
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
@@ -165,7 +182,8 @@ def _run(instance: Model, batch: list[Pending]) -> list[Outputs]:
         end = start + pending.rows
         results.append({name: array[start:end] for name, array in outputs.items()})
         start = end
-    return results
+    timing = ExecutionTiming(queue_ns, concatenated - started, inferred - concatenated, time.monotonic_ns() - inferred)
+    return results, timing
 
 
 def _resolve(future: asyncio.Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:

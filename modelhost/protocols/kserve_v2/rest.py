@@ -50,6 +50,9 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
     async def model_config(request: HttpRequest) -> HttpResponse:
         return json_response(dataplane.model_config(request.params["model"], _version(request)))
 
+    async def statistics(request: HttpRequest) -> HttpResponse:
+        return json_response({"model_stats": dataplane.statistics(request.params.get("model", ""), _version(request))})
+
     async def index(request: HttpRequest) -> HttpResponse:
         body = _optional_json(request.body)
         ready_only = body.get("ready", False) is True
@@ -72,6 +75,8 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         Route("GET", "/v2/health/live", live),
         Route("GET", "/v2/health/ready", ready),
         Route("GET", "/v2", server_metadata),
+        Route("GET", "/v2/models/stats", statistics),
+        Route("GET", _MODEL + "/stats", statistics),
         Route("GET", _MODEL, model_metadata),
         Route("GET", _MODEL + "/ready", model_ready),
         Route("GET", _MODEL + "/config", model_config),
