@@ -16,8 +16,10 @@ from modelhost import __version__
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.manager import ModelManager
+from modelhost.metrics import MetricsExporter
+from modelhost.protocols import prometheus
 from modelhost.protocols.http import HttpApp
-from modelhost.protocols.http_server import HttpServer
+from modelhost.protocols.http_server import HttpServer, Site
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.settings import ServerSettings
 from modelhost.store.local import LocalStore
@@ -54,6 +56,9 @@ class Server:
             max_body_bytes=self.settings.http_max_body_bytes,
         )
 
+    def build_metrics_asgi(self) -> HttpApp:
+        return HttpApp(prometheus.routes(MetricsExporter(self.manager.served)))
+
     async def _start(self) -> None:
         # Models load after the port is bound so that liveness answers while they load.
         self._loading = asyncio.create_task(self._load())
@@ -79,8 +84,11 @@ class Server:
     def run(self) -> None:
         s = self.settings
         log.info(
-            "modelhost %s: HTTP %s:%d (gRPC port %d and metrics port %d are reserved for front-ends not built yet)",
-            __version__, s.host, s.http_port, s.grpc_port, s.metrics_port,
+            "modelhost %s: HTTP %s:%d, metrics %s (gRPC port %d is reserved for the gRPC front-end)",
+            __version__, s.host, s.http_port, f"{s.host}:{s.metrics_port}" if s.metrics_port else "off", s.grpc_port,
         )
-        server = HttpServer(self.build_asgi(), s.host, s.http_port, s.http_max_body_bytes, s.graceful_shutdown_seconds)
+        sites = [Site("HTTP", self.build_asgi(), s.http_port)]
+        if s.metrics_port:
+            sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port))
+        server = HttpServer(sites, s.host, s.http_max_body_bytes, s.graceful_shutdown_seconds)
         uvloop.run(server.serve())

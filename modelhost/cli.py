@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001, help="reserved for the gRPC front-end")
-    serve.add_argument("--metrics-port", type=int, default=8002, help="reserved for Prometheus metrics")
+    serve.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics at /metrics (0: off)")
     serve.add_argument("--log-level", default="info", choices=_LOG_LEVELS)
     serve.add_argument("--strict-readiness", action="store_true",
                        help="server ready only when every model loaded (Triton's default)")

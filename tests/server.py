@@ -26,7 +26,9 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"127.0.0.1:{self.port}"
         self.base = f"http://{self.url}"
-        args = [sys.executable, "-m", "modelhost", "serve", "--http-port", str(self.port), *extra_args]
+        self.metrics_port = free_port()
+        args = [sys.executable, "-m", "modelhost", "serve", "--http-port", str(self.port),
+                "--metrics-port", str(self.metrics_port), *extra_args]
         if repository is not None:
             args += ["--model-repository", str(repository)]
         env = dict(os.environ)

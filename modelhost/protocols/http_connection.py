@@ -50,8 +50,9 @@ class _Request:
 class HttpConnection(asyncio.BufferedProtocol):
     """One client connection. Callbacks run on the loop; requests are answered in arrival order."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: HttpServer, app: ASGIApp) -> None:
         self._server = server
+        self._app = app
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._read_buffer = bytearray(_READ_SIZE)
@@ -219,7 +220,7 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     @property
     def app(self) -> ASGIApp:
-        return self._server.app
+        return self._app
 
     async def write(self, parts: list[bytes]) -> None:
         if self._transport is None or self._disconnected.is_set():

@@ -16,6 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from modelhost.protocols.http_connection import ASGIApp, HttpConnection
@@ -23,13 +26,22 @@ from modelhost.protocols.http_connection import ASGIApp, HttpConnection
 log = logging.getLogger("modelhost.http")
 
 
-class HttpServer:
-    """Serves one ASGI app on host:port until SIGTERM/SIGINT (or `stop()`)."""
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One ASGI app served on one port; `name` is for the logs."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int, max_body_bytes: int, graceful_seconds: float,
+    name: str
+    app: ASGIApp
+    port: int
+
+
+class HttpServer:
+    """Serves ASGI apps on their ports of one host until SIGTERM/SIGINT (or `stop()`)."""
+
+    def __init__(self, sites: Sequence[Site], host: str, max_body_bytes: int, graceful_seconds: float,
                  idle_seconds: float = 75.0) -> None:
-        self.app = app
-        self.host, self.port = host, port
+        self.sites = list(sites)
+        self.host = host
         self.max_body_bytes = max_body_bytes
         self.graceful_seconds = graceful_seconds
         self.idle_seconds = idle_seconds
@@ -43,17 +55,25 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self.stop)
-        lifespan = _Lifespan(self.app)
-        await lifespan.startup()
+        lifespans = [_Lifespan(site.app) for site in self.sites]
+        for lifespan in lifespans:
+            await lifespan.startup()
+        servers = []
         try:
-            server = await loop.create_server(lambda: HttpConnection(self), self.host, self.port, backlog=2048)
+            for site in self.sites:
+                servers.append(await loop.create_server(
+                    partial(HttpConnection, self, site.app), self.host, site.port, backlog=2048))
+                log.info("%s listening on %s:%d", site.name, self.host, site.port)
         except OSError as exc:
-            await lifespan.shutdown()
-            raise SystemExit(f"modelhost: cannot listen on {self.host}:{self.port}: {exc.strerror or exc}") from None
-        log.info("HTTP listening on %s:%d", self.host, self.port)
+            for server in servers:
+                server.close()
+            for lifespan in reversed(lifespans):
+                await lifespan.shutdown()
+            raise SystemExit(f"modelhost: cannot listen on {self.host}:{site.port}: {exc.strerror or exc}") from None
         await self._stopping.wait()
         log.info("shutting down: no new connections, finishing %d open", len(self.connections))
-        server.close()
+        for server in servers:
+            server.close()
         for connection in list(self.connections):
             connection.close_when_idle()
         deadline = loop.time() + self.graceful_seconds
@@ -61,7 +81,8 @@ class HttpServer:
             await asyncio.sleep(0.01)
         for connection in list(self.connections):
             connection.abort()
-        await lifespan.shutdown()
+        for lifespan in reversed(lifespans):
+            await lifespan.shutdown()
 
 class _Lifespan:
     """Runs the ASGI lifespan protocol around serving; an app without it is fine."""

@@ -1,0 +1,84 @@
+"""Prometheus metrics on --metrics-port: Triton's names and labels, values matching the requests sent."""
+
+from __future__ import annotations
+
+import numpy as np
+import requests
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server import ServerProcess
+
+TRITON_COUNTERS = (
+    "nv_inference_request_success",
+    "nv_inference_request_failure",
+    "nv_inference_count",
+    "nv_inference_exec_count",
+    "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us",
+    "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us",
+    "nv_inference_compute_output_duration_us",
+)
+
+
+def scrape(server: ServerProcess) -> dict[tuple[str, str], float]:
+    response = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.labels.get("model") == "tiny" and "le" not in sample.labels:
+                samples[(sample.name, sample.labels["version"])] = sample.value
+    return samples
+
+
+def test_metrics_count_what_was_sent(example_server: ServerProcess) -> None:
+    before = scrape(example_server)
+    client = httpclient.InferenceServerClient(example_server.url)
+    rows = 0
+    for batch in (1, 3, 5):
+        x = np.ones((batch, 4), dtype=np.float32)
+        inputs = [httpclient.InferInput("x", list(x.shape), "FP32")]
+        inputs[0].set_data_from_numpy(x)
+        client.infer("tiny", inputs)
+        rows += batch
+    failed = requests.post(f"{example_server.base}/v2/models/tiny/infer", timeout=10,
+                           json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]})
+    assert failed.status_code == 400
+    after = scrape(example_server)
+    for name in TRITON_COUNTERS:
+        assert (name, "1") in after, name
+
+    def delta(name: str) -> float:
+        return after[(name, "1")] - before.get((name, "1"), 0.0)
+
+    assert delta("nv_inference_request_success") == 3
+    assert delta("nv_inference_request_failure") == 1
+    assert delta("nv_inference_count") == rows
+    assert delta("nv_inference_exec_count") == 3
+    assert delta("nv_inference_compute_infer_duration_us") > 0
+    assert delta("nv_inference_request_duration_us") >= delta("nv_inference_compute_infer_duration_us")
+    assert after[("nv_inference_pending_request_count", "1")] == 0
+    assert delta("modelhost_request_latency_seconds_count") == 4
+    assert delta("modelhost_batch_size_count") == 3
+    assert delta("modelhost_batch_size_sum") == rows
+
+
+def test_metrics_agree_with_statistics(example_server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(example_server.url)
+    [stats] = client.get_inference_statistics("tiny")["model_stats"]
+    metrics = scrape(example_server)
+    assert metrics[("nv_inference_count", "1")] == stats["inference_count"]
+    assert metrics[("nv_inference_exec_count", "1")] == stats["execution_count"]
+    assert metrics[("nv_inference_request_success", "1")] == stats["inference_stats"]["success"]["count"]
+
+
+def test_metrics_can_be_turned_off(start_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(tmp_path, "--metrics-port", "0")
+    try:
+        requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=2)
+        raise AssertionError("metrics port answered although metrics are off")
+    except requests.ConnectionError:
+        pass
