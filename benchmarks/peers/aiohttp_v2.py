@@ -1,7 +1,9 @@
 """A minimal KServe V2 peer: aiohttp + onnxruntime, single-input models, no validation.
 
 The "80-line aiohttp server" the foundation issue compares against: what a team writes
-by hand. Usage: python aiohttp_v2.py REPOSITORY PORT
+by hand. Usage: python aiohttp_v2.py REPOSITORY PORT [inline]
+With `inline`, onnxruntime runs on the event loop itself (the scheduler issue's naive baseline);
+otherwise in aiohttp's default thread pool.
 """
 
 import asyncio
@@ -43,13 +45,17 @@ def decode(body: bytes, header_length: str | None) -> tuple[dict, dict]:
 
 def main() -> None:
     sessions = load(Path(sys.argv[1]))
+    inline = sys.argv[3:] == ["inline"]
 
     async def infer(request: web.Request) -> web.Response:
         session = sessions[request.match_info["model"]]
         body = await request.read()
         parsed, feeds = decode(body, request.headers.get("Inference-Header-Content-Length"))
         names = [o.name for o in session.get_outputs()]
-        results = await asyncio.get_running_loop().run_in_executor(None, session.run, names, feeds)
+        if inline:
+            results = session.run(names, feeds)
+        else:
+            results = await asyncio.get_running_loop().run_in_executor(None, session.run, names, feeds)
         binary = bool(parsed.get("outputs")) and all(
             (o.get("parameters") or {}).get("binary_data") for o in parsed["outputs"])
         outputs, chunks = [], []

@@ -27,12 +27,15 @@ class SchedulingPolicy:
     preserve_ordering: bool
     levels: tuple[LevelPolicy, ...]  # levels[0] is priority 1, the highest
     default_level: int  # index into levels
+    split_size: int = 0  # requests of more rows run as chunks of this many rows; 0 = never split
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> SchedulingPolicy:
+        split = _split_size(config)
         if config.WhichOneof("scheduling_choice") != "dynamic_batching":
             # Without a dynamic batcher requests run one by one; a request may still bring its own timeout.
-            return cls(False, config.max_batch_size, (), 0.0, False, (LevelPolicy(allow_timeout_override=True),), 0)
+            level = LevelPolicy(allow_timeout_override=True)
+            return cls(False, config.max_batch_size, (), 0.0, False, (level,), 0, split)
         batching = config.dynamic_batching
         count = batching.priority_levels or 1
         if batching.priority_levels and not 1 <= batching.default_priority_level <= count:
@@ -62,7 +65,27 @@ class SchedulingPolicy:
             preserve_ordering=batching.preserve_ordering,
             levels=levels,
             default_level=max(batching.default_priority_level, 1) - 1,
+            split_size=split,
         )
+
+
+SPLIT_PARAMETER = "request_split_size"
+
+
+def _split_size(config: ModelConfig) -> int:
+    """`parameters { key: "request_split_size" value: { string_value: "N" } }`: split requests above N rows."""
+    if SPLIT_PARAMETER not in config.parameters:
+        return 0
+    text = config.parameters[SPLIT_PARAMETER].string_value
+    try:
+        size = int(text)
+    except ValueError:
+        raise ConfigError(f"parameter {SPLIT_PARAMETER} must be an integer, got '{text}'") from None
+    if size < 0:
+        raise ConfigError(f"parameter {SPLIT_PARAMETER} must be >= 0, got {size}")
+    if size and config.max_batch_size == 0:
+        raise ConfigError(f"parameter {SPLIT_PARAMETER} needs a batch dimension (max_batch_size > 0)")
+    return size
 
 
 def _level(policy: ModelQueuePolicy) -> LevelPolicy:

@@ -52,9 +52,33 @@ class Scheduler:
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None,
     ) -> Outputs:
-        """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest."""
+        """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest.
+
+        A request of more than the policy's split size is cut into chunks along the batch dim that
+        queue (and batch, and run on free instances) independently, merged back in order.
+        """
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
+        split = self._policy.split_size
+        if not split or rows <= split:
+            return await self._submit(inputs, outputs, rows, level, timeout)
+        chunks = [
+            asyncio.ensure_future(self._submit(
+                {name: array[start : start + split] for name, array in inputs.items()}, outputs,
+                min(split, rows - start), level, timeout))
+            for start in range(0, rows, split)
+        ]
+        try:
+            parts = await asyncio.gather(*chunks)
+        except BaseException:
+            for chunk in chunks:  # one chunk failed or the caller left: the others are not wanted
+                chunk.cancel()
+            raise
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+    async def _submit(
+        self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, timeout: float
+    ) -> Outputs:
         loop = asyncio.get_running_loop()
         key = _batch_key(inputs, outputs) if self._policy.batching else None
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), sequence=self._sequence)
