@@ -64,7 +64,7 @@ class SchedulingPolicy:
             max_queue_delay_s=batching.max_queue_delay_microseconds / 1e6,
             preserve_ordering=batching.preserve_ordering,
             levels=levels,
-            default_level=max(batching.default_priority_level, 1) - 1,
+            default_level=batching.default_priority_level - 1 if batching.priority_levels else 0,
             split_size=split,
         )
 

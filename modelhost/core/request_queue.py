@@ -41,7 +41,7 @@ class RequestQueue:
         self._policy = policy
         self._cond = threading.Condition()
         self._levels: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
-        self._delayed: collections.deque[Pending] = collections.deque()
+        self._delayed: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
         self._closed = False
 
     def put(self, pending: Pending, model: str) -> None:
@@ -50,7 +50,8 @@ class RequestQueue:
             if self._closed:
                 raise ModelhostError(ErrorKind.UNAVAILABLE, f"model {model} is stopping")
             queue = self._levels[pending.level]
-            if level_policy.max_queue_size and len(queue) >= level_policy.max_queue_size:
+            waiting = len(queue) + len(self._delayed[pending.level])
+            if level_policy.max_queue_size and waiting >= level_policy.max_queue_size:
                 raise ModelhostError(
                     ErrorKind.OVERLOADED,
                     f"model {model}: the queue of priority level {pending.level + 1} is full "
@@ -65,7 +66,7 @@ class RequestQueue:
         with self._cond:
             if pending.taken:
                 return False
-            queue = self._delayed if pending.delayed else self._levels[pending.level]
+            queue = (self._delayed if pending.delayed else self._levels)[pending.level]
             queue.remove(pending)
             pending.taken = True
             return True
@@ -77,10 +78,10 @@ class RequestQueue:
                 return
             self._levels[pending.level].remove(pending)
             pending.delayed = True
-            self._delayed.append(pending)
+            self._delayed[pending.level].append(pending)
 
     def depth(self) -> int:
-        return sum(map(len, self._levels)) + len(self._delayed)
+        return sum(map(len, self._levels)) + sum(map(len, self._delayed))
 
     def close(self) -> None:
         """Instance threads finish what is queued, then `take` returns None."""
@@ -107,15 +108,17 @@ class RequestQueue:
                 self._cond.wait(wait)
 
     def _head(self) -> Pending | None:
-        for queue in self._levels:
+        for queue, delayed in zip(self._levels, self._delayed):
             if queue:
                 return queue[0]
-        return self._delayed[0] if self._delayed else None
+            if delayed:
+                return delayed[0]
+        return None
 
     def _ordered(self) -> Any:
-        for queue in self._levels:
+        for queue, delayed in zip(self._levels, self._delayed):
             yield from queue
-        yield from self._delayed
+            yield from delayed
 
     def _form(self, head: Pending) -> tuple[list[Pending], bool]:
         """The batch to run now, and whether it is as good as waiting could make it."""
@@ -139,6 +142,6 @@ class RequestQueue:
         return batch, False
 
     def _remove(self, pending: Pending) -> None:
-        queue = self._delayed if pending.delayed else self._levels[pending.level]
+        queue = (self._delayed if pending.delayed else self._levels)[pending.level]
         queue.remove(pending)
         pending.taken = True

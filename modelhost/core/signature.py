@@ -120,7 +120,7 @@ class Signature:
                 lead = shape[:1] if self.max_batch_size > 0 else ()
                 array = array.reshape(lead + _resolve(body, rule.dims, rule.reshape))
             feeds[rule.name] = array
-        return feeds, max(batch, 1)
+        return feeds, batch if batch >= 0 else 1
 
     def _check_batch(self, rule: TensorRule, shape: tuple[int, ...], batch: int) -> int:
         if not shape:

@@ -73,7 +73,6 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._head_bytes = 0
         self._rejection: list[bytes] | None = None  # a 4xx waiting for the requests queued before it
         self._reading_stopped = False  # nothing more is parsed on this connection
-        self._eof = False  # the client shut down its sending side
 
     # asyncio protocol callbacks
 
@@ -94,11 +93,10 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._worker.cancel()
 
     def eof_received(self) -> bool | None:
-        # A half-close ends the requests, not the connection: answer those already received, then close.
-        self._eof = True
-        if self._direct is None and (self._busy or self._pipeline):
-            return True  # keep the transport open for writing; _run_pipeline closes it
-        return None  # nothing to answer (or a truncated body): let the transport close
+        # The client's EOF is a disconnect, as uvicorn and nginx take it: a half-close cannot be told
+        # from a close, and a client that closed (a timeout in requests or tritonclient does) must
+        # have its queued request dropped. Returning None closes the transport: connection_lost follows.
+        return None
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
         return self._direct if self._direct is not None else self._read_buffer
@@ -213,7 +211,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 return
         if self._rejection is not None and self._transport is not None and not self._disconnected.is_set():
             self._transport.writelines(self._rejection)
-        if self._rejection is not None or self._eof:
+        if self._rejection is not None:
             self._close()
             return
         self._arm_idle_timer()

@@ -134,7 +134,7 @@ class TestCheckInputs:
     def test_empty_batch(self) -> None:
         feeds, batch = ADD_SUB.check_inputs({"INPUT0": f32(0, 16), "INPUT1": f32(0, 16)})
         assert feeds["INPUT0"].shape == (0, 16)
-        assert batch == 1  # documented: "the batch size (1 if unbatched)"; 0 is clamped
+        assert batch == 0  # zero rows stay zero: the scheduler slices batches by rows
 
 
 class TestOptionalInputs:
