@@ -67,6 +67,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_activity = 0.0
         self._client: tuple[str, int] | None = None
         self._callback_error = ""
         self._in_head = False  # between on_message_begin and on_headers_complete
@@ -103,7 +104,7 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         # Any read restarts the idle clock, so a client that stops halfway through a body is cut off too.
-        self._arm_idle_timer()
+        self._last_activity = self._loop.time()
         if self._direct is not None:
             self._direct = self._direct[nbytes:]
             if not len(self._direct):
@@ -285,12 +286,18 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._transport.pause_reading()
 
     def _arm_idle_timer(self) -> None:
-        self._cancel_idle_timer()
-        self._idle_timer = self._loop.call_later(self._server.idle_seconds, self._on_idle)
+        # One timer per idle period, not one per read: reads only stamp _last_activity, and the timer
+        # re-arms itself for what is left when there was activity since it was set.
+        self._last_activity = self._loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self._loop.call_later(self._server.idle_seconds, self._on_idle)
 
     def _on_idle(self) -> None:
-        # A request being answered is not idleness; the pipeline re-arms the timer when it is done.
-        if not self._busy and not self._pipeline:
+        self._idle_timer = None
+        left = self._last_activity + self._server.idle_seconds - self._loop.time()
+        if self._busy or self._pipeline or left > 0:  # answering a request is not idleness
+            self._idle_timer = self._loop.call_later(max(left, 0.0) or self._server.idle_seconds, self._on_idle)
+        else:
             self._close()
 
     def _cancel_idle_timer(self) -> None:
