@@ -28,14 +28,18 @@ class SchedulingPolicy:
     levels: tuple[LevelPolicy, ...]  # levels[0] is priority 1, the highest
     default_level: int  # index into levels
     split_size: int = 0  # requests of more rows run as chunks of this many rows; 0 = never split
+    inline_max_ns: int = 50_000  # small requests of models this fast may run on the event loop; 0 = never
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> SchedulingPolicy:
-        split = _split_size(config)
+        split = _natural_parameter(config, SPLIT_PARAMETER)
+        if split and config.max_batch_size == 0:
+            raise ConfigError(f"parameter {SPLIT_PARAMETER} needs a batch dimension (max_batch_size > 0)")
+        inline_ns = 1000 * _natural_parameter(config, INLINE_PARAMETER, default=50)
         if config.WhichOneof("scheduling_choice") != "dynamic_batching":
             # Without a dynamic batcher requests run one by one; a request may still bring its own timeout.
             level = LevelPolicy(allow_timeout_override=True)
-            return cls(False, config.max_batch_size, (), 0.0, False, (level,), 0, split)
+            return cls(False, config.max_batch_size, (), 0.0, False, (level,), 0, split, inline_ns)
         batching = config.dynamic_batching
         count = batching.priority_levels or 1
         if batching.priority_levels and not 1 <= batching.default_priority_level <= count:
@@ -66,26 +70,27 @@ class SchedulingPolicy:
             levels=levels,
             default_level=batching.default_priority_level - 1 if batching.priority_levels else 0,
             split_size=split,
+            inline_max_ns=inline_ns,
         )
 
 
+# `parameters { key: "request_split_size" value: { string_value: "N" } }`: split requests above N rows.
 SPLIT_PARAMETER = "request_split_size"
+# Small requests of a model whose small executions take at most this many µs may run inline; 0 = never.
+INLINE_PARAMETER = "inline_max_microseconds"
 
 
-def _split_size(config: ModelConfig) -> int:
-    """`parameters { key: "request_split_size" value: { string_value: "N" } }`: split requests above N rows."""
-    if SPLIT_PARAMETER not in config.parameters:
-        return 0
-    text = config.parameters[SPLIT_PARAMETER].string_value
+def _natural_parameter(config: ModelConfig, name: str, default: int = 0) -> int:
+    if name not in config.parameters:
+        return default
+    text = config.parameters[name].string_value
     try:
-        size = int(text)
+        value = int(text)
     except ValueError:
-        raise ConfigError(f"parameter {SPLIT_PARAMETER} must be an integer, got '{text}'") from None
-    if size < 0:
-        raise ConfigError(f"parameter {SPLIT_PARAMETER} must be >= 0, got {size}")
-    if size and config.max_batch_size == 0:
-        raise ConfigError(f"parameter {SPLIT_PARAMETER} needs a batch dimension (max_batch_size > 0)")
-    return size
+        raise ConfigError(f"parameter {name} must be an integer, got '{text}'") from None
+    if value < 0:
+        raise ConfigError(f"parameter {name} must be >= 0, got {value}")
+    return value
 
 
 def _level(policy: ModelQueuePolicy) -> LevelPolicy:

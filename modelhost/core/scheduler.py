@@ -8,6 +8,13 @@ it finishes the last one, so an instance never idles while the event loop hands 
 thread pool fed from the loop held the instance across two handoffs per request and capped the
 tiny model near 7,000 requests/s). Results go back to the loop with one call per batch; the
 loop resolves futures, keeps arrival order when asked, and expires requests that wait too long.
+
+Inline execution: a request of at most INLINE_ROWS rows runs on the event loop itself when nothing
+is queued, an instance is free, no batching delay is configured, and the model's recent small
+executions took at most the policy's inline budget (50 µs by default). Handing a 4 µs model call
+to a thread and back costs the loop more than the call: tiny at concurrency 1 went from 0.20 to
+0.14 ms p50, level with a server that always runs inline. Models slower than the budget, or not
+yet measured, always run on their threads, so the loop is never held longer than that.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from modelhost.core.statistics import ExecutionTiming, ModelStatistics
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
 Outputs = dict[str, np.ndarray]
+INLINE_ROWS = 8
 
 
 class Scheduler:
@@ -41,9 +49,12 @@ class Scheduler:
         self._sequence = 0
         self._next_to_settle = 0
         self._finished: dict[int, tuple[asyncio.Future[Outputs], Outputs | None, BaseException | None]] = {}
+        # Each instance's lock keeps it to one call at a time between its thread and inline runs.
+        self._instances = [(instance, threading.Lock()) for instance in instances]
+        self._small_execution_ns: float | None = None  # moving average over executions of <= INLINE_ROWS rows
         self._threads = [
-            threading.Thread(target=self._serve, args=(instance,), name=f"{label}#{index}", daemon=True)
-            for index, instance in enumerate(instances)
+            threading.Thread(target=self._serve, args=pair, name=f"{label}#{index}", daemon=True)
+            for index, pair in enumerate(self._instances)
         ]
         for thread in self._threads:
             thread.start()
@@ -59,6 +70,10 @@ class Scheduler:
         """
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
+        if self._inline_due(rows):
+            result = self._run_inline(inputs, outputs, rows)
+            if result is not None:
+                return result
         split = self._policy.split_size
         if not split or rows <= split:
             return await self._submit(inputs, outputs, rows, level, timeout)
@@ -113,6 +128,37 @@ class Scheduler:
         for thread in self._threads:
             thread.join()
 
+    def _inline_due(self, rows: int) -> bool:
+        average = self._small_execution_ns
+        return (
+            average is not None
+            and average <= self._policy.inline_max_ns
+            and rows <= INLINE_ROWS
+            and not self._policy.preserve_ordering
+            and not self._policy.max_queue_delay_s  # a configured delay asks to wait for a batch
+            and self._queue.depth() == 0
+        )
+
+    def _run_inline(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int) -> Outputs | None:
+        """Run on the event loop with a free instance; None when every instance is busy."""
+        for instance, lock in self._instances:
+            if lock.acquire(blocking=False):
+                try:
+                    started = time.monotonic_ns()
+                    result = instance.infer(inputs, outputs)
+                    elapsed = time.monotonic_ns() - started
+                finally:
+                    lock.release()
+                self._learn(rows, elapsed)
+                self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
+                return result
+        return None
+
+    def _learn(self, rows: int, infer_ns: int) -> None:
+        if rows <= INLINE_ROWS:
+            average = self._small_execution_ns
+            self._small_execution_ns = infer_ns if average is None else 0.8 * average + 0.2 * infer_ns
+
     def _level(self, priority: int) -> int:
         if priority == 0:
             return self._policy.default_level
@@ -142,11 +188,12 @@ class Scheduler:
 
     # instance threads
 
-    def _serve(self, instance: Model) -> None:
+    def _serve(self, instance: Model, lock: threading.Lock) -> None:
         while (batch := self._queue.take()) is not None:
             loop = batch[0].future.get_loop()
             try:
-                results, timing = _run(instance, batch)
+                with lock:
+                    results, timing = _run(instance, batch)
             except BaseException as exc:  # delivered to every request of the batch
                 loop.call_soon_threadsafe(self._complete, batch, None, exc, None)
             else:
@@ -160,7 +207,9 @@ class Scheduler:
         timing: ExecutionTiming | None,
     ) -> None:
         if timing is not None:
-            self._statistics.record_execution(sum(p.rows for p in batch), len(batch), timing)
+            rows = sum(p.rows for p in batch)
+            self._statistics.record_execution(rows, len(batch), timing)
+            self._learn(rows, timing.infer_ns)
         for index, pending in enumerate(batch):
             self._finish(pending, results[index] if results is not None else None, error)
 
