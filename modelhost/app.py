@@ -89,6 +89,7 @@ class Server:
         )
         sites = [Site("HTTP", self.build_asgi(), s.http_port)]
         if s.metrics_port:
-            sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port))
-        server = HttpServer(sites, s.host, s.http_max_body_bytes, s.graceful_shutdown_seconds)
+            sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port + s.worker_index))
+        server = HttpServer(sites, s.host, s.http_max_body_bytes, s.graceful_shutdown_seconds,
+                            reuse_port=s.workers > 1)
         uvloop.run(server.serve())

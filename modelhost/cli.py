@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--default-max-batch-size", type=int, default=4,
                        help="max_batch_size given to auto-completed models that can batch")
     serve.add_argument("--http-max-body-bytes", type=int, default=64 * 1024 * 1024)
+    serve.add_argument("--workers", type=int, default=1,
+                       help="server processes sharing the HTTP port; each loads every model (default 1)")
     serve.add_argument("--graceful-shutdown-seconds", type=float, default=30.0,
                        help="how long SIGTERM waits for in-flight requests")
     return parser
@@ -42,7 +44,14 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    if settings.workers < 1:
+        build_parser().error("--workers must be at least 1")
+    if settings.workers > 1:
+        from modelhost.workers import run_workers
+
+        return run_workers(settings)
     from modelhost.app import Server
 
-    Server(settings_from_args(args)).run()
+    Server(settings).run()
     return 0

@@ -27,4 +27,6 @@ class ServerSettings:
     http_max_body_bytes: int = 64 * 1024 * 1024
     graceful_shutdown_seconds: float = 30.0
     cpu_count: int = os.cpu_count() or 1
+    workers: int = 1
+    worker_index: int = 0  # set for each process of --workers
     cache_dir: Path = _default_cache_dir()

@@ -39,8 +39,9 @@ class HttpServer:
     """Serves ASGI apps on their ports of one host until SIGTERM/SIGINT (or `stop()`)."""
 
     def __init__(self, sites: Sequence[Site], host: str, max_body_bytes: int, graceful_seconds: float,
-                 idle_seconds: float = 75.0) -> None:
+                 idle_seconds: float = 75.0, reuse_port: bool = False) -> None:
         self.sites = list(sites)
+        self.reuse_port = reuse_port  # several processes share the HTTP port (--workers)
         self.host = host
         self.max_body_bytes = max_body_bytes
         self.graceful_seconds = graceful_seconds
@@ -61,8 +62,9 @@ class HttpServer:
         servers = []
         try:
             for site in self.sites:
+                reuse = self.reuse_port and site is self.sites[0]
                 servers.append(await loop.create_server(
-                    partial(HttpConnection, self, site.app), self.host, site.port, backlog=2048))
+                    partial(HttpConnection, self, site.app), self.host, site.port, backlog=2048, reuse_port=reuse))
                 log.info("%s listening on %s:%d", site.name, self.host, site.port)
         except OSError as exc:
             for server in servers:

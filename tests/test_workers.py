@@ -1,0 +1,51 @@
+"""--workers N: several server processes share the HTTP port; each has its own models and metrics."""
+
+from __future__ import annotations
+
+import signal
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server import ServerProcess
+
+TINY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+
+
+def tiny_count(port: int) -> float:
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "nv_inference_count" and sample.labels["model"] == "tiny":
+                return sample.value
+    raise AssertionError("no nv_inference_count for tiny")
+
+
+def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    server = ServerProcess(None, "--workers", "2", cache_dir=tmp_path).wait_ready()
+    try:
+        sent = 0
+        for _ in range(40):  # a new connection each time, so the kernel spreads them over the workers
+            response = requests.post(f"{server.base}/v2/models/tiny/infer", json=TINY, timeout=10,
+                                     headers={"Connection": "close"})
+            assert response.status_code == 200, response.text
+            assert response.json()["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
+            sent += 1
+        counts = [tiny_count(server.metrics_port), tiny_count(server.metrics_port + 1)]
+        assert sum(counts) == sent
+        assert all(count > 0 for count in counts), counts  # both workers served
+    finally:
+        server.signal(signal.SIGTERM)
+        output = server.stop()
+    assert server.process.returncode == 0, output
+    assert "worker 0" in output and "worker 1" in output
+
+
+def test_workers_must_be_positive() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "modelhost", "serve", "--workers", "0"], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 2
+    assert "--workers must be at least 1" in result.stderr
