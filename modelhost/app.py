@@ -60,7 +60,12 @@ class Server:
         return HttpApp(prometheus.routes(MetricsExporter(self.manager.served)))
 
     async def _start(self) -> None:
-        # Models load after the port is bound so that liveness answers while they load.
+        if self.settings.workers > 1:
+            # Workers share the port: one that binds before its models load would take connections
+            # it can only answer 503, so it loads first and binds after.
+            await self._load()
+            return
+        # One process binds first and loads after, so that liveness answers while models load.
         self._loading = asyncio.create_task(self._load())
 
     async def _load(self) -> None:

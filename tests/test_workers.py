@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import signal
+import socket
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server import ServerProcess
+from tests.server import ServerProcess, free_port
 
 TINY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+
+
+def two_free_ports() -> int:
+    """A port p with p + 1 free too: worker i serves metrics on --metrics-port + i."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
 
 
 def tiny_count(port: int) -> float:
@@ -22,7 +36,9 @@ def tiny_count(port: int) -> float:
 
 
 def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    server = ServerProcess(None, "--workers", "2", cache_dir=tmp_path).wait_ready()
+    metrics = two_free_ports()
+    server = ServerProcess(None, "--workers", "2", "--metrics-port", str(metrics), cache_dir=tmp_path).wait_ready()
+    server.metrics_port = metrics
     try:
         sent = 0
         for _ in range(40):  # a new connection each time, so the kernel spreads them over the workers
