@@ -4,8 +4,9 @@
 
 Needs wrk and aiohttp. Cases, from the scheduler issue:
 (a) `tiny`, 1 row per JSON request, concurrency 1, 8, 32, 128: modelhost without and with
-    `dynamic_batching {}`, against the naive baseline (benchmarks/peers/aiohttp_v2.py inline: one
-    process, onnxruntime on the event loop, no batching) and in-process onnxruntime;
+    `dynamic_batching {}`, and with it in 2 worker processes, against the naive baseline
+    (benchmarks/peers/aiohttp_v2.py inline: one process, onnxruntime on the event loop, no
+    batching) and in-process onnxruntime;
 (b) `rank`, 500 rows per binary request, concurrency 1 and 8: one instance with 2 threads (no
     split) against 2 instances with 1 thread each and `request_split_size` 250 or 125.
 Every server's answers are checked against onnxruntime before they are timed.
@@ -74,6 +75,8 @@ def main() -> None:
         "modelhost, no batching": ServerProcess(base),
         "modelhost, dynamic_batching": ServerProcess(
             variant(base, workdir, "batching", "tiny", "dynamic_batching { }")),
+        "modelhost --workers 2, dynamic_batching": ServerProcess(
+            workdir / "batching", "--workers", "2", "--metrics-port", "0"),
     }
     port = free_port()
     naive = subprocess.Popen([sys.executable, str(PEER), str(base), str(port), "inline"])
