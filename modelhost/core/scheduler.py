@@ -9,14 +9,15 @@ thread pool fed from the loop held the instance across two handoffs per request 
 tiny model near 7,000 requests/s). Results go back to the loop with one call per batch; the
 loop resolves futures, keeps arrival order when asked, and expires requests that wait too long.
 
-Inline execution, for models without dynamic batching: a request of at most INLINE_ROWS rows runs
-on the event loop itself when nothing is queued, an instance is free, and the model's recent small
-executions took at most the policy's inline budget (50 µs by default). Handing a 4 µs model call
-to a thread and back costs the loop more than the call: tiny at concurrency 1 went from 0.20 to
-0.14 ms p50, level with a server that always runs inline. Models slower than the budget, or not
-yet measured, always run on their threads, so the loop is never held longer than that. With
-dynamic batching it never runs inline: once a request runs inline, every later one finds nothing
-queued and runs inline too, and tiny at c=128 fell from 21,300 to 18,100 requests/s.
+Inline execution (opt-in with the inline_max_microseconds parameter, for models without dynamic
+batching): a request of at most INLINE_ROWS rows runs on the event loop itself when nothing is
+queued, an instance is free, and the model's recent small executions took at most that budget.
+Handing a 4 µs model call to a thread and back costs the loop more than the call: tiny at
+concurrency 1 went from 0.20 to 0.14 ms p50, level with a server that always runs inline. It is
+off by default because it loses under load: once a request runs inline, every later one finds
+nothing queued and runs inline too, and at c=128 tiny's p99 went from 20 ms to 126 ms (with
+dynamic batching, throughput fell from 21,300 to 18,100 requests/s, so batching never inlines).
+Models slower than the budget, or not yet measured, always run on their threads.
 """
 
 from __future__ import annotations

@@ -794,31 +794,33 @@ def _threads_after_warmup(config: str, model: Echo, calls: int = 6) -> list[str]
     return model.threads
 
 
+INLINE = 'parameters { key: "inline_max_microseconds" value: { string_value: "50" } }'
+
+
 def test_a_fast_model_runs_small_requests_inline_once_measured() -> None:
-    threads = _threads_after_warmup("max_batch_size: 8", Echo())
+    threads = _threads_after_warmup("max_batch_size: 8 " + INLINE, Echo())
     assert threads[0] == "m:1#0"  # not measured yet: its instance thread
     assert set(threads[1:]) == {threading.main_thread().name}  # then on the event loop
 
 
 def test_a_slow_model_never_runs_inline() -> None:
-    threads = _threads_after_warmup("max_batch_size: 8", Slow(seconds=0.001))
+    threads = _threads_after_warmup("max_batch_size: 8 " + INLINE, Slow(seconds=0.001))
     assert set(threads) == {"m:1#0"}
 
 
-def test_inline_can_be_turned_off() -> None:
-    config = 'max_batch_size: 8 parameters { key: "inline_max_microseconds" value: { string_value: "0" } }'
-    assert set(_threads_after_warmup(config, Echo())) == {"m:1#0"}
+def test_inline_is_off_by_default() -> None:
+    assert set(_threads_after_warmup("max_batch_size: 8", Echo())) == {"m:1#0"}
 
 
 def test_a_batching_delay_is_never_bypassed_inline() -> None:
-    config = "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 100 }"
+    config = "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 100 } " + INLINE
     assert set(_threads_after_warmup(config, Echo())) == {"m:1#0"}
 
 
 def test_large_requests_never_run_inline() -> None:
     async def scenario() -> None:
         model = Echo()
-        async with serving("max_batch_size: 64", model) as h:
+        async with serving("max_batch_size: 64 " + INLINE, model) as h:
             await h.call(0)
             await h.call(1)
             await h.call(2, rows=9)
@@ -829,7 +831,7 @@ def test_large_requests_never_run_inline() -> None:
 
 def test_inline_runs_are_counted_in_statistics() -> None:
     async def scenario() -> None:
-        async with serving("max_batch_size: 8", Echo()) as h:
+        async with serving("max_batch_size: 8 " + INLINE, Echo()) as h:
             for tag in range(5):
                 await h.call(tag, rows=2)
             assert h.statistics.execution_count == 5
