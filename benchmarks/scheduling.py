@@ -4,9 +4,9 @@
 
 Needs wrk and aiohttp. Cases, from the scheduler issue:
 (a) `tiny`, 1 row per JSON request, concurrency 1, 8, 32, 128: modelhost without and with
-    `dynamic_batching {}`, and with it in 2 worker processes, against the naive baseline
-    (benchmarks/peers/aiohttp_v2.py inline: one process, onnxruntime on the event loop, no
-    batching) and in-process onnxruntime;
+    `dynamic_batching {}`, with inline execution, and with batching in 2 worker processes,
+    against the naive baseline (benchmarks/peers/aiohttp_v2.py inline: one process, onnxruntime
+    on the event loop, no batching) and in-process onnxruntime;
 (b) `rank`, 500 rows per binary request, concurrency 1 and 8: one instance with 2 threads (no
     split) against 2 instances with 1 thread each and `request_split_size` 250 or 125.
 Every server's answers are checked against onnxruntime before they are timed.
@@ -31,6 +31,7 @@ from modelhost.example_repository import ensure_example_repository  # noqa: E402
 from tests.server import ServerProcess, free_port  # noqa: E402
 
 PEER = ROOT / "benchmarks" / "peers" / "aiohttp_v2.py"
+INLINE = 'parameters { key: "inline_max_microseconds" value: { string_value: "50" } }'
 
 
 def variant(base: Path, workdir: Path, name: str, model: str, extra: str, instances: int | None = None) -> Path:
@@ -75,6 +76,7 @@ def main() -> None:
         "modelhost, no batching": ServerProcess(base),
         "modelhost, dynamic_batching": ServerProcess(
             variant(base, workdir, "batching", "tiny", "dynamic_batching { }")),
+        "modelhost, inline_max_microseconds 50": ServerProcess(variant(base, workdir, "inline", "tiny", INLINE)),
         "modelhost --workers 2, dynamic_batching": ServerProcess(
             workdir / "batching", "--workers", "2", "--metrics-port", "0"),
     }
