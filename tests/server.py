@@ -31,11 +31,20 @@ class ServerProcess:
                 "--metrics-port", str(self.metrics_port), *extra_args]
         if repository is not None:
             args += ["--model-repository", str(repository)]
+        self.cache_dir = cache_dir
         env = dict(os.environ)
         if cache_dir is not None:
             env["MODELHOST_CACHE_DIR"] = str(cache_dir)
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
         self.output = ""
+
+    @property
+    def example_repository(self) -> Path:
+        """The built-in example repository this server serves (started with no repository and a cache_dir)."""
+        from modelhost.example_repository import repository_tag
+
+        assert self.cache_dir is not None, "started without a cache_dir"
+        return self.cache_dir / repository_tag()
 
     def wait_ready(self, timeout: float = 60.0, path: str = "/v2/health/ready") -> ServerProcess:
         deadline = time.monotonic() + timeout

@@ -26,7 +26,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from modelhost.example_repository import RANK_FEATURES, repository_tag, write_example_repository
+from modelhost.example_repository import RANK_FEATURES
 from tests.server import ServerProcess
 
 TIMEOUT = 10.0  # any single socket operation
@@ -248,22 +248,9 @@ def still_serving(server: ServerProcess) -> None:
 # --- fixtures ----------------------------------------------------------------------------------------
 
 
-def _served_repository(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The repository the example server loaded (MODELHOST_CACHE_DIR/<tag>), else a fresh deterministic copy."""
-    try:
-        environ = Path(f"/proc/{server.process.pid}/environ").read_bytes().split(b"\0")
-        cache = next(e.split(b"=", 1)[1] for e in environ if e.startswith(b"MODELHOST_CACHE_DIR="))
-        path = Path(cache.decode()) / repository_tag()
-        if path.is_dir():
-            return path
-    except (OSError, StopIteration):
-        pass
-    return write_example_repository(tmp_path_factory.mktemp("http-server-reference"))
-
-
 @pytest.fixture(scope="module")
 def repository(example_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _served_repository(example_server, tmp_path_factory)
+    return example_server.example_repository
 
 
 @pytest.fixture(scope="module")

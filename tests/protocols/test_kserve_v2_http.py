@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -24,8 +23,6 @@ from modelhost.example_repository import (
     DEEPFM_VOCAB,
     MAX_BATCH_SIZE,
     RANK_FEATURES,
-    repository_tag,
-    write_example_repository,
 )
 from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, write_model
 from tests.server import ServerProcess
@@ -58,22 +55,6 @@ def infer_inputs(feeds: dict[str, np.ndarray], binary: bool = True) -> list[http
     return inputs
 
 
-def _served_repository(server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The repository directory the example server loaded (its MODELHOST_CACHE_DIR / tag).
-
-    Falls back to regenerating it (the generator is deterministic) where /proc is unavailable.
-    """
-    try:
-        environ = Path(f"/proc/{server.process.pid}/environ").read_bytes().split(b"\0")
-        cache = next(e.split(b"=", 1)[1] for e in environ if e.startswith(b"MODELHOST_CACHE_DIR="))
-        path = Path(cache.decode()) / repository_tag()
-        if path.is_dir():
-            return path
-    except (OSError, StopIteration):
-        pass
-    return write_example_repository(tmp_path_factory.mktemp("example-reference"))
-
-
 @pytest.fixture(scope="module")
 def client(example_server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
     triton = httpclient.InferenceServerClient(example_server.url, network_timeout=30.0)
@@ -84,7 +65,7 @@ def client(example_server: ServerProcess) -> Iterator[httpclient.InferenceServer
 @pytest.fixture(scope="module")
 def reference(example_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Reference:
     """reference(model, feeds) -> every output of onnxruntime run in-process on the served model file."""
-    repository = _served_repository(example_server, tmp_path_factory)
+    repository = example_server.example_repository
     sessions: dict[str, ort.InferenceSession] = {}
 
     def run(model: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
