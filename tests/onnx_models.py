@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
 IR_VERSION = 8
@@ -65,3 +66,48 @@ def add_sub_model() -> onnx.ModelProto:
          helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])], "add_sub",
         [info("INPUT0"), info("INPUT1")], [info("OUTPUT0"), info("OUTPUT1")])
     return _finish(graph)
+
+
+def slow_loop_model(size: int, batched: bool) -> onnx.ModelProto:
+    """Y = X @ I^k + 1 with k = max(ITERATIONS): a Loop of identity MatMuls, exact in fp32 and as slow as asked.
+
+    X is [size, size] (or [batch, size, size] when `batched`), ITERATIONS is [1] (or [batch, 1]).
+    """
+    lead: list[str | int] = ["batch"] if batched else []
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("MatMul", ["state_in", "W"], ["state_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [*lead, size, size])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [*lead, size, size])],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMax", ["ITERATIONS"], ["trip_count"], keepdims=0),
+         helper.make_node("Loop", ["trip_count", "true", "X"], ["final"], body=body),
+         helper.make_node("Add", ["final", "one"], ["Y"])],
+        "slow",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [*lead, size, size]),
+         helper.make_tensor_value_info("ITERATIONS", TensorProto.INT64, [*lead, 1])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [*lead, size, size])],
+        [numpy_helper.from_array(np.eye(size, dtype=np.float32), "W"),
+         numpy_helper.from_array(np.array(True), "true"),
+         numpy_helper.from_array(np.array(1.0, np.float32), "one")],
+    )
+    return _finish(graph)
+
+
+def slow_loop_config(size: int, max_batch_size: int, extra: str = "") -> str:
+    return f"""
+platform: "onnxruntime_onnx"
+max_batch_size: {max_batch_size}
+input [
+  {{ name: "X" data_type: TYPE_FP32 dims: [ {size}, {size} ] }},
+  {{ name: "ITERATIONS" data_type: TYPE_INT64 dims: [ 1 ] }}
+]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {size}, {size} ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+{extra}
+"""

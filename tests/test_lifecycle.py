@@ -13,66 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import requests
-from onnx import TensorProto, helper, numpy_helper
 
 from modelhost.example_repository import repository_tag
-from tests.onnx_models import IR_VERSION, OPSET, write_model
+from tests.onnx_models import slow_loop_config, slow_loop_model, write_model
 from tests.server import ServerProcess, free_port
 
 SIZE = 256  # X is [SIZE, SIZE]; each loop iteration is one SIZE^3 MatMul
 TARGET_SECONDS = 2.0  # how long one slow inference should take on this machine
 
-SLOW_CONFIG = f"""
-platform: "onnxruntime_onnx"
-max_batch_size: 0
-input [
-  {{ name: "X" data_type: TYPE_FP32 dims: [ {SIZE}, {SIZE} ] }},
-  {{ name: "ITERATIONS" data_type: TYPE_INT64 dims: [ 1 ] }}
-]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {SIZE}, {SIZE} ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
-
-
-def slow_model() -> onnx.ModelProto:
-    """Y = X @ I^ITERATIONS + 1: a Loop of ITERATIONS identity MatMuls, exact in fp32 and slow on purpose."""
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("MatMul", ["state_in", "W"], ["state_out"])],
-        "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [SIZE, SIZE])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [SIZE, SIZE])],
-    )
-    graph = helper.make_graph(
-        [helper.make_node("Reshape", ["ITERATIONS", "scalar_shape"], ["trip_count"]),
-         helper.make_node("Loop", ["trip_count", "true", "X"], ["final"], body=body),
-         helper.make_node("Add", ["final", "one"], ["Y"])],
-        "slow",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [SIZE, SIZE]),
-         helper.make_tensor_value_info("ITERATIONS", TensorProto.INT64, [1])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [SIZE, SIZE])],
-        [numpy_helper.from_array(np.eye(SIZE, dtype=np.float32), "W"),
-         numpy_helper.from_array(np.array([], np.int64), "scalar_shape"),
-         numpy_helper.from_array(np.array(True), "true"),
-         numpy_helper.from_array(np.array(1.0, np.float32), "one")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="modelhost-tests")
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model, full_check=True)
-    return model
+SLOW_CONFIG = slow_loop_config(SIZE, max_batch_size=0)
 
 
 @pytest.fixture(scope="module")
 def slow_repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     """A repository with the slow model, and the iteration count that makes one call take ~TARGET_SECONDS."""
-    model = slow_model()
+    model = slow_loop_model(SIZE, batched=False)
     repo = tmp_path_factory.mktemp("slow_repo")
     write_model(repo, "slow", model, SLOW_CONFIG)
 

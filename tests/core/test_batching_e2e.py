@@ -24,15 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import requests
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper, numpy_helper
 from tritonclient.utils import InferenceServerException
 
-from tests.onnx_models import IR_VERSION, OPSET, add_sub_model, write_model
+from tests.onnx_models import add_sub_model, slow_loop_config, slow_loop_model, write_model
 from tests.server import ServerProcess
 
 S = 64  # the slow model's X is [batch, S, S]; each loop iteration is a batched S^3 MatMul
@@ -53,49 +51,9 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 dynamic_batching { max_queue_delay_microseconds: 2000 }
 """
 
-SLOW_CONFIG = f"""
-platform: "onnxruntime_onnx"
-max_batch_size: 4
-input [
-  {{ name: "X" data_type: TYPE_FP32 dims: [ {S}, {S} ] }},
-  {{ name: "ITERATIONS" data_type: TYPE_INT64 dims: [ 1 ] }}
-]
-output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {S}, {S} ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-dynamic_batching {{ %s }}
-"""
+SLOW_CONFIG = slow_loop_config(S, max_batch_size=4, extra="dynamic_batching { %s }")
 QUEUE1 = "default_queue_policy { max_queue_size: 1 }"
 QUEUED = "priority_levels: 2 default_priority_level: 2 default_queue_policy { allow_timeout_override: true }"
-
-
-def slow_model() -> onnx.ModelProto:
-    """Y = X @ I^k + 1 with k = max(ITERATIONS) over the batch: exact in fp32, as slow as a request asks."""
-    body = helper.make_graph(
-        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("MatMul", ["state_in", "W"], ["state_out"])],
-        "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("state_in", TensorProto.FLOAT, ["batch", S, S])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("state_out", TensorProto.FLOAT, ["batch", S, S])],
-    )
-    graph = helper.make_graph(
-        [helper.make_node("ReduceMax", ["ITERATIONS"], ["trip_count"], keepdims=0),
-         helper.make_node("Loop", ["trip_count", "true", "X"], ["final"], body=body),
-         helper.make_node("Add", ["final", "one"], ["Y"])],
-        "slow",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["batch", S, S]),
-         helper.make_tensor_value_info("ITERATIONS", TensorProto.INT64, ["batch", 1])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["batch", S, S])],
-        [numpy_helper.from_array(np.eye(S, dtype=np.float32), "W"),
-         numpy_helper.from_array(np.array(True), "true"),
-         numpy_helper.from_array(np.array(1.0, np.float32), "one")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="modelhost-tests")
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model, full_check=True)
-    return model
 
 
 @dataclass
@@ -110,8 +68,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     repo: Path = tmp_path_factory.mktemp("batching_repo")
     add_sub = add_sub_model()
     write_model(repo, "batching", add_sub, BATCHING_CONFIG)
-    write_model(repo, "queue1", slow_model(), SLOW_CONFIG % QUEUE1)
-    write_model(repo, "queued", slow_model(), SLOW_CONFIG % QUEUED)
+    write_model(repo, "queue1", slow_loop_model(S, batched=True), SLOW_CONFIG % QUEUE1)
+    write_model(repo, "queued", slow_loop_model(S, batched=True), SLOW_CONFIG % QUEUED)
     server = ServerProcess(repo).wait_ready()
     try:
         # Calibrate on the server itself: what it costs per loop iteration, there, now.
