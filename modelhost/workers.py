@@ -64,7 +64,9 @@ def run_workers(settings: ServerSettings) -> int:
 def _worker_main(settings: ServerSettings) -> None:
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s worker {settings.worker_index} %(name)s: %(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards SIGINT as SIGTERM
+    # Until the server installs its own handlers, a terminal's Ctrl-C (sent to the whole process
+    # group) must not kill a worker mid-start: the parent forwards it as SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from modelhost.app import Server
 
     Server(settings).run()

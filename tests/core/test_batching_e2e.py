@@ -30,23 +30,13 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.onnx_models import add_sub_model, slow_loop_config, slow_loop_model, write_model
+from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, slow_loop_config, slow_loop_model, write_model
 from tests.server import ServerProcess
 
 S = 64  # the slow model's X is [batch, S, S]; each loop iteration is a batched S^3 MatMul
 BLOCK_SECONDS = 0.5  # how long a blocking request holds the slow model's instance
 
-BATCHING_CONFIG = """
-platform: "onnxruntime_onnx"
-max_batch_size: 16
-input [
-  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
+BATCHING_CONFIG = ADD_SUB_CONFIG.replace("max_batch_size: 8", "max_batch_size: 16") + """
 instance_group [ { count: 1 kind: KIND_CPU } ]
 dynamic_batching { max_queue_delay_microseconds: 2000 }
 """
