@@ -4,7 +4,8 @@
 
 Needs wrk and aiohttp. Cases, from the scheduler issue:
 (a) `tiny`, 1 row per JSON request, concurrency 1, 8, 32, 128: modelhost without and with
-    `dynamic_batching {}`, with inline execution, and with batching in 2 worker processes,
+    `dynamic_batching {}`, in 1 and 2 worker processes, by default (tiny runs on the event loop) and
+    with `inline_max_microseconds 0` (always on instance threads, so batches form),
     against the naive baseline (benchmarks/peers/aiohttp_v2.py inline: one process, onnxruntime
     on the event loop, no batching) and in-process onnxruntime;
 (b) `rank`, 500 rows per binary request, concurrency 1 and 8: one instance with 2 threads (no
@@ -31,7 +32,7 @@ from modelhost.example_repository import ensure_example_repository  # noqa: E402
 from tests.server import ServerProcess, free_port  # noqa: E402
 
 PEER = ROOT / "benchmarks" / "peers" / "aiohttp_v2.py"
-INLINE = 'parameters { key: "inline_max_microseconds" value: { string_value: "50" } }'
+THREADS_ONLY = 'parameters { key: "inline_max_microseconds" value: { string_value: "0" } }'
 
 
 def variant(base: Path, workdir: Path, name: str, model: str, extra: str, instances: int | None = None) -> Path:
@@ -76,9 +77,12 @@ def main() -> None:
         "modelhost, no batching": ServerProcess(base),
         "modelhost, dynamic_batching": ServerProcess(
             variant(base, workdir, "batching", "tiny", "dynamic_batching { }")),
-        "modelhost, inline_max_microseconds 50": ServerProcess(variant(base, workdir, "inline", "tiny", INLINE)),
+        "modelhost, dynamic_batching, threads only": ServerProcess(
+            variant(base, workdir, "threads", "tiny", "dynamic_batching { } " + THREADS_ONLY)),
         "modelhost --workers 2, dynamic_batching": ServerProcess(
             workdir / "batching", "--workers", "2", "--metrics-port", "0"),
+        "modelhost --workers 2, dynamic_batching, threads only": ServerProcess(
+            workdir / "threads", "--workers", "2", "--metrics-port", "0"),
     }
     port = free_port()
     naive = subprocess.Popen([sys.executable, str(PEER), str(base), str(port), "inline"])

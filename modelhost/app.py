@@ -15,6 +15,7 @@ import uvloop
 from modelhost import __version__
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
+from modelhost.core.load import ServerLoad
 from modelhost.core.manager import ModelManager
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols import prometheus
@@ -33,7 +34,10 @@ class Server:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.repository = self._repository_path()
-        self.manager = ModelManager(LocalStore(self.repository), settings.cpu_count, settings.default_max_batch_size)
+        self.load = ServerLoad()
+        self.manager = ModelManager(
+            LocalStore(self.repository), settings.cpu_count, settings.default_max_batch_size, self.load
+        )
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness)
         self.control = Control(self.manager)
         self._loading: asyncio.Task[None] | None = None
@@ -57,7 +61,7 @@ class Server:
         )
 
     def build_metrics_asgi(self) -> HttpApp:
-        return HttpApp(prometheus.routes(MetricsExporter(self.manager.served)))
+        return HttpApp(prometheus.routes(MetricsExporter(self.manager.served, self.load)))
 
     async def _start(self) -> None:
         if self.settings.workers > 1:
@@ -92,7 +96,7 @@ class Server:
             "modelhost %s: HTTP %s:%d, metrics %s (gRPC port %d is reserved for the gRPC front-end)",
             __version__, s.host, s.http_port, f"{s.host}:{s.metrics_port}" if s.metrics_port else "off", s.grpc_port,
         )
-        sites = [Site("HTTP", self.build_asgi(), s.http_port)]
+        sites = [Site("HTTP", self.build_asgi(), s.http_port, self.load)]
         if s.metrics_port:
             sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port + s.worker_index))
         server = HttpServer(sites, s.host, s.http_max_body_bytes, s.graceful_shutdown_seconds,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
 
+from modelhost.core.load import ServerLoad
 from modelhost.core.loader import ServedModel
 from modelhost.core.statistics import Histogram, ModelStatistics
 
@@ -44,8 +45,9 @@ _COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
 class ModelCollector:
     """prometheus_client collector over the loaded models; `models` is called at every scrape."""
 
-    def __init__(self, models: Callable[[], Iterable[ServedModel]]) -> None:
+    def __init__(self, models: Callable[[], Iterable[ServedModel]], load: ServerLoad) -> None:
         self._models = models
+        self._load = load
 
     def collect(self) -> Iterator[Metric]:
         models = list(self._models())
@@ -63,6 +65,10 @@ class ModelCollector:
                          models, lambda s: s.latency)
         yield _histogram("modelhost_batch_size", "Rows per model execution (dynamic batch size)", models,
                          lambda s: s.batch_size)
+        in_progress = Metric("modelhost_requests_in_progress", "Requests received on the inference ports and not "
+                             "yet answered", "gauge")
+        in_progress.add_sample("modelhost_requests_in_progress", {}, self._load.in_progress)
+        yield in_progress
 
 
 def _labels(model: ServedModel) -> dict[str, str]:
@@ -87,9 +93,9 @@ class MetricsExporter:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, models: Callable[[], Iterable[ServedModel]]) -> None:
+    def __init__(self, models: Callable[[], Iterable[ServedModel]], load: ServerLoad) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(ModelCollector(models))  # type: ignore[arg-type]
+        self._registry.register(ModelCollector(models, load))  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         return generate_latest(self._registry)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import requests
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.onnx_models import slow_loop_model, write_model
 from tests.server import ServerProcess
 
 TRITON_COUNTERS = (
@@ -82,3 +87,48 @@ def test_metrics_can_be_turned_off(start_server, tmp_path) -> None:  # type: ign
         raise AssertionError("metrics port answered although metrics are off")
     except requests.ConnectionError:
         pass
+
+
+def in_progress(server: ServerProcess) -> float:
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "modelhost_requests_in_progress":
+                return sample.value
+    raise AssertionError("no modelhost_requests_in_progress in /metrics")
+
+
+def settles_at_zero(server: ServerProcess) -> None:
+    deadline = time.monotonic() + 5
+    while (value := in_progress(server)) != 0:
+        assert time.monotonic() < deadline, f"{value} requests still counted in progress"
+        time.sleep(0.02)
+
+
+def test_requests_in_progress_counts_a_running_request_and_returns_to_zero(start_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    write_model(tmp_path, "slow", slow_loop_model(64, batched=False), None)
+    server = start_server(tmp_path)
+    body = {"inputs": [
+        {"name": "X", "datatype": "FP32", "shape": [64, 64], "data": np.zeros(64 * 64).tolist()},
+        {"name": "ITERATIONS", "datatype": "INT64", "shape": [1], "data": [40000]},
+    ]}
+    with ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(requests.post, f"{server.base}/v2/models/slow/infer", json=body, timeout=60)
+                   for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while in_progress(server) < 1:
+            assert time.monotonic() < deadline and not all(f.done() for f in running), "never counted in progress"
+            time.sleep(0.01)
+        assert [f.result().status_code for f in running] == [200, 200]
+    settles_at_zero(server)
+
+
+def test_requests_in_progress_forgets_requests_whose_client_left(example_server: ServerProcess) -> None:
+    body = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]}'
+    request = (b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    for payload in (request * 8, request[:-5], request * 3 + request[:40]):
+        with socket.create_connection(("127.0.0.1", example_server.port), timeout=5) as sock:
+            sock.sendall(payload)  # and leave without reading a byte
+    settles_at_zero(example_server)
+    assert requests.post(f"{example_server.base}/v2/models/tiny/infer", data=body, timeout=5).status_code == 200
+    settles_at_zero(example_server)

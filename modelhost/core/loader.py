@@ -13,6 +13,7 @@ from modelhost.backends.base import Backend, InstanceSettings
 from modelhost.config.completion import apply_defaults, complete_config
 from modelhost.config.loader import ConfigError, read_config
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.core.load import ServerLoad
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.signature import Signature
@@ -88,7 +89,8 @@ def select_versions(config: ModelConfig, source: ModelSource) -> tuple[int, ...]
 
 
 def load_version(
-    source: ModelSource, version: int, plan: LoadPlan, cpu_count: int, default_max_batch_size: int
+    source: ModelSource, version: int, plan: LoadPlan, cpu_count: int, default_max_batch_size: int,
+    load: ServerLoad | None = None,
 ) -> ServedModel:
     backend = plan.backend
     filename = plan.config.default_model_filename or backend.default_filename
@@ -117,5 +119,5 @@ def load_version(
             instance.unload()
         raise
     statistics = ModelStatistics()
-    scheduler = Scheduler(label, instances, policy, statistics)
+    scheduler = Scheduler(label, instances, policy, statistics, load)
     return ServedModel(source.name, version, config, Signature.from_config(config), scheduler, statistics)

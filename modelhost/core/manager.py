@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 
 from modelhost.core.lifecycle import ModelState
+from modelhost.core.load import ServerLoad
 from modelhost.core.loader import ServedModel, load_version, plan_model
 from modelhost.errors import ModelhostError, invalid, not_found, unavailable
 from modelhost.store.local import LocalStore
@@ -45,8 +46,11 @@ class IndexEntry:
 
 
 class ModelManager:
-    def __init__(self, store: LocalStore, cpu_count: int, default_max_batch_size: int) -> None:
+    def __init__(
+        self, store: LocalStore, cpu_count: int, default_max_batch_size: int, load: ServerLoad | None = None
+    ) -> None:
         self._store = store
+        self._load = load or ServerLoad()
         self._cpu_count = cpu_count
         self._default_max_batch_size = default_max_batch_size
         self._records: dict[str, ModelRecord] = {}
@@ -70,7 +74,7 @@ class ModelManager:
             status = record.versions[version]
             try:
                 status.served = await asyncio.to_thread(
-                    load_version, source, version, plan, self._cpu_count, self._default_max_batch_size
+                    load_version, source, version, plan, self._cpu_count, self._default_max_batch_size, self._load
                 )
             except Exception as exc:
                 status.state, status.reason = ModelState.UNAVAILABLE, _reason(exc)

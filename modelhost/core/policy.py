@@ -28,14 +28,14 @@ class SchedulingPolicy:
     levels: tuple[LevelPolicy, ...]  # levels[0] is priority 1, the highest
     default_level: int  # index into levels
     split_size: int = 0  # requests of more rows run as chunks of this many rows; 0 = never split
-    inline_max_ns: int = 0  # small requests of models this fast may run on the event loop; 0 = never
+    inline_max_ns: int = 0  # batches predicted to run within this may run on the event loop; 0 = never
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> SchedulingPolicy:
         split = _natural_parameter(config, SPLIT_PARAMETER)
         if split and config.max_batch_size == 0:
             raise ConfigError(f"parameter {SPLIT_PARAMETER} needs a batch dimension (max_batch_size > 0)")
-        inline_ns = 1000 * _natural_parameter(config, INLINE_PARAMETER)
+        inline_ns = 1000 * _natural_parameter(config, INLINE_PARAMETER, DEFAULT_INLINE_MICROSECONDS)
         if config.WhichOneof("scheduling_choice") != "dynamic_batching":
             # Without a dynamic batcher requests run one by one; a request may still bring its own timeout.
             level = LevelPolicy(allow_timeout_override=True)
@@ -76,9 +76,10 @@ class SchedulingPolicy:
 
 # `parameters { key: "request_split_size" value: { string_value: "N" } }`: split requests above N rows.
 SPLIT_PARAMETER = "request_split_size"
-# Small requests of a model whose small executions take at most this many µs may run inline; 0 = never
-# (the default: it wins latency at low load and loses the tail at high load, see core/scheduler.py).
+# Batches predicted (from measured executions) to take at most this many µs run on the event loop
+# instead of an instance thread; 0 = never. See core/loop_gate.py for the default's measurement.
 INLINE_PARAMETER = "inline_max_microseconds"
+DEFAULT_INLINE_MICROSECONDS = 20
 
 
 def _natural_parameter(config: ModelConfig, name: str, default: int = 0) -> int:

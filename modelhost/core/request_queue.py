@@ -80,6 +80,10 @@ class RequestQueue:
             pending.delayed = True
             self._delayed[pending.level].append(pending)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def depth(self) -> int:
         return sum(map(len, self._levels)) + sum(map(len, self._delayed))
 

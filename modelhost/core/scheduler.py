@@ -9,15 +9,15 @@ thread pool fed from the loop held the instance across two handoffs per request 
 tiny model near 7,000 requests/s). Results go back to the loop with one call per batch; the
 loop resolves futures, keeps arrival order when asked, and expires requests that wait too long.
 
-Inline execution (opt-in with the inline_max_microseconds parameter, for models without dynamic
-batching): a request of at most INLINE_ROWS rows runs on the event loop itself when nothing is
-queued, an instance is free, and the model's recent small executions took at most that budget.
-Handing a 4 µs model call to a thread and back costs the loop more than the call: tiny at
-concurrency 1 went from 0.20 to 0.14 ms p50, level with a server that always runs inline. It is
-off by default because it loses under load: once a request runs inline, every later one finds
-nothing queued and runs inline too, and at c=128 tiny's p99 went from 20 ms to 126 ms (with
-dynamic batching, throughput fell from 21,300 to 18,100 requests/s, so batching never inlines).
-Models slower than the budget, or not yet measured, always run on their threads.
+A cheap request runs on the event loop instead when the server is quiet: handing it to a thread and
+back costs about 0.1 ms of latency, more than a tiny model's whole run. It runs there, synchronously
+in submit, the way a naive server calls its model, when all of these hold: the model's measured
+executions fit the inline_max_microseconds budget for its rows (core/loop_gate.py), at most
+LOOP_MAX_IN_PROGRESS requests are in progress in the process (core/load.py), nothing is queued for
+the model, an instance is free, and no queue delay is configured. Under more load requests queue and
+batch on the threads, which serve more: with wrk on this 2-core VM, tiny at concurrency 32 ran 1.09x
+(one process) and 1.19x (--workers 2) faster batched on threads than per request on the loop, while
+at concurrency 8 the loop was 1.15x faster and at concurrency 1 it cut p50 from 0.26 to 0.17 ms.
 """
 
 from __future__ import annotations
@@ -31,18 +31,21 @@ from typing import Any
 import numpy as np
 
 from modelhost.backends.base import Model
+from modelhost.core.load import ServerLoad
+from modelhost.core.loop_gate import LoopGate
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.request_queue import Pending, RequestQueue
 from modelhost.core.statistics import ExecutionTiming, ModelStatistics
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
 Outputs = dict[str, np.ndarray]
-INLINE_ROWS = 8
+LOOP_MAX_IN_PROGRESS = 8
 
 
 class Scheduler:
     def __init__(
-        self, label: str, instances: Sequence[Model], policy: SchedulingPolicy, statistics: ModelStatistics
+        self, label: str, instances: Sequence[Model], policy: SchedulingPolicy, statistics: ModelStatistics,
+        load: ServerLoad | None = None,
     ) -> None:
         self._label = label
         self._policy = policy
@@ -52,9 +55,10 @@ class Scheduler:
         self._sequence = 0
         self._next_to_settle = 0
         self._finished: dict[int, tuple[asyncio.Future[Outputs], Outputs | None, BaseException | None]] = {}
-        # Each instance's lock keeps it to one call at a time between its thread and inline runs.
+        # Each instance's lock keeps it to one call at a time between its thread and the loop.
         self._instances = [(instance, threading.Lock()) for instance in instances]
-        self._small_execution_ns: float | None = None  # moving average over executions of <= INLINE_ROWS rows
+        self._gate = LoopGate(0 if policy.max_queue_delay_s else policy.inline_max_ns)
+        self._load = load or ServerLoad()
         self._threads = [
             threading.Thread(target=self._serve, args=pair, name=f"{label}#{index}", daemon=True)
             for index, pair in enumerate(self._instances)
@@ -73,8 +77,8 @@ class Scheduler:
         """
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
-        if self._inline_due(rows):
-            result = self._run_inline(inputs, outputs, rows)
+        if self._may_run_now(rows):
+            result = self._run_on_loop(inputs, outputs, rows)
             if result is not None:
                 return result
         split = self._policy.split_size
@@ -131,36 +135,39 @@ class Scheduler:
         for thread in self._threads:
             thread.join()
 
-    def _inline_due(self, rows: int) -> bool:
-        average = self._small_execution_ns
+    def _may_run_now(self, rows: int) -> bool:
+        """Whether a request may run on the loop at once: cheap enough, the server quiet, nothing queued
+        ahead of it, no earlier answer it could overtake under preserve_ordering, the model not stopping."""
         return (
-            average is not None
-            and average <= self._policy.inline_max_ns
-            and rows <= INLINE_ROWS
-            and not self._policy.preserve_ordering
-            and not self._policy.batching  # see the module docstring: batching wins under load
-            and self._queue.depth() == 0
+            rows <= self._gate.max_rows
+            and self._load.in_progress <= LOOP_MAX_IN_PROGRESS
+            and not self._queue.depth()
+            and not (self._policy.preserve_ordering and self._inflight)
+            and not self._queue.closed
         )
 
-    def _run_inline(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int) -> Outputs | None:
-        """Run on the event loop with a free instance; None when every instance is busy."""
+    def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int) -> Outputs | None:
+        """Run one request right here with a free instance; None when every instance is busy."""
+        free = self._free_instance()
+        if free is None:
+            return None
+        instance, lock = free
+        try:
+            started = time.monotonic_ns()
+            result = instance.infer(inputs, outputs)
+            elapsed = time.monotonic_ns() - started
+        finally:
+            lock.release()
+        self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
+        self._gate.learn(rows, elapsed, on_loop=True)
+        return result
+
+    def _free_instance(self) -> tuple[Model, threading.Lock] | None:
+        """An instance not running on its thread, its lock held; release it when done."""
         for instance, lock in self._instances:
             if lock.acquire(blocking=False):
-                try:
-                    started = time.monotonic_ns()
-                    result = instance.infer(inputs, outputs)
-                    elapsed = time.monotonic_ns() - started
-                finally:
-                    lock.release()
-                self._learn(rows, elapsed)
-                self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
-                return result
+                return instance, lock
         return None
-
-    def _learn(self, rows: int, infer_ns: int) -> None:
-        if rows <= INLINE_ROWS:
-            average = self._small_execution_ns
-            self._small_execution_ns = infer_ns if average is None else 0.8 * average + 0.2 * infer_ns
 
     def _level(self, priority: int) -> int:
         if priority == 0:
@@ -201,7 +208,8 @@ class Scheduler:
                 loop.call_soon_threadsafe(self._complete, batch, None, exc, None)
             else:
                 loop.call_soon_threadsafe(self._complete, batch, results, None, timing)
-        instance.unload()
+        with lock:
+            instance.unload()
 
     # event loop
 
@@ -212,7 +220,7 @@ class Scheduler:
         if timing is not None:
             rows = sum(p.rows for p in batch)
             self._statistics.record_execution(rows, len(batch), timing)
-            self._learn(rows, timing.infer_ns)
+            self._gate.learn(rows, timing.infer_ns, on_loop=False)
         for index, pending in enumerate(batch):
             self._finish(pending, results[index] if results is not None else None, error)
 

@@ -19,6 +19,8 @@ from urllib.parse import unquote
 import httptools
 import orjson
 
+from modelhost.core.load import ServerLoad
+
 if TYPE_CHECKING:
     from modelhost.protocols.http_server import HttpServer
 
@@ -50,9 +52,10 @@ class _Request:
 class HttpConnection(asyncio.BufferedProtocol):
     """One client connection. Callbacks run on the loop; requests are answered in arrival order."""
 
-    def __init__(self, server: HttpServer, app: ASGIApp) -> None:
+    def __init__(self, server: HttpServer, app: ASGIApp, load: ServerLoad) -> None:
         self._server = server
         self._app = app
+        self._load = load
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._read_buffer = bytearray(_READ_SIZE)
@@ -86,6 +89,8 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        self._load.in_progress -= len(self._pipeline)  # received, never to be answered
+        self._pipeline.clear()
         self._disconnected.set()
         self._writable.set()
         self._cancel_idle_timer()
@@ -190,6 +195,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             request.body = b"".join(request.chunks)
             request.chunks = None
         self._pipeline.append(request)
+        self._load.in_progress += 1
         if len(self._pipeline) >= _MAX_PIPELINE and self._transport is not None:
             self._transport.pause_reading()
         if self._worker is None or self._worker.done():
@@ -207,6 +213,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 await _Exchange(self, request).run()
             finally:
                 self._busy = False
+                self._load.in_progress -= 1
             if not request.keep_alive or self._closing:
                 self._close()
                 return

@@ -17,10 +17,11 @@ import asyncio
 import logging
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from modelhost.core.load import ServerLoad
 from modelhost.protocols.http_connection import ASGIApp, HttpConnection
 
 log = logging.getLogger("modelhost.http")
@@ -33,6 +34,7 @@ class Site:
     name: str
     app: ASGIApp
     port: int
+    load: ServerLoad = field(default_factory=ServerLoad)  # counts this site's requests in progress
 
 
 class HttpServer:
@@ -63,8 +65,8 @@ class HttpServer:
         try:
             for site in self.sites:
                 reuse = self.reuse_port and site is self.sites[0]
-                servers.append(await loop.create_server(
-                    partial(HttpConnection, self, site.app), self.host, site.port, backlog=2048, reuse_port=reuse))
+                protocol = partial(HttpConnection, self, site.app, site.load)
+                servers.append(await loop.create_server(protocol, self.host, site.port, backlog=2048, reuse_port=reuse))
                 log.info("%s listening on %s:%d", site.name, self.host, site.port)
         except OSError as exc:
             for server in servers:

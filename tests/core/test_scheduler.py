@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from modelhost.config.loader import ConfigError, parse_config
+from modelhost.core.load import ServerLoad
 from modelhost.core.policy import LevelPolicy, SchedulingPolicy
-from modelhost.core.scheduler import Scheduler
+from modelhost.core.scheduler import LOOP_MAX_IN_PROGRESS, Scheduler
 from modelhost.core.statistics import ModelStatistics
 from modelhost.errors import ErrorKind, ModelhostError
 from tests.fakes import Echo, Failing, Slow
@@ -30,6 +31,13 @@ WIDTH = 4
 
 def policy_of(text: str) -> SchedulingPolicy:
     return SchedulingPolicy.from_config(parse_config(text))
+
+
+def on_loop_within(microseconds: int) -> str:
+    return f'parameters {{ key: "inline_max_microseconds" value: {{ string_value: "{microseconds}" }} }}'
+
+
+THREADS_ONLY = on_loop_within(0)
 
 
 def run(coroutine: Coroutine[Any, Any, None], timeout: float = 10.0) -> None:
@@ -55,10 +63,17 @@ def tags_of(batch: dict[str, np.ndarray]) -> list[int]:
 
 
 class Harness:
+    """One scheduler over fake instances. Its models run on their threads unless the config sets
+    inline_max_microseconds: the fakes are fast enough for the event loop, and most of these tests
+    are about queues and threads."""
+
     def __init__(self, config: str, instances: tuple[Echo, ...]) -> None:
         self.instances = instances
         self.statistics = ModelStatistics()
-        self.scheduler = Scheduler("m:1", instances, policy_of(config), self.statistics)
+        self.load = ServerLoad()
+        if "inline_max_microseconds" not in config:
+            config += " " + THREADS_ONLY
+        self.scheduler = Scheduler("m:1", instances, policy_of(config), self.statistics, self.load)
 
     async def call(self, tag: int, rows: int = 1, width: int = WIDTH, dtype: Any = np.float32,
                    **kwargs: Any) -> np.ndarray:
@@ -780,7 +795,10 @@ def test_default_priority_level_without_priority_levels_does_not_break_requests(
     run(scenario())
 
 
-# --------------------------------------------------------------------------- inline execution
+# --------------------------------------------------------------------------- execution on the event loop
+
+LOOP = on_loop_within(50_000)  # generous: a loaded CI machine must not push the fakes over budget
+MAIN = threading.main_thread().name
 
 
 def _threads_after_warmup(config: str, model: Echo, calls: int = 6) -> list[str]:
@@ -794,47 +812,91 @@ def _threads_after_warmup(config: str, model: Echo, calls: int = 6) -> list[str]
     return model.threads
 
 
-INLINE = 'parameters { key: "inline_max_microseconds" value: { string_value: "50" } }'
-
-
-def test_a_fast_model_runs_small_requests_inline_once_measured() -> None:
-    threads = _threads_after_warmup("max_batch_size: 8 " + INLINE, Echo())
+def test_a_fast_model_runs_on_the_loop_once_measured() -> None:
+    threads = _threads_after_warmup("max_batch_size: 8 " + LOOP, Echo())
     assert threads[0] == "m:1#0"  # not measured yet: its instance thread
-    assert set(threads[1:]) == {threading.main_thread().name}  # then on the event loop
+    assert set(threads[1:]) == {MAIN}
 
 
-def test_a_slow_model_never_runs_inline() -> None:
-    threads = _threads_after_warmup("max_batch_size: 8 " + INLINE, Slow(seconds=0.001))
+def test_a_fast_model_with_dynamic_batching_runs_on_the_loop_too() -> None:
+    threads = _threads_after_warmup("max_batch_size: 8 dynamic_batching { } " + LOOP, Echo())
+    assert set(threads[1:]) == {MAIN}
+
+
+def test_a_slow_model_never_runs_on_the_loop() -> None:
+    threads = _threads_after_warmup("max_batch_size: 8 " + on_loop_within(200), Slow(seconds=0.002))
     assert set(threads) == {"m:1#0"}
 
 
-def test_inline_is_off_by_default() -> None:
-    assert set(_threads_after_warmup("max_batch_size: 8", Echo())) == {"m:1#0"}
+def test_the_loop_is_on_by_default_with_a_20_microsecond_budget() -> None:
+    assert policy_of("max_batch_size: 8").inline_max_ns == 20_000
+    assert policy_of("max_batch_size: 8 " + THREADS_ONLY).inline_max_ns == 0
+    assert set(_threads_after_warmup("max_batch_size: 8 " + THREADS_ONLY, Echo())) == {"m:1#0"}
 
 
-def test_a_batching_delay_is_never_bypassed_inline() -> None:
-    config = "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 100 } " + INLINE
+def test_a_batching_delay_is_never_bypassed_on_the_loop() -> None:
+    config = "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 100 } " + LOOP
     assert set(_threads_after_warmup(config, Echo())) == {"m:1#0"}
 
 
-def test_large_requests_never_run_inline() -> None:
+def test_requests_larger_than_the_learned_rows_run_on_threads() -> None:
     async def scenario() -> None:
         model = Echo()
-        async with serving("max_batch_size: 64 " + INLINE, model) as h:
-            await h.call(0)
-            await h.call(1)
+        async with serving("max_batch_size: 64 " + LOOP, model) as h:
+            await h.call(0)  # thread, measured: 1 row fits, so the loop may take up to 2
+            await h.call(1, rows=2)  # loop: now up to 4
             await h.call(2, rows=9)
-        assert model.threads[-1] == "m:1#0"
+        assert model.threads == ["m:1#0", MAIN, "m:1#0"]
 
     run(scenario())
 
 
-def test_inline_runs_are_counted_in_statistics() -> None:
+def test_loop_runs_are_counted_in_statistics() -> None:
     async def scenario() -> None:
-        async with serving("max_batch_size: 8 " + INLINE, Echo()) as h:
+        async with serving("max_batch_size: 8 " + LOOP, Echo()) as h:
             for tag in range(5):
                 await h.call(tag, rows=2)
             assert h.statistics.execution_count == 5
             assert h.statistics.inference_count == 10
+
+    run(scenario())
+
+
+def test_a_busy_server_batches_on_threads_instead() -> None:
+    """With more than LOOP_MAX_IN_PROGRESS requests in progress, even a cheap model's requests queue
+    for its threads, where they batch; a quiet server brings them back to the loop."""
+    async def scenario() -> None:
+        model = Echo()
+        async with serving("max_batch_size: 64 dynamic_batching { } " + LOOP, model) as h:
+            await h.call(0)
+            await h.call(1)
+            h.load.in_progress = LOOP_MAX_IN_PROGRESS + 1
+            await asyncio.gather(*(h.call(tag) for tag in range(2, 34)))
+            assert set(model.threads[2:]) == {"m:1#0"}
+            assert len(model.batches) < 2 + 32  # they batched
+            h.load.in_progress = LOOP_MAX_IN_PROGRESS
+            await h.call(34)
+        assert model.threads[:2] == ["m:1#0", MAIN] and model.threads[-1] == MAIN
+
+    run(scenario())
+
+
+class FailsOnThirteen(Echo):
+    def infer(self, inputs: dict[str, np.ndarray], outputs: Any) -> dict[str, np.ndarray]:
+        if 13 in tags_of(inputs):
+            raise RuntimeError("boom")
+        return super().infer(inputs, outputs)
+
+
+def test_a_failure_on_the_loop_reaches_only_its_request() -> None:
+    async def scenario() -> None:
+        model = FailsOnThirteen()
+        async with serving("max_batch_size: 8 " + LOOP, model) as h:
+            await h.call(1)
+            await h.call(2)
+            with pytest.raises(RuntimeError, match="boom"):
+                await h.call(13)
+            await h.call(3)
+        assert model.threads == ["m:1#0", MAIN, MAIN]
 
     run(scenario())

@@ -1,0 +1,13 @@
+"""How busy this process is: requests received and not yet answered, over every front-end."""
+
+from __future__ import annotations
+
+
+class ServerLoad:
+    """Front-ends count a request in when it is fully received and out when it is answered (or its
+    client is gone); the schedulers read it to tell a lone request from one among many."""
+
+    __slots__ = ("in_progress",)
+
+    def __init__(self) -> None:
+        self.in_progress = 0
