@@ -60,14 +60,8 @@ def run_case(label: str, url: str, body_file: Path, header_length: int | None, b
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=int, default=8)
-    args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="modelhost-sched-"))
-    base = ensure_example_repository(workdir / "cache")
-    rng = np.random.default_rng(0)
-
+def tiny_cases(base: Path, workdir: Path, rng: np.random.Generator, duration: int,
+        rows: list[tuple[str, int, dict]]) -> None:
     tiny = rng.standard_normal((1, 4)).astype(np.float32)
     tiny_body, _ = infer_body("x", tiny, "y", binary=False)
     tiny_file = workdir / "tiny.json"
@@ -86,7 +80,6 @@ def main() -> None:
     }
     port = free_port()
     naive = subprocess.Popen([sys.executable, str(PEER), str(base), str(port), "inline"])
-    rows: list[tuple[str, int, dict]] = []
     try:
         for server in servers.values():
             server.wait_ready()
@@ -97,13 +90,16 @@ def main() -> None:
             print(f"tiny limit c={c}: p50 {p50 * 1e3:.1f} us, {rps:.0f} req/s (threads {min(c, 8)})")
             for label, url in targets.items():
                 rows.append((f"tiny JSON, {label}", c, run_case(label, url, tiny_file, None, tiny_body, tiny_expected,
-                                                                c, args.duration)))
+                                                                c, duration)))
     finally:
         for server in servers.values():
             server.stop()
         naive.terminate()
         naive.wait()
 
+
+def rank_cases(base: Path, workdir: Path, rng: np.random.Generator, duration: int,
+        rows: list[tuple[str, int, dict]]) -> None:
     rank = rng.standard_normal((500, 1000)).astype(np.float32)
     rank_body, rank_header = infer_body("features", rank, "score", binary=True)
     rank_file = workdir / "rank.body"
@@ -121,13 +117,28 @@ def main() -> None:
             for c in (1, 8):
                 url = f"{server.base}/v2/models/rank/infer"
                 rows.append((f"rank binary, {label}", c, run_case(label, url, rank_file, rank_header, rank_body,
-                                                                  rank_expected, c, args.duration)))
+                                                                  rank_expected, c, duration)))
         finally:
             server.stop()
     for c in (1, 8):
         p50, rps = limit(base, {"model": "rank", "input": "features", "array": rank, "c": c}, 3.0)
         print(f"rank limit c={c}: p50 {p50:.3f} ms, {rps:.0f} req/s")
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=8)
+    parser.add_argument("--cases", default="tiny,rank", help="which of tiny, rank to run (comma-separated)")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="modelhost-sched-"))
+    base = ensure_example_repository(workdir / "cache")
+    rng = np.random.default_rng(0)
+    rows: list[tuple[str, int, dict]] = []
+    cases = args.cases.split(",")
+    if "tiny" in cases:
+        tiny_cases(base, workdir, rng, args.duration, rows)
+    if "rank" in cases:
+        rank_cases(base, workdir, rng, args.duration, rows)
     print("\n| case | c | req/s | p50 ms | p99 ms |\n|---|---|---|---|---|")
     for label, c, r in rows:
         print(f"| {label} | {c} | {r['rps']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} |")
