@@ -3,8 +3,10 @@
     python benchmarks/inprocess.py [--tasks 32] [--requests 200]
 
 Sends a 1-row JSON request for `tiny` through the whole request path (routing, decode, checks,
-scheduler, instance thread, statistics, encode) from N concurrent asyncio tasks and reports
-requests/s (best of 3), plus the sequential cost per request. Far less noisy than wrk on this
+scheduler, statistics, encode) from N concurrent asyncio tasks and reports requests/s (best of 3),
+plus the sequential cost per request. No HTTP server counts requests in progress here, so tiny runs
+on the event loop; with `--threads-only` (inline_max_microseconds 0) every request takes the
+instance thread and back instead, the path a busy server's batching models take. Far less noisy than wrk on this
 shared 2-core machine, so it is the tool for bisecting a regression in the server's own code.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 import time
@@ -64,8 +67,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--requests", type=int, default=200, help="requests per task")
+    parser.add_argument("--threads-only", action="store_true", help="tiny with inline_max_microseconds 0")
     args = parser.parse_args()
     repository = ensure_example_repository(Path(tempfile.gettempdir()) / "modelhost-bench-cache")
+    if args.threads_only:
+        copy = Path(tempfile.mkdtemp(prefix="modelhost-inprocess-")) / "repository"
+        shutil.copytree(repository, copy)
+        with (copy / "tiny" / "config.pbtxt").open("a") as config:
+            config.write('\nparameters { key: "inline_max_microseconds" value: { string_value: "0" } }\n')
+        repository = copy
     server = Server(ServerSettings(model_repository=repository))
     sequential_us, rate = uvloop.run(measure(server, args.tasks, args.requests))
     print(f"sequential: {sequential_us:.1f} us per request")
