@@ -1,0 +1,1 @@
+"""TensorFlow Serving REST front-end: predict bodies in row and columnar JSON."""
