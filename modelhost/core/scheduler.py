@@ -147,26 +147,18 @@ class Scheduler:
         )
 
     def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int) -> Outputs | None:
-        """Run one request right here with a free instance; None when every instance is busy."""
-        free = self._free_instance()
-        if free is None:
-            return None
-        instance, lock = free
-        try:
-            started = time.monotonic_ns()
-            result = instance.infer(inputs, outputs)
-            elapsed = time.monotonic_ns() - started
-        finally:
-            lock.release()
-        self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
-        self._gate.learn(rows, elapsed, on_loop=True)
-        return result
-
-    def _free_instance(self) -> tuple[Model, threading.Lock] | None:
-        """An instance not running on its thread, its lock held; release it when done."""
+        """Run one request right here with a free instance; None when every instance is busy on its thread."""
         for instance, lock in self._instances:
             if lock.acquire(blocking=False):
-                return instance, lock
+                try:
+                    started = time.monotonic_ns()
+                    result = instance.infer(inputs, outputs)
+                    elapsed = time.monotonic_ns() - started
+                finally:
+                    lock.release()
+                self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
+                self._gate.learn(rows, elapsed, on_loop=True)
+                return result
         return None
 
     def _level(self, priority: int) -> int:
