@@ -15,9 +15,10 @@ in submit, the way a naive server calls its model, when all of these hold: the m
 executions fit the inline_max_microseconds budget for its rows (core/loop_gate.py), at most
 LOOP_MAX_IN_PROGRESS requests are in progress in the process (core/load.py), nothing is queued for
 the model, an instance is free, and no queue delay is configured. Under more load requests queue and
-batch on the threads, which serve more: with wrk on this 2-core VM, tiny at concurrency 32 ran 1.09x
-(one process) and 1.19x (--workers 2) faster batched on threads than per request on the loop, while
-at concurrency 8 the loop was 1.15x faster and at concurrency 1 it cut p50 from 0.26 to 0.17 ms.
+batch on the threads, which serve more: in one run of benchmarks/scheduling.py on this 2-core VM,
+tiny at concurrency 32 ran 1.09x (one process) and 1.19x (--workers 2) faster batched on threads than
+per request on the loop, while at concurrency 8 the loop was 1.15x faster and at concurrency 1 it cut
+p50 from 0.26 to 0.17 ms. The loop at any load also lost the tail at c=128 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
