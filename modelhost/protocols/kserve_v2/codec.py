@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 
 from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.protocols.json_numbers import json_numbers
 from modelhost.types import DATATYPE_DTYPES, InferRequest, InferResponse, RequestedOutput, datatype_of, format_shape
 
 _JSON_ONLY_BINARY = ("FP16", "BF16")
@@ -164,15 +165,10 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         if len(flat) != count:
             raise invalid(f"input '{name}' has {len(flat)} elements, but shape {format_shape(shape)} needs {count}")
         return np.array(flat, dtype=object).reshape(shape)
-    try:
-        array = np.asarray(data)
-    except ValueError:
-        raise invalid(f"input '{name}': 'data' is a ragged nested list") from None
+    array = json_numbers(data, datatype, f"input '{name}'")
     if array.size != count:
         raise invalid(f"input '{name}' has {array.size} elements, but shape {format_shape(shape)} needs {count}")
-    if DATATYPE_DTYPES[datatype].kind in "iu" and array.dtype.kind in "fOiu":
-        array = _exact_integers(name, datatype, data, array)
-    return _cast_json(name, datatype, array).reshape(shape)
+    return array.reshape(shape)
 
 
 def _flatten_strings(name: str, data: list[Any]) -> list[bytes]:
@@ -190,35 +186,6 @@ def _flatten_strings(name: str, data: list[Any]) -> list[bytes]:
         else:
             stack.pop()
     return flat
-
-
-def _cast_json(name: str, datatype: str, array: np.ndarray) -> np.ndarray:
-    dtype = DATATYPE_DTYPES[datatype]
-    kind = array.dtype.kind
-    if array.size == 0:
-        return array.astype(dtype)
-    if datatype == "BOOL":
-        if kind != "b":
-            raise invalid(f"input '{name}' is BOOL, so its data must be true/false")
-        return array
-    if dtype.kind in "iu":
-        if kind not in "iuO":
-            raise invalid(f"input '{name}' is {datatype}, so its data must be integers")
-        info = np.iinfo(dtype)
-        if array.min() < info.min or array.max() > info.max:
-            raise invalid(f"input '{name}' has values outside the range of {datatype}")
-        return array.astype(dtype)
-    if kind not in "iuf":
-        raise invalid(f"input '{name}' is {datatype}, so its data must be numbers")
-    return array.astype(dtype, copy=False)
-
-
-def _exact_integers(name: str, datatype: str, data: list[Any], array: np.ndarray) -> np.ndarray:
-    # numpy reads [0, 2**64 - 1] as float64; as Python ints every 64-bit value stays exact.
-    values = np.asarray(data, dtype=object)
-    if values.shape != array.shape or not all(type(v) is int for v in values.flat):
-        raise invalid(f"input '{name}' is {datatype}, so its data must be integers")
-    return values
 
 
 def _requested_outputs(document: dict[str, Any]) -> list[RequestedOutput] | None:

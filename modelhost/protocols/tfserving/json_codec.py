@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import orjson
 
 from modelhost.errors import invalid
+from modelhost.protocols.json_numbers import json_numbers
 from modelhost.types import DATATYPE_DTYPES, TensorSpec, format_shape
 
 ROW = "row"
 COLUMNAR = "columnar"
 
-# JSON value kinds (numpy dtype kinds) each numeric input accepts, and how a message names them.
-_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
-_KIND_WORDS = {"b": "true/false", "i": "integers", "u": "integers", "f": "numbers"}
 _JSON_TYPES = {
     dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number",
 }
@@ -32,7 +30,16 @@ _BYTES_SUFFIX = "_bytes"  # TF Serving always answers string outputs named like 
 
 def decode_predict(body: bytes, inputs: Sequence[TensorSpec]) -> tuple[dict[str, np.ndarray], str]:
     """Input arrays by name from a :predict body, and the format it used (ROW or COLUMNAR)."""
-    document = _parse_json(body)
+    document = parse_json(body)
+    if not isinstance(document, dict):
+        raise invalid("request body must be a JSON object with 'instances' or 'inputs'")
+    return decode_predict_document(document, inputs)
+
+
+def decode_predict_document(
+    document: dict[str, Any], inputs: Sequence[TensorSpec]
+) -> tuple[dict[str, np.ndarray], str]:
+    """decode_predict for a body already parsed (by parse_json)."""
     signature = document.get("signature_name", "")
     if not isinstance(signature, str):
         raise invalid(f"'signature_name' must be a string, got {_json_type(signature)}")
@@ -47,7 +54,7 @@ def decode_predict(body: bytes, inputs: Sequence[TensorSpec]) -> tuple[dict[str,
 def encode_predict(outputs: dict[str, np.ndarray], form: str) -> bytes:
     """The :predict response body for output arrays by name, in the request's format (ROW or COLUMNAR)."""
     if form == ROW:
-        document = {"predictions": _rows_json(outputs)}
+        document = {"predictions": row_predictions(outputs)}
     elif form == COLUMNAR:
         document = {"outputs": _columns_json(outputs)}
     else:
@@ -57,18 +64,19 @@ def encode_predict(outputs: dict[str, np.ndarray], form: str) -> bytes:
     return orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def _parse_json(body: bytes) -> dict[str, Any]:
+def parse_json(body: bytes, what: str = "request body") -> Any:
+    """The JSON value of a body, TF Serving style: the bare tokens NaN, Infinity and -Infinity are numbers.
+
+    Raises INVALID_INPUT "<what> is not valid JSON: ...".
+    """
     try:
-        document = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError as error:
         # TF Serving also accepts the bare tokens NaN, Infinity and -Infinity, which only the standard library parses.
         try:
-            document = json.loads(body)
+            return json.loads(body)
         except (ValueError, RecursionError):
-            raise invalid(f"request body is not valid JSON: {error}") from None
-    if not isinstance(document, dict):
-        raise invalid("request body must be a JSON object with 'instances' or 'inputs'")
-    return document
+            raise invalid(f"{what} is not valid JSON: {error}") from None
 
 
 def _decode_rows(instances: Any, specs: dict[str, TensorSpec]) -> dict[str, np.ndarray]:
@@ -88,7 +96,7 @@ def _split_named_instances(instances: list[Any], specs: dict[str, TensorSpec]) -
     first = instances[0]
     if not _is_named(first):
         raise invalid(f"instances[0] must be an object keyed by input name; the model's inputs are {_names(specs)}")
-    _check_input_names(first.keys(), specs, "instances[0]")
+    check_input_names(first.keys(), specs, "instances[0]")
     columns: dict[str, list[Any]] = {name: [] for name in first}
     for index, instance in enumerate(instances):
         if not _is_named(instance):
@@ -125,7 +133,7 @@ def _stack_instances(spec: TensorSpec, values: list[Any]) -> np.ndarray:
 
 def _decode_columns(value: Any, specs: dict[str, TensorSpec]) -> dict[str, np.ndarray]:
     if _is_named(value):
-        _check_input_names(value.keys(), specs, "'inputs'")
+        check_input_names(value.keys(), specs, "'inputs'")
         named = value
     elif len(specs) == 1:
         named = {next(iter(specs)): value}
@@ -141,7 +149,8 @@ def _decode_columns(value: Any, specs: dict[str, TensorSpec]) -> dict[str, np.nd
     return arrays
 
 
-def _check_input_names(given: Collection[str], specs: dict[str, TensorSpec], where: str) -> None:
+def check_input_names(given: Collection[str], specs: Mapping[str, TensorSpec], where: str) -> None:
+    """Raise INVALID_INPUT naming `where` when `given` has a name not in `specs` or lacks a required one."""
     unknown = [name for name in given if name not in specs]
     if unknown:
         raise invalid(f"{where} has unknown input(s) {_names(unknown)}; the model's inputs are {_names(specs)}")
@@ -156,28 +165,11 @@ def _check_shape(array: np.ndarray, expected: tuple[int, ...], where: str) -> No
 
 
 def _to_array(spec: TensorSpec, value: Any, where: str) -> np.ndarray:
-    dtype = DATATYPE_DTYPES.get(spec.datatype)
-    if dtype is None:
+    if spec.datatype not in DATATYPE_DTYPES:
         raise invalid(f"{where} is {spec.datatype}, which cannot be sent as JSON")
     if spec.datatype == "BYTES":
         return _bytes_array(value, where)
-    return _numeric_array(value, dtype, spec.datatype, where)
-
-
-def _numeric_array(value: Any, dtype: np.dtype, datatype: str, where: str) -> np.ndarray:
-    try:
-        array = np.asarray(value)
-    except ValueError:
-        raise invalid(f"{where} is a ragged list; lists at the same depth must have the same length") from None
-    if array.size == 0:
-        return array.astype(dtype)
-    if array.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
-        raise invalid(f"{where} is {datatype}, so its values must be {_KIND_WORDS[dtype.kind]}")
-    if dtype.kind in "iu":
-        limits = np.iinfo(dtype)
-        if array.min() < limits.min or array.max() > limits.max:
-            raise invalid(f"{where} has values outside the range of {datatype}")
-    return array.astype(dtype)
+    return json_numbers(value, spec.datatype, where)
 
 
 def _bytes_array(value: Any, where: str) -> np.ndarray:
@@ -218,7 +210,11 @@ def _binary_string(value: Any, where: str) -> bytes:
     raise invalid(f"{where} has a 'b64' value that is not a base64 string")
 
 
-def _rows_json(outputs: dict[str, np.ndarray]) -> Any:
+def row_predictions(outputs: dict[str, np.ndarray]) -> Any:
+    """The "predictions" of a row-format response: one item per batch row (orjson with OPT_SERIALIZE_NUMPY writes it).
+
+    One output: its array (iterating it yields the rows); several: a list of {output name: row value} objects.
+    """
     for name, array in outputs.items():
         if array.ndim == 0:
             raise invalid(f"output '{name}' is a scalar, so it cannot be returned in row format; send 'inputs'")

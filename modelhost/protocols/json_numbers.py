@@ -1,0 +1,53 @@
+"""JSON numbers and booleans -> a numpy array of a V2 datatype, shared by the V2 and TF Serving JSON codecs.
+
+Rules, the same for every protocol: BOOL takes true/false only; integer datatypes take JSON integers only
+(not 1.0, not true) within the datatype's range, exact up to 64 bits; float datatypes take any JSON number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from modelhost.errors import invalid
+from modelhost.types import DATATYPE_DTYPES
+
+# numpy kinds of the parsed values each target kind accepts, and how a message names them.
+_ACCEPTED_KINDS = {"b": "b", "i": "iuO", "u": "iuO", "f": "iuf"}
+_KIND_WORDS = {"b": "true/false", "i": "integers", "u": "integers", "f": "numbers"}
+
+
+def json_numbers(value: Any, datatype: str, where: str) -> np.ndarray:
+    """`value` (a JSON number, boolean or nested list of them) as an array of `datatype`.
+
+    `datatype` is a V2 name other than BYTES; `where` names the field in error messages ("input 'x'").
+    Raises ModelhostError(INVALID_INPUT) for ragged lists, values of the wrong JSON type and integers out of range.
+    """
+    dtype = DATATYPE_DTYPES[datatype]
+    if dtype.kind not in _ACCEPTED_KINDS:
+        raise ValueError(f"datatype {datatype} is not numeric")
+    try:
+        array = np.asarray(value)
+    except ValueError:  # numpy refuses inhomogeneous nesting
+        raise invalid(f"{where} is a ragged list; lists at the same depth must have the same length") from None
+    if array.size == 0:
+        return array.astype(dtype)
+    if dtype.kind in "iu" and array.dtype.kind in "fOiu":
+        array = _exact_integers(value, array, datatype, where)
+    if array.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+        raise invalid(f"{where} is {datatype}, so its data must be {_KIND_WORDS[dtype.kind]}")
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if array.min() < info.min or array.max() > info.max:
+            raise invalid(f"{where} has values outside the range of {datatype}")
+    return array.astype(dtype, copy=False)
+
+
+def _exact_integers(value: Any, array: np.ndarray, datatype: str, where: str) -> np.ndarray:
+    # numpy reads [-1, 2**64 - 1] as float64 and [True, 1] as int64; as Python ints every 64-bit value stays
+    # exact, and checking each element's type keeps 1.0 and true out of integer tensors.
+    values = np.asarray(value, dtype=object)
+    if values.shape != array.shape or not all(type(v) is int for v in values.flat):
+        raise invalid(f"{where} is {datatype}, so its data must be integers")
+    return values
