@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOS = ["modelhost/config/model_config.proto"]
+PROTOS = ["modelhost/config/model_config.proto", "modelhost/protocols/tfserving/predict.proto"]
 
 
 def main() -> int:

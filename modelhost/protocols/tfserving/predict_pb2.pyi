@@ -1,0 +1,152 @@
+from google.protobuf import wrappers_pb2 as _wrappers_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DataType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DT_INVALID: _ClassVar[DataType]
+    DT_FLOAT: _ClassVar[DataType]
+    DT_DOUBLE: _ClassVar[DataType]
+    DT_INT32: _ClassVar[DataType]
+    DT_UINT8: _ClassVar[DataType]
+    DT_INT16: _ClassVar[DataType]
+    DT_INT8: _ClassVar[DataType]
+    DT_STRING: _ClassVar[DataType]
+    DT_COMPLEX64: _ClassVar[DataType]
+    DT_INT64: _ClassVar[DataType]
+    DT_BOOL: _ClassVar[DataType]
+    DT_QINT8: _ClassVar[DataType]
+    DT_QUINT8: _ClassVar[DataType]
+    DT_QINT32: _ClassVar[DataType]
+    DT_BFLOAT16: _ClassVar[DataType]
+    DT_QINT16: _ClassVar[DataType]
+    DT_QUINT16: _ClassVar[DataType]
+    DT_UINT16: _ClassVar[DataType]
+    DT_COMPLEX128: _ClassVar[DataType]
+    DT_HALF: _ClassVar[DataType]
+    DT_RESOURCE: _ClassVar[DataType]
+    DT_VARIANT: _ClassVar[DataType]
+    DT_UINT32: _ClassVar[DataType]
+    DT_UINT64: _ClassVar[DataType]
+DT_INVALID: DataType
+DT_FLOAT: DataType
+DT_DOUBLE: DataType
+DT_INT32: DataType
+DT_UINT8: DataType
+DT_INT16: DataType
+DT_INT8: DataType
+DT_STRING: DataType
+DT_COMPLEX64: DataType
+DT_INT64: DataType
+DT_BOOL: DataType
+DT_QINT8: DataType
+DT_QUINT8: DataType
+DT_QINT32: DataType
+DT_BFLOAT16: DataType
+DT_QINT16: DataType
+DT_QUINT16: DataType
+DT_UINT16: DataType
+DT_COMPLEX128: DataType
+DT_HALF: DataType
+DT_RESOURCE: DataType
+DT_VARIANT: DataType
+DT_UINT32: DataType
+DT_UINT64: DataType
+
+class TensorShapeProto(_message.Message):
+    __slots__ = ("dim", "unknown_rank")
+    class Dim(_message.Message):
+        __slots__ = ("size", "name")
+        SIZE_FIELD_NUMBER: _ClassVar[int]
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        size: int
+        name: str
+        def __init__(self, size: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_RANK_FIELD_NUMBER: _ClassVar[int]
+    dim: _containers.RepeatedCompositeFieldContainer[TensorShapeProto.Dim]
+    unknown_rank: bool
+    def __init__(self, dim: _Optional[_Iterable[_Union[TensorShapeProto.Dim, _Mapping]]] = ..., unknown_rank: bool = ...) -> None: ...
+
+class TensorProto(_message.Message):
+    __slots__ = ("dtype", "tensor_shape", "version_number", "tensor_content", "float_val", "double_val", "int_val", "string_val", "scomplex_val", "int64_val", "bool_val", "dcomplex_val", "half_val", "uint32_val", "uint64_val")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    FLOAT_VAL_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VAL_FIELD_NUMBER: _ClassVar[int]
+    INT_VAL_FIELD_NUMBER: _ClassVar[int]
+    STRING_VAL_FIELD_NUMBER: _ClassVar[int]
+    SCOMPLEX_VAL_FIELD_NUMBER: _ClassVar[int]
+    INT64_VAL_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VAL_FIELD_NUMBER: _ClassVar[int]
+    DCOMPLEX_VAL_FIELD_NUMBER: _ClassVar[int]
+    HALF_VAL_FIELD_NUMBER: _ClassVar[int]
+    UINT32_VAL_FIELD_NUMBER: _ClassVar[int]
+    UINT64_VAL_FIELD_NUMBER: _ClassVar[int]
+    dtype: DataType
+    tensor_shape: TensorShapeProto
+    version_number: int
+    tensor_content: bytes
+    float_val: _containers.RepeatedScalarFieldContainer[float]
+    double_val: _containers.RepeatedScalarFieldContainer[float]
+    int_val: _containers.RepeatedScalarFieldContainer[int]
+    string_val: _containers.RepeatedScalarFieldContainer[bytes]
+    scomplex_val: _containers.RepeatedScalarFieldContainer[float]
+    int64_val: _containers.RepeatedScalarFieldContainer[int]
+    bool_val: _containers.RepeatedScalarFieldContainer[bool]
+    dcomplex_val: _containers.RepeatedScalarFieldContainer[float]
+    half_val: _containers.RepeatedScalarFieldContainer[int]
+    uint32_val: _containers.RepeatedScalarFieldContainer[int]
+    uint64_val: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dtype: _Optional[_Union[DataType, str]] = ..., tensor_shape: _Optional[_Union[TensorShapeProto, _Mapping]] = ..., version_number: _Optional[int] = ..., tensor_content: _Optional[bytes] = ..., float_val: _Optional[_Iterable[float]] = ..., double_val: _Optional[_Iterable[float]] = ..., int_val: _Optional[_Iterable[int]] = ..., string_val: _Optional[_Iterable[bytes]] = ..., scomplex_val: _Optional[_Iterable[float]] = ..., int64_val: _Optional[_Iterable[int]] = ..., bool_val: _Optional[_Iterable[bool]] = ..., dcomplex_val: _Optional[_Iterable[float]] = ..., half_val: _Optional[_Iterable[int]] = ..., uint32_val: _Optional[_Iterable[int]] = ..., uint64_val: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ModelSpec(_message.Message):
+    __slots__ = ("name", "version", "version_label", "signature_name")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_LABEL_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: _wrappers_pb2.Int64Value
+    version_label: str
+    signature_name: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[_Union[_wrappers_pb2.Int64Value, _Mapping]] = ..., version_label: _Optional[str] = ..., signature_name: _Optional[str] = ...) -> None: ...
+
+class PredictRequest(_message.Message):
+    __slots__ = ("model_spec", "inputs", "output_filter")
+    class InputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TensorProto
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TensorProto, _Mapping]] = ...) -> None: ...
+    MODEL_SPEC_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FILTER_FIELD_NUMBER: _ClassVar[int]
+    model_spec: ModelSpec
+    inputs: _containers.MessageMap[str, TensorProto]
+    output_filter: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_spec: _Optional[_Union[ModelSpec, _Mapping]] = ..., inputs: _Optional[_Mapping[str, TensorProto]] = ..., output_filter: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PredictResponse(_message.Message):
+    __slots__ = ("outputs", "model_spec")
+    class OutputsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TensorProto
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TensorProto, _Mapping]] = ...) -> None: ...
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SPEC_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.MessageMap[str, TensorProto]
+    model_spec: ModelSpec
+    def __init__(self, outputs: _Optional[_Mapping[str, TensorProto]] = ..., model_spec: _Optional[_Union[ModelSpec, _Mapping]] = ...) -> None: ...
