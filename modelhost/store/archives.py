@@ -1,0 +1,111 @@
+"""Where multi-model archives live: a local directory or an S3 prefix, addressed by TargetModel paths.
+
+A target is the relative path SageMaker passes as TargetModel (e.g. "dir/model-17.tar.gz"); a store
+lists the targets it holds and downloads one to a local file, which archive.unpack_archive then unpacks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from modelhost.errors import invalid, not_found
+
+ARCHIVE_SUFFIX = ".tar.gz"
+MAX_TARGET_LENGTH = 1024
+
+
+class ArchiveStore(Protocol):
+    """A place holding model archives; both methods block and are safe to call from several threads."""
+
+    description: str  # where it is, for messages: "/models" or "s3://bucket/prefix"
+
+    def download(self, target: str, into: Path) -> Path:
+        """Copy the archive `target` to a new file under `into` (temp name, then rename); return its path."""
+        ...
+
+    def list(self) -> list[str]:
+        """The targets (relative paths of *.tar.gz archives) the store holds, sorted."""
+        ...
+
+
+def check_target(target: str) -> str:
+    """A TargetModel checked and normalized ("./a/b.tar.gz" -> "a/b.tar.gz"); raises INVALID_INPUT otherwise.
+
+    Rejected: empty or over 1024 characters, control characters, backslashes, a leading "/",
+    empty ("a//b") or ".." components.
+    """
+    if not 1 <= len(target) <= MAX_TARGET_LENGTH:
+        raise invalid(f"target model must be 1 to {MAX_TARGET_LENGTH} characters, got {len(target)}")
+    if any(ord(char) < 32 or ord(char) == 127 for char in target):
+        raise invalid(f"target model {target!r} contains control characters")
+    if "\\" in target:
+        raise invalid(f"target model '{target}' contains a backslash; use '/' between path components")
+    if target.startswith("/"):
+        raise invalid(f"target model '{target}' must be a relative path (no leading '/')")
+    parts = target.split("/")
+    if ".." in parts:
+        raise invalid(f"target model '{target}' must not contain '..' components")
+    if "" in parts:
+        raise invalid(f"target model '{target}' has an empty path component")
+    normalized = "/".join(part for part in parts if part != ".")
+    if not normalized:
+        raise invalid(f"target model '{target}' names no file")
+    return normalized
+
+
+class LocalArchiveStore:
+    """Archives under a local directory (a mounted volume, or a test's tmp dir)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.description = str(root)
+
+    def download(self, target: str, into: Path) -> Path:
+        source = self.root / check_target(target)
+        if not source.is_file():
+            raise not_found(f"model archive '{target}' not found in {self.description}")
+        return write_atomically(into, source.name, lambda path: shutil.copyfile(source, path))
+
+    def list(self) -> list[str]:
+        found = []
+        for path in self.root.rglob(f"*{ARCHIVE_SUFFIX}"):
+            relative = path.relative_to(self.root)
+            if path.is_file() and not any(part.startswith(".") for part in relative.parts):
+                found.append(relative.as_posix())
+        return sorted(found)
+
+
+def open_archive_store(location: str, endpoint_url: str | None = None) -> ArchiveStore:
+    """"s3://bucket/prefix" -> S3ArchiveStore (endpoint_url for S3-compatible servers); else an existing directory."""
+    if location.startswith("s3://"):
+        from modelhost.store.s3 import S3ArchiveStore
+
+        bucket, _, prefix = location[len("s3://"):].partition("/")
+        if not bucket:
+            raise invalid(f"archive store '{location}' names no bucket (expected s3://bucket/prefix)")
+        return S3ArchiveStore(bucket, prefix, endpoint_url)
+    root = Path(location)
+    if not root.is_dir():
+        raise invalid(f"archive store directory '{location}' does not exist")
+    return LocalArchiveStore(root)
+
+
+def write_atomically(into: Path, filename: str, write: Callable[[Path], object]) -> Path:
+    """Run `write(temp_path)` on a hidden temp file in `into`, then rename it to `into/filename`."""
+    into.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(prefix=f".{filename}.", suffix=".part", dir=into)
+    os.close(fd)
+    temp = Path(temp_name)
+    try:
+        write(temp)
+        final = into / filename
+        os.replace(temp, final)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return final

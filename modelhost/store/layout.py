@@ -1,0 +1,187 @@
+"""Find the model(s) in a directory a user gave us (SageMaker's /opt/ml/model, an unpacked model.tar.gz).
+
+The rules, applied to a directory D, starting at the root. Names starting with "." are ignored
+everywhere, and `code/` (inference.py, requirements.txt, lib/) is never a model.
+
+1. D has numeric version directories (`1/`, `2/`; Triton's rule: no leading "0") at the top:
+   D is one model directory.
+2. D has a model file at the top (one whose name a backend recognizes, e.g. `model.onnx`; a file or
+   a directory so named): one model whose version 1 is that file; everything else at the top except
+   config.pbtxt and code/ (external weights, vocabularies) is placed beside it, config.pbtxt above it.
+   A config.pbtxt with neither version directories nor a model file is an error.
+3. D has subdirectories that are models (holding config.pbtxt or version directories): D is a
+   Triton-layout repository, and each such subdirectory is a model named after it.
+4. Otherwise, when D has exactly one subdirectory other than code/ (a tar that wraps everything in
+   `model/`, say), the rules are applied again inside it, up to MAX_WRAPPING levels deep.
+
+A model found by rule 1 or 2 is served as `single_model_name`, unless its config.pbtxt gives a
+name (Triton requires the two to match, and the user wrote the config). `code_dir` is the code/
+nearest to the models: beside them, else in the closest enclosing directory.
+
+The result is always a Triton-layout repository. Where D itself is not exactly one (rules 1 and 2,
+or a repository with code/ or other directories in it) one is built in `work_dir` from symlinks to
+the user's files; nothing is copied. find_layout owns `work_dir`: it empties it first, removing only
+what it could have made (symlinks and directories of symlinks), and refuses anything else. Keep
+`work_dir` outside the root, or give it a hidden name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelhost.backends import backend_for_filename
+from modelhost.config.loader import CONFIG_FILENAME, ConfigError, read_config
+from modelhost.errors import invalid
+
+CODE_DIR = "code"
+MAX_WRAPPING = 3
+_EXPECTED = (
+    "expected one of: a Triton model repository (<model>/config.pbtxt and/or <model>/<version>/), "
+    "a model directory (config.pbtxt and/or <version>/ at the top), or a single model file such as "
+    "model.onnx at the top; each optionally with code/ beside it"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLayout:
+    """The models found in a user's directory, as a Triton-layout repository."""
+
+    repository: Path  # a Triton-layout repository root serving these models (may be a generated dir of symlinks)
+    models: tuple[str, ...]  # model names in it
+    code_dir: Path | None  # the code/ directory when present
+
+
+def find_layout(root: Path, single_model_name: str, work_dir: Path, allow_empty: bool = False) -> ModelLayout:
+    """Find the models under `root` by the rules above; raises INVALID_INPUT when there are none.
+
+    With `allow_empty`, a root holding nothing (hidden entries and code/ aside) is an empty repository
+    (models will be added to it later) rather than an error. Blocking (directory scans, config
+    reads); call it off the event loop.
+    """
+    _check_model_name(single_model_name)
+    if not root.is_dir():
+        raise invalid(f"model directory {root} does not exist or is not a directory")
+    if allow_empty and not _entries(root):
+        return ModelLayout(root, (), _code_dir(root))
+    directory, code_dir = root, None
+    for _ in range(MAX_WRAPPING + 1):
+        code_dir = _code_dir(directory) or code_dir
+        layout = _layout_of(directory, single_model_name, work_dir, code_dir)
+        if layout is not None:
+            return layout
+        inner = [entry for entry in _entries(directory) if entry.is_dir()]
+        if len(inner) != 1:
+            break
+        directory = inner[0]
+    found = ", ".join(sorted(entry.name for entry in _entries(directory, with_code=True))[:20]) or "nothing"
+    raise invalid(f"no model found in {directory}: {_EXPECTED}; found: {found}")
+
+
+def _layout_of(directory: Path, name: str, work_dir: Path, code_dir: Path | None) -> ModelLayout | None:
+    """Rules 1-3 for one directory; None when none applies."""
+    if _versions(directory):
+        name = _configured_name(directory) or name
+        _reset_work_dir(work_dir)
+        (work_dir / name).symlink_to(directory.absolute(), target_is_directory=True)
+        return ModelLayout(work_dir, (name,), code_dir)
+    model_files = [entry for entry in _entries(directory) if backend_for_filename(entry.name)]
+    if len(model_files) > 1:
+        names = ", ".join(sorted(entry.name for entry in model_files))
+        raise invalid(f"{directory} holds several model files ({names}); put each model in its own directory")
+    if model_files:
+        name = _configured_name(directory) or name
+        _link_single_file_model(directory, name, work_dir)
+        return ModelLayout(work_dir, (name,), code_dir)
+    if (directory / CONFIG_FILENAME).is_file():
+        raise invalid(f"{directory} has a {CONFIG_FILENAME} but no version directory (e.g. 1/) or model file")
+    subdirs = [entry for entry in _entries(directory) if entry.is_dir()]
+    models = sorted(entry.name for entry in subdirs if _is_model_dir(entry))
+    if not models:
+        return None
+    if len(models) == len(_entries(directory, with_code=True, dirs_only=True)):
+        return ModelLayout(directory, tuple(models), code_dir)
+    _reset_work_dir(work_dir)
+    for model in models:
+        (work_dir / model).symlink_to((directory / model).absolute(), target_is_directory=True)
+    return ModelLayout(work_dir, tuple(models), code_dir)
+
+
+def _link_single_file_model(directory: Path, name: str, work_dir: Path) -> None:
+    """work_dir/<name>/1/<entry> -> each entry of `directory`; work_dir/<name>/config.pbtxt -> its config."""
+    _reset_work_dir(work_dir)
+    version_dir = work_dir / name / "1"
+    version_dir.mkdir(parents=True)
+    for entry in _entries(directory):
+        if entry.name == CONFIG_FILENAME:
+            (work_dir / name / CONFIG_FILENAME).symlink_to(entry.absolute())
+        else:
+            (version_dir / entry.name).symlink_to(entry.absolute(), target_is_directory=entry.is_dir())
+
+
+def _entries(directory: Path, with_code: bool = False, dirs_only: bool = False) -> list[Path]:
+    """Visible entries of `directory` (code/ left out unless asked for)."""
+    entries = []
+    for entry in directory.iterdir():
+        if entry.name.startswith(".") or (not with_code and entry.name == CODE_DIR and entry.is_dir()):
+            continue
+        if not dirs_only or entry.is_dir():
+            entries.append(entry)
+    return entries
+
+
+def _versions(directory: Path) -> list[Path]:
+    # Triton ignores version directories that are not numbers or that start with "0".
+    return [
+        entry for entry in _entries(directory)
+        if entry.is_dir() and entry.name.isascii() and entry.name.isdigit() and not entry.name.startswith("0")
+    ]
+
+
+def _is_model_dir(directory: Path) -> bool:
+    return (directory / CONFIG_FILENAME).is_file() or bool(_versions(directory))
+
+
+def _code_dir(directory: Path) -> Path | None:
+    code = directory / CODE_DIR
+    return code if code.is_dir() else None
+
+
+def _configured_name(directory: Path) -> str | None:
+    try:
+        config = read_config(directory)
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
+    if config is None or not config.name:
+        return None
+    _check_model_name(config.name)
+    return config.name
+
+
+def _check_model_name(name: str) -> None:
+    if not name or name in (".", "..") or "/" in name or "\x00" in name or name.startswith("."):
+        raise invalid(f"model name '{name}' cannot be a directory name")
+
+
+def _reset_work_dir(work_dir: Path) -> None:
+    """Empty `work_dir` (creating it), removing only symlinks and directories that hold nothing else."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for entry in work_dir.iterdir():
+        if not _only_links(entry):
+            raise invalid(f"work directory {work_dir} holds {entry}, which find_layout did not make; use another")
+    for entry in work_dir.iterdir():
+        if entry.is_symlink():
+            entry.unlink()
+        else:
+            shutil.rmtree(entry)
+
+
+def _only_links(path: Path) -> bool:
+    """A symlink, or a directory tree whose files are all symlinks (os.walk does not follow links)."""
+    if path.is_symlink():
+        return True
+    if not path.is_dir():
+        return False
+    return all(os.path.islink(os.path.join(parent, name)) for parent, _, files in os.walk(path) for name in files)
