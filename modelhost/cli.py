@@ -1,52 +1,124 @@
-"""`modelhost serve ...`: flags -> ServerSettings -> Server.run()."""
+"""Console entries: `modelhost serve ...` and `serve` (a SageMaker image's entry): flags -> ServerSettings -> run.
+
+Flags have no argparse defaults (SUPPRESS), so that only the flags given beat the environment:
+default < SAGEMAKER_* variable < explicit flag (settings.resolve_settings).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import fields
-from pathlib import Path
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from modelhost import __version__
-from modelhost.settings import ServerSettings
+from modelhost.settings import (
+    ServerSettings,
+    SettingsError,
+    parse_byte_size,
+    resolve_settings,
+    sagemaker_repository,
+)
 
 _LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
+# What `serve` changes in a container: listen on every interface (SageMaker connects from outside).
+CONTAINER_DEFAULTS = ServerSettings(host="0.0.0.0")
+
+
+def _byte_size(text: str) -> int:
+    try:
+        return parse_byte_size(text)
+    except SettingsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, repository: str) -> None:
+    """The flags of `modelhost serve` and `serve`; each sets the ServerSettings field of its name.
+    `defaults` and `repository` (the default repository, in words) only fill the help."""
+    d = defaults
+    add = parser.add_argument
+    add("--model-repository", help="model repository directory, or in multi-model mode an s3://bucket/prefix URL "
+        f"(default: {repository})")
+    add("--host", help=f"address to bind (default {d.host})")
+    add("--http-port", type=int, help=f"KServe V2 HTTP port (default {d.http_port})")
+    add("--grpc-port", type=int, help=f"reserved for the gRPC front-end (default {d.grpc_port})")
+    add("--metrics-port", type=int, help=f"Prometheus metrics at /metrics; 0: off (default {d.metrics_port})")
+    add("--sagemaker-port", type=int, help=f"SageMaker /ping, /invocations and /models; 0: off "
+        f"(default {d.sagemaker_port}, or SAGEMAKER_BIND_TO_PORT)")
+    add("--log-level", choices=_LOG_LEVELS, help=f"(default {d.log_level})")
+    add("--strict-readiness", action="store_true", help="server ready only when every model loaded (Triton's default)")
+    add("--default-max-batch-size", type=int,
+        help=f"max_batch_size given to auto-completed models that can batch (default {d.default_max_batch_size})")
+    add("--http-max-body-bytes", type=int, help=f"(default {d.http_max_body_bytes})")
+    add("--workers", type=int, help="server processes sharing the HTTP port; each loads every model "
+        f"(default {d.workers}, or SAGEMAKER_TFS_INSTANCE_COUNT)")
+    add("--graceful-shutdown-seconds", type=float,
+        help=f"how long SIGTERM waits for in-flight requests (default {d.graceful_shutdown_seconds})")
+    add("--multi-model", action=argparse.BooleanOptionalAction,
+        help="SageMaker multi-model mode: models load and unload through /models (default: SAGEMAKER_MULTI_MODEL)")
+    add("--model-cache-bytes", type=_byte_size, help="memory loaded models may take in multi-model mode, "
+        "e.g. 512MiB, 2GB, 4GiB (default: half of this machine's or container's memory)")
+    add("--max-unpacked-bytes", type=_byte_size,
+        help=f"the most one model archive may unpack to (default {d.max_unpacked_bytes // 1024**3}GiB)")
+    add("--s3-endpoint-url", help="S3 endpoint for s3:// repositories (default: AWS; boto3 also reads "
+        "AWS_ENDPOINT_URL itself)")
+    add("--invocation-timeout-seconds", type=float, help="how long one SageMaker invocation may take "
+        f"(default {d.invocation_timeout_seconds:g}, or SAGEMAKER_MODEL_SERVER_TIMEOUT/SAGEMAKER_TS_RESPONSE_TIMEOUT)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="modelhost", description="Serve a Triton-layout model repository.")
     parser.add_argument("--version", action="version", version=f"modelhost {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="start the server")
-    serve.add_argument("--model-repository", type=Path, help="model repository (default: built-in examples)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--grpc-port", type=int, default=8001, help="reserved for the gRPC front-end")
-    serve.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics at /metrics (0: off)")
-    serve.add_argument("--log-level", default="info", choices=_LOG_LEVELS)
-    serve.add_argument("--strict-readiness", action="store_true",
-                       help="server ready only when every model loaded (Triton's default)")
-    serve.add_argument("--default-max-batch-size", type=int, default=4,
-                       help="max_batch_size given to auto-completed models that can batch")
-    serve.add_argument("--http-max-body-bytes", type=int, default=64 * 1024 * 1024)
-    serve.add_argument("--workers", type=int, default=1,
-                       help="server processes sharing the HTTP port; each loads every model (default 1)")
-    serve.add_argument("--graceful-shutdown-seconds", type=float, default=30.0,
-                       help="how long SIGTERM waits for in-flight requests")
+    serve = commands.add_parser("serve", help="start the server", argument_default=argparse.SUPPRESS)
+    add_serve_flags(serve, ServerSettings(), "built-in examples")
     return parser
 
 
-def settings_from_args(args: argparse.Namespace) -> ServerSettings:
-    names = {f.name for f in fields(ServerSettings)}
-    return ServerSettings(**{k: v for k, v in vars(args).items() if k in names})
+def build_container_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="serve", argument_default=argparse.SUPPRESS,
+        description="Serve models the way a SageMaker container does (docker run <image> serve).",
+    )
+    parser.add_argument("--version", action="version", version=f"modelhost {__version__}")
+    add_serve_flags(parser, CONTAINER_DEFAULTS, "/opt/ml/model, or /opt/ml/models in multi-model mode, when present")
+    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = settings_from_args(args)
-    if settings.workers < 1:
-        build_parser().error("--workers must be at least 1")
+def modelhost_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ServerSettings:
+    """Settings of `modelhost <argv>`; a bad flag or variable exits 2 with the message on stderr."""
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    args.pop("command")
+    try:
+        return resolve_settings(ServerSettings(), environ, args)
+    except SettingsError as exc:
+        parser.error(str(exc))
+
+
+def serve_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ServerSettings:
+    """Settings of `serve <argv>`: SageMaker runs `serve` with the argument `serve`, so a leading
+    `serve` is dropped. Host 0.0.0.0; with no --model-repository, /opt/ml/model (/opt/ml/models in
+    multi-model mode) when that directory exists."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    parser = build_container_parser()
+    flags = vars(parser.parse_args(argv))
+    try:
+        settings = resolve_settings(CONTAINER_DEFAULTS, environ, flags)
+    except SettingsError as exc:
+        parser.error(str(exc))
+    if settings.model_repository is None:
+        settings = replace(settings, model_repository=sagemaker_repository(environ, settings.multi_model))
+    return settings
+
+
+def run(settings: ServerSettings) -> int:
+    """Serve until SIGTERM/SIGINT; one process, or --workers processes."""
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.workers > 1:
         from modelhost.workers import run_workers
 
@@ -55,3 +127,13 @@ def main(argv: list[str] | None = None) -> int:
 
     Server(settings).run()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`modelhost ...` (the `modelhost` console entry and `python -m modelhost`)."""
+    return run(modelhost_settings(argv, os.environ))
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """`serve ...`, the entry of a SageMaker image: `ENTRYPOINT ["serve"]`."""
+    return run(serve_settings(argv, os.environ))

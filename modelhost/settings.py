@@ -1,10 +1,31 @@
-"""ServerSettings: every knob of a server, read once from flags and the environment."""
+"""ServerSettings: every knob of a server, read once from flags and the environment.
+
+This is the only module that reads os.environ; what it reads is passed down as plain values.
+Precedence: an explicit flag beats an environment variable, which beats the default (cli.py applies
+the flags over `settings_from_environment`). The SAGEMAKER_* variables and what they set are listed
+in docs/sagemaker.md ("Configuration by environment").
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, TypeVar
+
+from modelhost.config.overrides import ModelOverrides
+
+GIB = 1024**3
+_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "kib": 1024, "mib": 1024**2, "gib": GIB, "tib": 1024**4}
+_BYTE_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*")
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+class SettingsError(ValueError):
+    """A flag or environment variable has an invalid value; the message names it and the value."""
 
 
 def _default_cache_dir() -> Path:
@@ -12,11 +33,51 @@ def _default_cache_dir() -> Path:
     return Path(os.environ.get("MODELHOST_CACHE_DIR") or Path(base) / "modelhost")
 
 
+def memory_bytes() -> int:
+    """The memory this process may use: physical memory (os.sysconf), or the cgroup limit when lower."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: assume a small machine
+        total = 4 * GIB
+    for path in _CGROUP_LIMITS:  # a container's limit ("max" or a huge number when there is none)
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            total = int(text)
+    return total
+
+
+def _default_model_cache_bytes() -> int:
+    return memory_bytes() // 2
+
+
+def parse_byte_size(text: str) -> int:
+    """Bytes from `123`, `512MiB`, `2GB`, `4GiB` (KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024)."""
+    match = _BYTE_SIZE.fullmatch(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise SettingsError(f"'{text}' is not a size in bytes (e.g. 123, 512MiB, 2GB, 4GiB)")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
-    """`model_repository` None serves the built-in example repository (written under `cache_dir`)."""
+    """Every server knob. `model_repository` None serves the built-in example repository (under `cache_dir`).
 
-    model_repository: Path | None = None
+    model_repository: a local directory, or in multi-model mode also an `s3://bucket/prefix` URL.
+    sagemaker_port: the SageMaker site (/ping, /invocations, /models); 0 turns it off.
+    model_cache_bytes: memory the loaded models may take in multi-model mode; by default half of
+    `memory_bytes()` (physical memory from os.sysconf, or the container's cgroup limit when lower).
+    max_unpacked_bytes: the most one model archive may unpack to.
+    invocation_timeout_seconds: how long one SageMaker invocation may take.
+    default_accept: the Accept used when a SageMaker request sends none or `*/*`.
+    sagemaker_program: the handler module in a model's code/ directory.
+    default_model_name: the name a single model (not a repository) is served under.
+    """
+
+    model_repository: str | None = None
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -30,3 +91,205 @@ class ServerSettings:
     workers: int = 1
     worker_index: int = 0  # set for each process of --workers
     cache_dir: Path = _default_cache_dir()
+    sagemaker_port: int = 8080
+    multi_model: bool = False
+    model_cache_bytes: int = field(default_factory=_default_model_cache_bytes)
+    max_unpacked_bytes: int = 16 * GIB
+    s3_endpoint_url: str | None = None
+    invocation_timeout_seconds: float = 60.0
+    default_accept: str = "application/json"
+    sagemaker_program: str = "inference.py"
+    default_model_name: str = "model"
+    model_overrides: ModelOverrides = ModelOverrides()
+
+
+def settings_from_environment(base: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:
+    """`base` with what the SAGEMAKER_* variables in `environ` set; pure (reads only `environ`).
+
+    Raises SettingsError naming the variable and its value when one is invalid or two disagree.
+    An empty variable counts as unset. Model overrides merge over `base.model_overrides`.
+    """
+    variables = _Variables(environ)
+    values = _server_values(variables)
+    overrides = _model_overrides(variables).merged_over(base.model_overrides)
+    return replace(base, **values, model_overrides=overrides)
+
+
+def check_settings(settings: ServerSettings) -> None:
+    """Checks across settings, whichever flag or variable set them; raises SettingsError."""
+    if settings.workers < 1:
+        raise SettingsError(f"--workers must be at least 1, got {settings.workers}")
+    if settings.workers > 1 and settings.multi_model:
+        raise SettingsError(
+            f"--workers/SAGEMAKER_TFS_INSTANCE_COUNT {settings.workers} cannot be combined with multi-model mode "
+            "(--multi-model/SAGEMAKER_MULTI_MODEL=true): each process would hold its own model cache and the "
+            "management API (/models) could reach only one of them"
+        )
+    for name in ("http_port", "grpc_port", "metrics_port", "sagemaker_port"):
+        port = getattr(settings, name)
+        if not 0 <= port <= 65535:
+            raise SettingsError(f"--{name.replace('_', '-')} must be a port 0-65535, got {port}")
+    for name in ("model_cache_bytes", "max_unpacked_bytes", "invocation_timeout_seconds", "http_max_body_bytes"):
+        if getattr(settings, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
+
+
+def resolve_settings(base: ServerSettings, environ: Mapping[str, str], flags: Mapping[str, Any]) -> ServerSettings:
+    """Defaults (`base`) < environment < explicit flags (field name -> value), checked as a whole."""
+    settings = replace(settings_from_environment(base, environ), **flags)
+    check_settings(settings)
+    return settings
+
+
+def sagemaker_repository(environ: Mapping[str, str], multi_model: bool) -> str | None:
+    """Where SageMaker puts models, if that directory exists: <SAGEMAKER_BASE_DIR or /opt/ml>/model,
+    or .../models in multi-model mode (SageMaker unpacks each model to /opt/ml/models/<name>/model)."""
+    base = Path(environ.get("SAGEMAKER_BASE_DIR") or "/opt/ml")
+    path = base / ("models" if multi_model else "model")
+    return str(path) if path.is_dir() else None
+
+
+# --------------------------------------------------------------------------- SAGEMAKER_* variables
+
+# TF Serving's batching defaults (used when SAGEMAKER_TFS_ENABLE_BATCHING=true leaves them out),
+# and TorchServe's max_batch_delay (when SAGEMAKER_TS_BATCH_SIZE alone turns batching on).
+TFS_DEFAULT_MAX_BATCH_SIZE = 8
+TFS_DEFAULT_BATCH_TIMEOUT_MICROS = 1000
+TS_DEFAULT_MAX_BATCH_DELAY_MICROS = 100_000
+_TRUE, _FALSE = ("true", "1"), ("false", "0")
+T = TypeVar("T")
+
+
+class _Variables:
+    """Typed reads of `environ`; an empty variable is unset, a bad one a SettingsError naming it."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+
+    def text(self, name: str) -> str | None:
+        value = self._environ.get(name, "").strip()
+        return value or None
+
+    def show(self, name: str) -> str:
+        return f"{name}={self._environ.get(name, '')!r}"
+
+    def integer(self, name: str, minimum: int = 0, maximum: int | None = None) -> int | None:
+        text = self.text(name)
+        if text is None:
+            return None
+        bounds = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        try:
+            value = int(text)
+        except ValueError:
+            raise SettingsError(f"{self.show(name)} must be an integer {bounds}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise SettingsError(f"{self.show(name)} must be an integer {bounds}")
+        return value
+
+    def seconds(self, name: str) -> float | None:
+        text = self.text(name)
+        if text is None:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            raise SettingsError(f"{self.show(name)} must be a positive number of seconds")
+        return value
+
+    def boolean(self, name: str) -> bool | None:
+        text = self.text(name)
+        if text is None:
+            return None
+        if text.lower() not in _TRUE + _FALSE:
+            raise SettingsError(f"{self.show(name)} must be true or false")
+        return text.lower() in _TRUE
+
+
+def _choose(knob: str, *tiers: list[tuple[str, T | None]]) -> T | None:
+    """The value of one knob from tiers of (shown variables, value), most specific tier first.
+
+    The first tier that sets the knob wins; two variables of that tier that disagree are an error.
+    """
+    for tier in tiers:
+        given = [(shown, value) for shown, value in tier if value is not None]
+        if len({value for _, value in given}) > 1:
+            names = " and ".join(shown for shown, _ in given)
+            raise SettingsError(f"{names} set {knob} to different values; set only one of them")
+        if given:
+            return given[0][1]
+    return None
+
+
+def _server_values(env: _Variables) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "sagemaker_port": env.integer("SAGEMAKER_BIND_TO_PORT", 1, 65535),
+        "multi_model": env.boolean("SAGEMAKER_MULTI_MODEL"),
+        "workers": env.integer("SAGEMAKER_TFS_INSTANCE_COUNT", 1),
+        "invocation_timeout_seconds": _choose(
+            "the invocation timeout",
+            [(env.show("SAGEMAKER_TS_RESPONSE_TIMEOUT"), env.seconds("SAGEMAKER_TS_RESPONSE_TIMEOUT"))],
+            [(env.show(name), env.seconds(name))
+             for name in ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS")],
+        ),
+        "default_accept": env.text("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"),
+        "sagemaker_program": env.text("SAGEMAKER_PROGRAM"),
+        "default_model_name": env.text("SAGEMAKER_TFS_DEFAULT_MODEL_NAME"),
+    }
+    accept = values["default_accept"]
+    if isinstance(accept, str) and "/" not in accept:
+        raise SettingsError(f"{env.show('SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT')} must be a media type like "
+                            "application/json")
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _model_overrides(env: _Variables) -> ModelOverrides:
+    """See ModelOverrides for the table. Server-specific variables (TFS_, TS_) beat the generic
+    SAGEMAKER_MODEL_SERVER_*; two server-specific ones that disagree are an error."""
+    tfs_batching = env.boolean("SAGEMAKER_TFS_ENABLE_BATCHING")
+    ts_batch_size = env.integer("SAGEMAKER_TS_BATCH_SIZE", 1)
+    ts_batches = ts_batch_size if ts_batch_size is not None and ts_batch_size > 1 else None  # 1 = no batching
+    ts_delay = env.integer("SAGEMAKER_TS_MAX_BATCH_DELAY")
+    ts_batching: bool | None = True if ts_batches else None
+    batching = _choose("dynamic_batching", [(env.show("SAGEMAKER_TFS_ENABLE_BATCHING"), tfs_batching),
+                                            (env.show("SAGEMAKER_TS_BATCH_SIZE"), ts_batching)])
+    max_batch_size = _choose("max_batch_size", [
+        (env.show("SAGEMAKER_TFS_MAX_BATCH_SIZE"), env.integer("SAGEMAKER_TFS_MAX_BATCH_SIZE", 1)),
+        (env.show("SAGEMAKER_TS_BATCH_SIZE"), ts_batches),
+    ])
+    delay = _choose("max_queue_delay_microseconds", [
+        (env.show("SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS"), env.integer("SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS")),
+        (env.show("SAGEMAKER_TS_MAX_BATCH_DELAY"), None if ts_delay is None else ts_delay * 1000),
+    ])
+    if batching and max_batch_size is None:
+        max_batch_size = TFS_DEFAULT_MAX_BATCH_SIZE
+    if batching and delay is None:
+        delay = TFS_DEFAULT_BATCH_TIMEOUT_MICROS if tfs_batching else TS_DEFAULT_MAX_BATCH_DELAY_MICROS
+    enqueued = env.integer("SAGEMAKER_TFS_MAX_ENQUEUED_BATCHES", 1)
+    queue_size = None if enqueued is None else enqueued * (max_batch_size or TFS_DEFAULT_MAX_BATCH_SIZE)
+    return ModelOverrides(
+        dynamic_batching=batching,
+        max_batch_size=max_batch_size,
+        max_queue_delay_microseconds=delay,
+        max_queue_size=queue_size,
+        instance_count=_instance_count(env),
+        intra_op_threads=env.integer("SAGEMAKER_TFS_INTRA_OP_PARALLELISM") or None,  # 0 = modelhost decides
+        inter_op_threads=env.integer("SAGEMAKER_TFS_INTER_OP_PARALLELISM") or None,
+    )
+
+
+def _instance_count(env: _Variables) -> int | None:
+    low = env.integer("SAGEMAKER_TS_MIN_WORKERS", 1)
+    high = env.integer("SAGEMAKER_TS_MAX_WORKERS", 1)
+    if low is not None and high is not None and low > high:
+        raise SettingsError(f"{env.show('SAGEMAKER_TS_MIN_WORKERS')} is more than "
+                            f"{env.show('SAGEMAKER_TS_MAX_WORKERS')}")
+    ts_workers = max(low or 0, high or 0) or None
+    shown_ts = ", ".join(env.show(n) for n in ("SAGEMAKER_TS_MIN_WORKERS", "SAGEMAKER_TS_MAX_WORKERS") if env.text(n))
+    return _choose(
+        "instance_count",
+        [(env.show("SAGEMAKER_TFS_NUM_BATCH_THREADS"), env.integer("SAGEMAKER_TFS_NUM_BATCH_THREADS", 1)),
+         (shown_ts, ts_workers)],
+        [(env.show("SAGEMAKER_MODEL_SERVER_WORKERS"), env.integer("SAGEMAKER_MODEL_SERVER_WORKERS", 1))],
+    )

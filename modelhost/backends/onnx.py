@@ -2,7 +2,9 @@
 
 Session options come from config `parameters` (Triton's onnxruntime names or ORT's own):
 intra_op_thread_count / intra_op_num_threads, inter_op_thread_count / inter_op_num_threads,
-graph_optimization_level (disable_all | basic | extended | all), or Triton's
+execution_mode (0 sequential, the default | 1 parallel: independent operators run at once on the
+inter-op pool, which ORT uses only in this mode), graph_optimization_level
+(disable_all | basic | extended | all), or Triton's
 `optimization { graph { level } }` (-1 basic, 0 all, 1 extended), and allow_spinning
 (0 | 1, default 0). Spinning is off by default: on a server, threads that spin after a
 run take the cores the event loop needs to read the next request (rank x 500 rows at
@@ -19,6 +21,7 @@ import onnxruntime as ort
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.overrides import EXECUTION_MODE_PARAMETER, INTER_OP_PARAMETERS, INTRA_OP_PARAMETERS
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import TensorSpec
 
@@ -44,6 +47,7 @@ _LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 _TRITON_LEVELS = {-1: "basic", 0: "all", 1: "extended"}
+_EXECUTION_MODES = {"0": ort.ExecutionMode.ORT_SEQUENTIAL, "1": ort.ExecutionMode.ORT_PARALLEL}
 _ORT_ERROR = ort.capi.onnxruntime_pybind11_state
 _ORT_LOG_ERRORS_ONLY = 3
 
@@ -95,8 +99,12 @@ def session_options(config: ModelConfig, default_threads: int) -> ort.SessionOpt
     params = {key: value.string_value for key, value in config.parameters.items()}
     options = ort.SessionOptions()
     options.log_severity_level = _ORT_LOG_ERRORS_ONLY
-    options.intra_op_num_threads = _int_param(params, default_threads, "intra_op_thread_count", "intra_op_num_threads")
-    options.inter_op_num_threads = _int_param(params, 1, "inter_op_thread_count", "inter_op_num_threads")
+    options.intra_op_num_threads = _int_param(params, default_threads, *INTRA_OP_PARAMETERS)
+    options.inter_op_num_threads = _int_param(params, 1, *INTER_OP_PARAMETERS)
+    mode = params.get(EXECUTION_MODE_PARAMETER, "0")
+    if mode not in _EXECUTION_MODES:
+        raise ValueError(f"parameter {EXECUTION_MODE_PARAMETER} must be 0 (sequential) or 1 (parallel), got '{mode}'")
+    options.execution_mode = _EXECUTION_MODES[mode]
     spinning = params.get("allow_spinning", "0")
     if spinning not in ("0", "1"):
         raise ValueError(f"parameter allow_spinning must be 0 or 1, got '{spinning}'")

@@ -13,6 +13,7 @@ from modelhost.backends.base import Backend, InstanceSettings
 from modelhost.config.completion import apply_defaults, complete_config
 from modelhost.config.loader import ConfigError, read_config
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.overrides import ModelOverrides, apply_overrides
 from modelhost.core.load import ServerLoad
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
@@ -35,19 +36,27 @@ class ServedModel:
 
 @dataclass(frozen=True, slots=True)
 class LoadPlan:
-    """What the loader found in a model directory before loading: config, backend, versions to load."""
+    """What the loader found in a model directory before loading: config, backend, versions to load,
+    and the server's overrides (their max_batch_size still applies at completion, in load_version)."""
 
     config: ModelConfig
     backend: Backend
     versions: tuple[int, ...]
+    overrides: ModelOverrides = ModelOverrides()
 
 
-def plan_model(source: ModelSource) -> LoadPlan:
-    """Read the model's config and pick the versions its version policy serves."""
+def plan_model(source: ModelSource, overrides: ModelOverrides | None = None) -> LoadPlan:
+    """Read the model's config, fill what it leaves unset from `overrides`, and pick the versions to serve."""
     config = read_config(source.path) or ModelConfig()
+    overrides = overrides or ModelOverrides()
+    apply_overrides(config, overrides)
     backend = get_backend(_resolve_backend(config, source))
+    if source.name != source.path.name:
+        # Served under another name than its directory's (a multi-model archive's target, a single model
+        # under its default name): the name in config.pbtxt names the directory, not what clients use.
+        config.name = source.name
     apply_defaults(config, source.name, backend.platform, backend.name)
-    return LoadPlan(config, backend, select_versions(config, source))
+    return LoadPlan(config, backend, select_versions(config, source), overrides)
 
 
 def _resolve_backend(config: ModelConfig, source: ModelSource) -> str:
@@ -98,9 +107,9 @@ def load_version(
     if not path.exists():
         raise ConfigError(f"model file {path} does not exist")
     signature = backend.describe(path)
-    config = complete_config(
-        plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", default_max_batch_size
-    )
+    # An endpoint-wide max batch size takes the default's path: only models that can batch get it.
+    max_batch_size = plan.overrides.max_batch_size or default_max_batch_size
+    config = complete_config(plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", max_batch_size)
     count = sum(group.count for group in config.instance_group)
     threads = max(1, cpu_count // count)
     label = f"{source.name}:{version}"
