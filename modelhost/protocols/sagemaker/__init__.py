@@ -1,0 +1,1 @@
+"""SageMaker hosting front-end: /ping, /invocations, multi-model /models, and inference.py handler conventions."""
