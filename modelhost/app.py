@@ -1,4 +1,4 @@
-"""Composition root: store -> manager -> data plane and control -> protocols -> HTTP server.
+"""Composition root: store -> manager (-> multi-model cache) -> data plane and control -> protocols -> HTTP server.
 
 Start in that order, stop in reverse: the HTTP server stops accepting and finishes its
 in-flight requests first, then every model drains and unloads.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 
 import uvloop
@@ -17,12 +19,19 @@ from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.load import ServerLoad
 from modelhost.core.manager import ModelManager
+from modelhost.core.model_cache import ModelCache
+from modelhost.errors import ModelhostError
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols import prometheus
-from modelhost.protocols.http import HttpApp
+from modelhost.protocols.http import HttpApp, Route
 from modelhost.protocols.http_server import HttpServer, Site
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
+from modelhost.protocols.sagemaker.invoke import Invoker
+from modelhost.protocols.sagemaker.site import SingleModelSite, UserCode, local_url, multi_model_routes
+from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.settings import ServerSettings
+from modelhost.store.archives import open_archive_store
+from modelhost.store.layout import find_layout
 from modelhost.store.local import LocalStore
 
 log = logging.getLogger("modelhost")
@@ -33,35 +42,79 @@ class Server:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.repository = self._repository_path()
+        settings.cache_dir.mkdir(parents=True, exist_ok=True)
+        # This process's own files (generated layouts, unpacked archives), removed at stop.
+        self.work_dir = Path(tempfile.mkdtemp(prefix="server-", dir=settings.cache_dir))
         self.load = ServerLoad()
-        self.manager = ModelManager(
-            LocalStore(self.repository), settings.cpu_count, settings.default_max_batch_size, self.load
-        )
+        self.cache: ModelCache | None = None
+        self.single: SingleModelSite | None = None
+        store = None if settings.multi_model else self._single_model_store()
+        self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.load,
+                                    settings.model_overrides)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness)
         self.control = Control(self.manager)
+        self.invoker = Invoker(self.dataplane, settings.default_accept, settings.invocation_timeout_seconds,
+                               local_url(settings.host, settings.sagemaker_port))
+        user_code = UserCode(self.invoker, settings.sagemaker_program, settings.default_model_name)
+        if settings.multi_model:
+            self.cache = self._model_cache(user_code)
+        else:
+            self.single = SingleModelSite(
+                self.dataplane, self.invoker, user_code, self.layout, self.root, self.work_dir / "packages",
+                lambda: [e.name for e in self.manager.index()], settings.default_model_name,
+            )
         self._loading: asyncio.Task[None] | None = None
 
-    def _repository_path(self) -> Path:
-        if self.settings.model_repository is not None:
-            path = self.settings.model_repository
-            if not path.is_dir():
-                raise SystemExit(f"--model-repository {path} is not a directory")
-            return path
-        from modelhost.example_repository import ensure_example_repository
+    def _single_model_store(self) -> LocalStore:
+        """The models of a directory in any layout find_layout knows: a repository, one model, a model file."""
+        if self.settings.model_repository is None:
+            from modelhost.example_repository import ensure_example_repository
 
-        return ensure_example_repository(self.settings.cache_dir)
+            self.root = ensure_example_repository(self.settings.cache_dir)
+        else:
+            self.root = Path(self.settings.model_repository)
+            if not self.root.is_dir():
+                raise SystemExit(f"--model-repository {self.root} is not a directory")
+        try:
+            # An empty repository serves nothing, as Triton's does.
+            self.layout = find_layout(self.root, self.settings.default_model_name, self.work_dir / "layout",
+                                      allow_empty=True)
+        except ModelhostError as exc:
+            raise SystemExit(f"--model-repository {self.root}: {exc.message}") from None
+        return LocalStore(self.layout.repository)
+
+    def _model_cache(self, user_code: UserCode) -> ModelCache:
+        s = self.settings
+        archives = None
+        if s.model_repository is not None:
+            try:
+                archives = open_archive_store(s.model_repository, s.s3_endpoint_url)
+            except ModelhostError as exc:
+                raise SystemExit(f"--model-repository {s.model_repository}: {exc.message}") from None
+        return ModelCache(
+            self.manager, archives, self.work_dir / "cache", s.model_cache_bytes, s.max_unpacked_bytes,
+            s.default_model_name, on_load=user_code.on_cache_load, on_unload=user_code.on_cache_unload,
+        )
 
     def build_asgi(self) -> HttpApp:
         return HttpApp(
-            kserve_v2_rest.routes(self.dataplane, self.control),
+            kserve_v2_rest.routes(self.dataplane, self.control) + tfserving_rest.routes(self.dataplane),
             startup=self._start,
             shutdown=self._stop,
             max_body_bytes=self.settings.http_max_body_bytes,
         )
 
+    def build_sagemaker_asgi(self) -> HttpApp:
+        routes: list[Route]
+        if self.cache is not None:
+            routes = multi_model_routes(self.dataplane, self.invoker, self.cache, self.settings.default_model_name)
+        else:
+            assert self.single is not None
+            routes = self.single.routes
+        return HttpApp(routes, max_body_bytes=self.settings.http_max_body_bytes)
+
     def build_metrics_asgi(self) -> HttpApp:
-        return HttpApp(prometheus.routes(MetricsExporter(self.manager.served, self.load)))
+        return HttpApp(prometheus.routes(MetricsExporter(self.manager.served, self.load, self.cache)))
 
     async def _start(self) -> None:
         if self.settings.workers > 1:
@@ -73,13 +126,18 @@ class Server:
         self._loading = asyncio.create_task(self._load())
 
     async def _load(self) -> None:
-        log.info("loading models from %s", self.repository)
+        if self.cache is not None:
+            log.info("multi-model endpoint: models load on first use (cache %d bytes)", self.cache.budget_bytes)
+        else:
+            log.info("loading models from %s", self.root)
         await self.manager.load_all()
         for entry in self.manager.index():
             if entry.state == "READY":
                 log.info("model %s version %s: READY", entry.name, entry.version)
             else:
                 log.warning("model %s version %s: %s (%s)", entry.name, entry.version or "-", entry.state, entry.reason)
+        if self.single is not None and self.settings.sagemaker_port:
+            await self.single.start()
         self.dataplane.mark_started()
         log.info("ready: HTTP on %s:%d", self.settings.host, self.settings.http_port)
 
@@ -87,18 +145,24 @@ class Server:
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
         log.info("stopping: draining and unloading models")
+        if self.cache is not None:
+            await self.cache.stop()
         await self.manager.stop()
+        await asyncio.to_thread(shutil.rmtree, self.work_dir, True)
         log.info("stopped")
 
     def run(self) -> None:
         s = self.settings
         log.info(
-            "modelhost %s: HTTP %s:%d, metrics %s (gRPC port %d is reserved for the gRPC front-end)",
-            __version__, s.host, s.http_port, f"{s.host}:{s.metrics_port}" if s.metrics_port else "off", s.grpc_port,
+            "modelhost %s: HTTP %s:%d, SageMaker %s, metrics %s (gRPC port %d is reserved for the gRPC front-end)",
+            __version__, s.host, s.http_port, f"{s.host}:{s.sagemaker_port}" if s.sagemaker_port else "off",
+            f"{s.host}:{s.metrics_port}" if s.metrics_port else "off", s.grpc_port,
         )
         sites = [Site("HTTP", self.build_asgi(), s.http_port, self.load)]
+        if s.sagemaker_port:
+            sites.append(Site("SageMaker", self.build_sagemaker_asgi(), s.sagemaker_port, self.load))
         if s.metrics_port:
-            sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port + s.worker_index))
+            sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port + s.worker_index, shared=False))
         server = HttpServer(sites, s.host, s.http_max_body_bytes, s.graceful_shutdown_seconds,
                             reuse_port=s.workers > 1)
         uvloop.run(server.serve())

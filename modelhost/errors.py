@@ -12,6 +12,9 @@ class ErrorKind(enum.Enum):
     OVERLOADED = "overloaded"
     TIMEOUT = "timeout"
     UNSUPPORTED = "unsupported"
+    ALREADY_EXISTS = "already_exists"
+    # Not enough memory for a model even after evicting every idle one (SageMaker answers 507).
+    NO_MEMORY = "no_memory"
     INTERNAL = "internal"
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from modelhost.core.load import ServerLoad
 from modelhost.core.loader import ServedModel
+from modelhost.core.model_cache import ModelCache
 from modelhost.core.statistics import Histogram, ModelStatistics
 
 _LABELS = ("model", "version")
@@ -71,6 +72,55 @@ class ModelCollector:
         yield in_progress
 
 
+class CacheCollector:
+    """The multi-model cache, with the meaning of SageMaker's MME metrics (ModelLoadingWaitTime,
+    ModelDownloadingTime, ModelLoadingTime, ModelUnloadingTime, ModelCacheHit, LoadedModelCount)."""
+
+    def __init__(self, cache: ModelCache) -> None:
+        self._cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        cache, statistics = self._cache, self._cache.statistics
+        for name, documentation, histogram in (
+            ("modelhost_model_loading_wait_seconds", "Time a request waited for its model to load (cache misses)",
+             statistics.loading_wait),
+            ("modelhost_model_downloading_seconds", "Time to download and unpack a model archive",
+             statistics.download),
+            ("modelhost_model_loading_seconds", "Time to load a model once on local disk", statistics.load),
+            ("modelhost_model_unloading_seconds", "Time to drain and unload a model", statistics.unload),
+        ):
+            yield _single_histogram(name, documentation, histogram)
+        for name, documentation, count in (
+            ("modelhost_model_cache_hits", "Requests whose model was already loaded", statistics.hits),
+            ("modelhost_model_cache_misses", "Requests that had to load their model first", statistics.misses),
+            ("modelhost_model_cache_evictions", "Models unloaded from the cache", statistics.evictions),
+        ):
+            yield CounterMetricFamily(name, documentation, value=count)
+        lookups = statistics.hits + statistics.misses
+        for name, documentation, value in (
+            ("modelhost_model_cache_hit_ratio", "Cache hits over all lookups since start",
+             statistics.hits / lookups if lookups else 0.0),
+            ("modelhost_loaded_models", "Models loaded in the multi-model cache", len(cache.models())),
+            ("modelhost_model_cache_bytes", "Memory the cached models took to load", cache.used_bytes),
+            ("modelhost_model_cache_budget_bytes", "The most memory cached models may take", cache.budget_bytes),
+        ):
+            yield GaugeMetricFamily(name, documentation, value=value)
+
+
+def _single_histogram(name: str, documentation: str, histogram: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation)
+    family.add_metric([], _cumulative(histogram), histogram.total)
+    return family
+
+
+def _cumulative(histogram: Histogram) -> list[tuple[str, float]]:
+    cumulative, buckets = 0, list[tuple[str, float]]()
+    for bound, count in zip((*histogram.bounds, float("inf")), histogram.counts):
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+    return buckets
+
+
 def _labels(model: ServedModel) -> dict[str, str]:
     return {"model": model.name, "version": str(model.version)}
 
@@ -80,11 +130,7 @@ def _histogram(name: str, documentation: str, models: list[ServedModel],
     family = HistogramMetricFamily(name, documentation, labels=_LABELS)
     for model in models:
         histogram = read(model.statistics)
-        cumulative, buckets = 0, []
-        for bound, count in zip((*histogram.bounds, float("inf")), histogram.counts):
-            cumulative += count
-            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
-        family.add_metric([model.name, str(model.version)], buckets, histogram.total)
+        family.add_metric([model.name, str(model.version)], _cumulative(histogram), histogram.total)
     return family
 
 
@@ -93,9 +139,13 @@ class MetricsExporter:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, models: Callable[[], Iterable[ServedModel]], load: ServerLoad) -> None:
+    def __init__(
+        self, models: Callable[[], Iterable[ServedModel]], load: ServerLoad, cache: ModelCache | None = None
+    ) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(ModelCollector(models, load))  # type: ignore[arg-type]
+        if cache is not None:
+            self._registry.register(CacheCollector(cache))  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         return generate_latest(self._registry)

@@ -21,8 +21,9 @@ def start_server() -> Iterator:
     """Factory: start_server(repository, *args) -> a ready ServerProcess, stopped after the test."""
     servers: list[ServerProcess] = []
 
-    def start(repository: Path | None, *args: str, ready_path: str = "/v2/health/ready") -> ServerProcess:
-        server = ServerProcess(repository, *args)
+    def start(repository: Path | str | None, *args: str, ready_path: str = "/v2/health/ready",
+              env: dict[str, str] | None = None) -> ServerProcess:
+        server = ServerProcess(repository, *args, env=env)
         servers.append(server)
         return server.wait_ready(path=ready_path)
 

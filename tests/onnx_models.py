@@ -111,3 +111,14 @@ output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {size}, {size} ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 {extra}
 """
+
+
+def scale_model(factor: float, width: int = 4) -> onnx.ModelProto:
+    """INPUT0 FP32 [batch, width] -> OUTPUT0 = INPUT0 * factor."""
+    scale = numpy_helper.from_array(np.array(factor, np.float32), "factor")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["INPUT0", "factor"], ["OUTPUT0"])], "scale",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])],
+        initializer=[scale])
+    return _finish(graph)

@@ -22,17 +22,20 @@ def free_port() -> int:
 class ServerProcess:
     """`modelhost serve` on 127.0.0.1; `url` is "127.0.0.1:PORT" as tritonclient wants it."""
 
-    def __init__(self, repository: Path | None, *extra_args: str, cache_dir: Path | None = None) -> None:
+    def __init__(self, repository: Path | str | None, *extra_args: str, cache_dir: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"127.0.0.1:{self.port}"
         self.base = f"http://{self.url}"
         self.metrics_port = free_port()
+        self.sagemaker_port = free_port()
+        self.sagemaker = f"http://127.0.0.1:{self.sagemaker_port}"
         args = [sys.executable, "-m", "modelhost", "serve", "--http-port", str(self.port),
-                "--metrics-port", str(self.metrics_port), *extra_args]
+                "--metrics-port", str(self.metrics_port), "--sagemaker-port", str(self.sagemaker_port), *extra_args]
         if repository is not None:
             args += ["--model-repository", str(repository)]
         self.cache_dir = cache_dir
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         if cache_dir is not None:
             env["MODELHOST_CACHE_DIR"] = str(cache_dir)
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
@@ -47,12 +50,14 @@ class ServerProcess:
         return self.cache_dir / repository_tag()
 
     def wait_ready(self, timeout: float = 60.0, path: str = "/v2/health/ready") -> ServerProcess:
+        """Wait for `path` (on the HTTP port, or a whole URL) to answer 200."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.stop()}")
             try:
-                if requests.get(self.base + path, timeout=1).status_code == 200:
+                url = path if path.startswith("http") else self.base + path
+                if requests.get(url, timeout=1).status_code == 200:
                     return self
             except requests.ConnectionError:
                 pass

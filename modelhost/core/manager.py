@@ -10,11 +10,12 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from modelhost.config.overrides import ModelOverrides
 from modelhost.core.lifecycle import ModelState
 from modelhost.core.load import ServerLoad
 from modelhost.core.loader import ServedModel, load_version, plan_model
-from modelhost.errors import ModelhostError, invalid, not_found, unavailable
-from modelhost.store.local import LocalStore
+from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
+from modelhost.store.local import LocalStore, ModelSource
 
 log = logging.getLogger("modelhost.manager")
 
@@ -47,23 +48,38 @@ class IndexEntry:
 
 class ModelManager:
     def __init__(
-        self, store: LocalStore, cpu_count: int, default_max_batch_size: int, load: ServerLoad | None = None
+        self, store: LocalStore | None, cpu_count: int, default_max_batch_size: int, load: ServerLoad | None = None,
+        overrides: ModelOverrides | None = None,
     ) -> None:
         self._store = store
+        self._overrides = overrides
         self._load = load or ServerLoad()
         self._cpu_count = cpu_count
         self._default_max_batch_size = default_max_batch_size
         self._records: dict[str, ModelRecord] = {}
 
     async def load_all(self) -> None:
+        """Load every model of the store (none without one: a multi-model endpoint adds its models)."""
+        if self._store is None:
+            return
         names = await asyncio.to_thread(self._store.list)
         await asyncio.gather(*(self._load_model(name) for name in names))
 
     async def _load_model(self, name: str) -> None:
         record = self._records.setdefault(name, ModelRecord(name))
         try:
+            assert self._store is not None
             source = await asyncio.to_thread(self._store.fetch, name)
-            plan = await asyncio.to_thread(plan_model, source)
+        except Exception as exc:
+            record.failure = _reason(exc)
+            log.error("model %s failed to load: %s", name, record.failure)
+            return
+        await self._load_source(record, source)
+
+    async def _load_source(self, record: ModelRecord, source: ModelSource) -> None:
+        name = record.name
+        try:
+            plan = await asyncio.to_thread(plan_model, source, self._overrides)
         except Exception as exc:
             record.failure = _reason(exc)
             log.error("model %s failed to load: %s", name, record.failure)
@@ -82,6 +98,37 @@ class ModelManager:
                 continue
             status.state = ModelState.READY
             log.info("loaded model %s version %d from %s (%s)", name, version, source.path, plan.backend.name)
+
+    async def add(self, source: ModelSource) -> None:
+        """Load a model the store does not list (a multi-model endpoint's archive) under `source.name`.
+
+        Raises ALREADY_EXISTS for a name in use, and UNAVAILABLE (forgetting the model) when no version loads.
+        """
+        if source.name in self._records:
+            raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{source.name}' is already loaded")
+        record = self._records[source.name] = ModelRecord(source.name)
+        try:
+            await self._load_source(record, source)
+        except BaseException:
+            await self._forget(record)
+            raise
+        if not record.ready_versions():
+            await self._forget(record)
+            raise unavailable(f"model '{source.name}' failed to load: {self._why_not_ready(record)}")
+
+    async def remove(self, name: str) -> None:
+        """Stop routing to a model at once, then drain its in-flight requests and unload it."""
+        record = self._records.get(name)
+        if record is None:
+            raise not_found(f"Request for unknown model: '{name}' is not found")
+        await self._forget(record)
+
+    async def _forget(self, record: ModelRecord) -> None:
+        if self._records.get(record.name) is record:
+            del self._records[record.name]
+        for status in record.versions.values():
+            status.state = ModelState.UNLOADING
+        await asyncio.gather(*(s.served.scheduler.stop() for s in record.versions.values() if s.served is not None))
 
     def get(self, name: str, version: str = "") -> ServedModel:
         """The ready model a request should use; raises NOT_FOUND or UNAVAILABLE."""

@@ -27,6 +27,8 @@ STATUS = {
     ErrorKind.OVERLOADED: 503,
     ErrorKind.TIMEOUT: 504,
     ErrorKind.UNSUPPORTED: 501,
+    ErrorKind.ALREADY_EXISTS: 409,
+    ErrorKind.NO_MEMORY: 507,
     ErrorKind.INTERNAL: 500,
 }
 JSON = b"application/json"
@@ -39,6 +41,7 @@ class HttpRequest:
     headers: dict[bytes, bytes]
     params: dict[str, str]
     body: bytes
+    query: bytes = b""
 
 
 @dataclass(slots=True)
@@ -64,6 +67,19 @@ def json_response(document: Any, status: int = 200) -> HttpResponse:
 
 def error_response(status: int, message: str) -> HttpResponse:
     return json_response({"error": message}, status)
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object (an empty body is an empty object)."""
+    if not body.strip():
+        return {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise invalid("request body must be a JSON object")
+    return document
 
 
 class HttpApp:
@@ -103,7 +119,7 @@ class HttpApp:
         headers = dict(scope["headers"])
         try:
             body = await self._read_body(receive, headers)
-            return await handler(HttpRequest(method, path, headers, params, body))
+            return await handler(HttpRequest(method, path, headers, params, body, scope.get("query_string", b"")))
         except ModelhostError as exc:
             response = error_response(STATUS[exc.kind], exc.message)
             if exc.retry_after is not None:

@@ -35,6 +35,7 @@ class Site:
     app: ASGIApp
     port: int
     load: ServerLoad = field(default_factory=ServerLoad)  # counts this site's requests in progress
+    shared: bool = True  # with --workers, every process listens on this port (SO_REUSEPORT)
 
 
 class HttpServer:
@@ -64,7 +65,7 @@ class HttpServer:
         servers = []
         try:
             for site in self.sites:
-                reuse = self.reuse_port and site is self.sites[0]
+                reuse = self.reuse_port and site.shared
                 protocol = partial(HttpConnection, self, site.app, site.load)
                 servers.append(await loop.create_server(protocol, self.host, site.port, backlog=2048, reuse_port=reuse))
                 log.info("%s listening on %s:%d", site.name, self.host, site.port)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
-from modelhost.protocols.http import HttpRequest, HttpResponse, Route, error_response, json_response
+from modelhost.protocols.http import HttpRequest, HttpResponse, Route, error_response, json_object, json_response
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
 from modelhost.types import ModelMetadata, TensorSpec
 
@@ -54,7 +52,7 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         return json_response({"model_stats": dataplane.statistics(request.params.get("model", ""), _version(request))})
 
     async def index(request: HttpRequest) -> HttpResponse:
-        body = _optional_json(request.body)
+        body = json_object(request.body)
         ready_only = body.get("ready", False) is True
         entries = [
             {k: v for k, v in (("name", e.name), ("version", e.version), ("state", e.state), ("reason", e.reason)) if v}
@@ -103,18 +101,6 @@ def _header_length(value: bytes | None) -> int | None:
     except ValueError:
         text = value.decode(errors="replace")
         raise invalid(f"Inference-Header-Content-Length must be an integer, got {text!r}") from None
-
-
-def _optional_json(body: bytes) -> dict[str, Any]:
-    if not body.strip():
-        return {}
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise invalid(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise invalid("request body must be a JSON object")
-    return document
 
 
 def _metadata_json(metadata: ModelMetadata) -> dict[str, Any]:

@@ -1,0 +1,303 @@
+"""Multi-model endpoints: models load on first use and stay cached, least recently used unloaded first.
+
+A cached model is one archive (or one directory given to the management API), which may hold
+several models. Each is known by a key: the TargetModel (`X-Amzn-SageMaker-Target-Model`) or the
+`model_name` of `POST /models`. Concurrency contract (everything runs on the event loop):
+- concurrent first requests for a key share one load;
+- a request pins its model (`use`), and a pinned model is never evicted;
+- loads measure memory one at a time (the process's resident memory before and after), so each
+  model's size is its own; downloads and unpacking run concurrently in threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modelhost.core.manager import ModelManager
+from modelhost.core.statistics import Histogram
+from modelhost.errors import ErrorKind, ModelhostError, not_found
+from modelhost.store.archive import unpack_archive
+from modelhost.store.archives import ArchiveStore, check_target
+from modelhost.store.layout import ModelLayout, find_layout
+from modelhost.store.local import LocalStore, ModelSource
+
+log = logging.getLogger("modelhost.model_cache")
+
+# Seconds; cold loads run from tens of milliseconds to minutes.
+CACHE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass(slots=True)
+class CachedModel:
+    key: str
+    url: str  # where it came from, as the management API lists it
+    root: Path  # the model's directory (the unpacked archive): what inference.py's model_fn gets
+    layout: ModelLayout
+    served: dict[str, str]  # model name inside the archive -> the manager's name for it
+    size: int  # bytes of memory it took to load (never less than its files on disk)
+    work_dir: Path  # the cache's own files for it (the unpacked archive, its layout's links), removed on unload
+    last_used: float = field(default_factory=time.monotonic)
+    pins: int = 0
+    attachment: Any = None  # what the front-end's on_load hook made of it (its inference handler)
+
+
+@dataclass(slots=True)
+class CacheStatistics:
+    """Named after SageMaker's multi-model endpoint metrics; updated and read on the event loop.
+
+    loading_wait: what a request that missed waited for its model; download: fetching and unpacking
+    the archive; load: the backend loading it; unload: draining and unloading it.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    loading_wait: Histogram = field(default_factory=lambda: Histogram(CACHE_BUCKETS))
+    download: Histogram = field(default_factory=lambda: Histogram(CACHE_BUCKETS))
+    load: Histogram = field(default_factory=lambda: Histogram(CACHE_BUCKETS))
+    unload: Histogram = field(default_factory=lambda: Histogram(CACHE_BUCKETS))
+
+
+Hook = Callable[[CachedModel], Awaitable[Any]]
+
+
+class ModelCache:
+    def __init__(
+        self,
+        manager: ModelManager,
+        archives: ArchiveStore | None,
+        work_dir: Path,
+        budget_bytes: int,
+        max_unpacked_bytes: int,
+        single_model_name: str = "model",
+        on_load: Hook | None = None,
+        on_unload: Hook | None = None,
+    ) -> None:
+        self._manager = manager
+        self._archives = archives
+        self._work_dir = work_dir
+        self.budget_bytes = budget_bytes
+        self._max_unpacked_bytes = max_unpacked_bytes
+        self._single_model_name = single_model_name
+        self._on_load = on_load
+        self._on_unload = on_unload
+        self._models: dict[str, CachedModel] = {}
+        self._loading: dict[str, asyncio.Task[CachedModel]] = {}
+        self._measure = asyncio.Lock()
+        self._slots = itertools.count()
+        self.statistics = CacheStatistics()
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(m.size for m in self._models.values())
+
+    def models(self) -> list[CachedModel]:
+        return sorted(self._models.values(), key=lambda m: m.key)
+
+    def get(self, key: str) -> CachedModel:
+        model = self._models.get(key)
+        if model is None:
+            raise not_found(f"model '{key}' is not loaded")
+        return model
+
+    @asynccontextmanager
+    async def use_target(self, target: str) -> AsyncIterator[CachedModel]:
+        """Pin the model of a TargetModel archive for one request, loading it first on a miss."""
+        key = check_target(target)
+        model = self._models.get(key)
+        if model is not None:
+            self.statistics.hits += 1
+        else:
+            self.statistics.misses += 1
+            started = time.monotonic()
+            model = await self._loaded(key)
+            self.statistics.loading_wait.observe(time.monotonic() - started)
+        async with self._pinned(model) as pinned:
+            yield pinned
+
+    @asynccontextmanager
+    async def use(self, key: str) -> AsyncIterator[CachedModel]:
+        """Pin a model the management API loaded, for one request (NOT_FOUND when it is not loaded)."""
+        model = self.get(key)
+        self.statistics.hits += 1
+        async with self._pinned(model) as pinned:
+            yield pinned
+
+    @asynccontextmanager
+    async def _pinned(self, model: CachedModel) -> AsyncIterator[CachedModel]:
+        model.pins += 1
+        try:
+            yield model
+        finally:
+            model.pins -= 1
+            model.last_used = time.monotonic()
+
+    async def _loaded(self, key: str) -> CachedModel:
+        # A model loaded for us can be evicted by another load before this task resumes: load it again.
+        while True:
+            model = await self._load_once(key, key, self._archive_loader(key))
+            if self._models.get(key) is model:
+                return model
+
+    async def load(self, key: str, url: str) -> CachedModel:
+        """The management API's load: `url` is a local directory holding the model (ALREADY_EXISTS if loaded)."""
+        if key in self._models or key in self._loading:
+            raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{key}' is already loaded")
+        path = Path(url)
+        if not path.is_dir():
+            raise not_found(f"model '{key}': url '{url}' is not a directory")
+        return await self._load_once(key, url, lambda _work: _as_is(path))
+
+    async def unload(self, key: str) -> None:
+        """Unload a model at once; requests already running on it finish first."""
+        await self._evict(self.get(key))
+
+    async def stop(self) -> None:
+        for task in list(self._loading.values()):
+            task.cancel()
+        await asyncio.gather(*(self._evict(m) for m in list(self._models.values())), return_exceptions=True)
+
+    async def _load_once(self, key: str, url: str, prepare: Callable[[Path], Awaitable[Path]]) -> CachedModel:
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.create_task(self._load(key, url, prepare))
+            self._loading[key] = task
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+        # A waiter that goes away (client disconnect) must not cancel a load others wait on.
+        return await asyncio.shield(task)
+
+    def _archive_loader(self, key: str) -> Callable[[Path], Awaitable[Path]]:
+        async def unpacked(work: Path) -> Path:
+            if self._archives is None:
+                raise not_found(f"no model store is configured to find target model '{key}' in")
+            started = time.monotonic()
+            archive = await asyncio.to_thread(self._archives.download, key, work)
+            try:
+                destination = work / "model"
+                await asyncio.to_thread(unpack_archive, archive, destination, self._max_unpacked_bytes)
+            finally:
+                archive.unlink(missing_ok=True)
+            self.statistics.download.observe(time.monotonic() - started)
+            return destination
+
+        return unpacked
+
+    async def _load(self, key: str, url: str, prepare: Callable[[Path], Awaitable[Path]]) -> CachedModel:
+        # Each load gets its own directory: an evicted copy may still be being removed.
+        work = self._work_dir / "models" / self._slot(key)
+        try:
+            await asyncio.to_thread(work.mkdir, parents=True)
+            model_dir = await prepare(work)
+            layout = await asyncio.to_thread(find_layout, model_dir, self._single_model_name, work / "layout")
+            on_disk = await asyncio.to_thread(_disk_bytes, model_dir)
+            await self._make_room(on_disk, key)
+            async with self._measure:
+                started, before = time.monotonic(), _resident_bytes()
+                served = await self._add_models(key, layout)
+                size = max(_resident_bytes() - before, on_disk)
+                self.statistics.load.observe(time.monotonic() - started)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, work, True)
+            raise
+        model = CachedModel(key, url, model_dir, layout, served, size, work)
+        try:
+            if self._on_load is not None:
+                model.attachment = await self._on_load(model)
+        except BaseException:
+            await self._release(model)
+            raise
+        self._models[key] = model
+        await self._fit(model)
+        log.info("cached model %s: %d bytes (%d of %d used)", key, size, self.used_bytes, self.budget_bytes)
+        return model
+
+    async def _add_models(self, key: str, layout: ModelLayout) -> dict[str, str]:
+        store = LocalStore(layout.repository)
+        served: dict[str, str] = {}
+        try:
+            for name in layout.models:
+                served_name = key if len(layout.models) == 1 else f"{key}/{name}"
+                source = await asyncio.to_thread(store.fetch, name)
+                await self._manager.add(ModelSource(served_name, source.path, source.versions))
+                served[name] = served_name
+        except BaseException:
+            await asyncio.gather(*(self._manager.remove(n) for n in served.values()), return_exceptions=True)
+            raise
+        return served
+
+    async def _make_room(self, needed: int, key: str) -> None:
+        """Evict idle models, least recently used first, until `needed` more bytes fit the budget."""
+        for victim in sorted(self._models.values(), key=lambda m: m.last_used):
+            if self.used_bytes + needed <= self.budget_bytes:
+                return
+            if victim.pins == 0:
+                await self._evict(victim)
+        if self.used_bytes + needed > self.budget_bytes:
+            raise self._no_memory(key, needed)
+
+    async def _fit(self, model: CachedModel) -> None:
+        """After a load: evict others until the measured size fits, or unload this one (NO_MEMORY)."""
+        try:
+            model.pins += 1  # not its own victim
+            await self._make_room(0, model.key)
+        except ModelhostError:
+            model.pins -= 1
+            await self._evict(model)
+            raise self._no_memory(model.key, model.size) from None
+        model.pins -= 1
+
+    def _no_memory(self, key: str, needed: int) -> ModelhostError:
+        held = sum(m.size for m in self._models.values() if m.pins and m.key != key)
+        return ModelhostError(
+            ErrorKind.NO_MEMORY,
+            f"model '{key}' needs {needed} bytes: the model cache holds at most {self.budget_bytes} bytes "
+            f"(--model-cache-bytes) and models in use hold {held}",
+        )
+
+    async def _evict(self, model: CachedModel) -> None:
+        if self._models.get(model.key) is not model:
+            return
+        del self._models[model.key]
+        self.statistics.evictions += 1
+        started = time.monotonic()
+        await self._release(model)
+        self.statistics.unload.observe(time.monotonic() - started)
+        log.info("unloaded model %s (%d bytes)", model.key, model.size)
+
+    async def _release(self, model: CachedModel) -> None:
+        await asyncio.gather(*(self._manager.remove(n) for n in model.served.values()), return_exceptions=True)
+        if self._on_unload is not None:
+            await self._on_unload(model)
+        await asyncio.to_thread(shutil.rmtree, model.work_dir, True)
+
+    def _slot(self, key: str) -> str:
+        """A directory name for one load of a key: readable, and never used twice."""
+        return f"{next(self._slots)}-" + re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100]
+
+
+async def _as_is(path: Path) -> Path:
+    return path
+
+
+def _disk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 elsewhere, leaving sizes to the files on disk)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

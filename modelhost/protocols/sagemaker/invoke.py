@@ -1,0 +1,187 @@
+"""One SageMaker invocation of a served model: the body decoded to tensors, run, encoded for Accept;
+or, when the model came with an `inference.py`, handed to the user's handler with modelhost's defaults.
+
+Contract: `Invoker.invoke` runs on the event loop. User handlers run in a worker thread; what they
+call back into (the served model, TF Serving predict) is submitted to the loop and waited for there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import orjson
+
+from modelhost.core.dataplane import DataPlane
+from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.protocols.http import STATUS
+from modelhost.protocols.sagemaker.handlers import Handler, HandlerError, RequestInfo, TfsResponse
+from modelhost.protocols.sagemaker.payloads import (
+    CSV,
+    JSON,
+    NPY,
+    MediaTypeError,
+    choose_accept,
+    decode_invocation,
+    encode_invocation,
+    media_type,
+)
+from modelhost.protocols.tfserving.rest import predict_response
+from modelhost.types import DATATYPE_DTYPES, InferRequest, TensorSpec
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What the caller sent, as the container contract forwards it."""
+
+    body: bytes
+    content_type: str | None
+    accept: str | None
+    custom_attributes: str
+
+
+class Invoker:
+    def __init__(self, dataplane: DataPlane, default_accept: str, timeout_seconds: float, rest_base: str) -> None:
+        self._dataplane = dataplane
+        self._default_accept = default_accept
+        self._timeout = timeout_seconds
+        self._rest_base = rest_base  # e.g. "http://127.0.0.1:8080": where TF Serving predict answers
+
+    async def invoke(self, model: str, version: str, handler: Handler | None, call: Call) -> tuple[bytes, str]:
+        """The response body and its content type; raises ModelhostError, MediaTypeError or HandlerError."""
+        if handler is not None:
+            handle = self.handle(model, version)
+            return await self._within_timeout(asyncio.to_thread(self._run_handler, handler, handle, call))
+        metadata = self._dataplane.metadata(model, version)
+        accept = choose_accept(call.accept, self._default_accept)
+        invocation = decode_invocation(call.body, call.content_type, metadata.inputs)
+        request = invocation.request
+        request.model_name, request.model_version = model, version
+        response = await self._within_timeout(self._dataplane.infer(request))
+        return encode_invocation(response, invocation, accept)
+
+    async def _within_timeout(self, work: Coroutine[Any, Any, T]) -> T:
+        try:
+            return await asyncio.wait_for(work, self._timeout)
+        except asyncio.TimeoutError:
+            raise ModelhostError(
+                ErrorKind.TIMEOUT, f"the invocation did not finish within {self._timeout:g} s (model server timeout)"
+            ) from None
+
+    def handle(self, model: str, version: str) -> ServedModelHandle:
+        """The served model for user code (on the loop): what predict_fn gets as `model` without a model_fn."""
+        return ServedModelHandle(asyncio.get_running_loop(), self._dataplane, model, version)
+
+    def _run_handler(self, handler: Handler, handle: ServedModelHandle, call: Call) -> tuple[bytes, str]:
+        accept = call.accept if call.accept and media_type(call.accept) != "*/*" else self._default_accept
+        version = handle.version
+        info = RequestInfo(
+            body=call.body,
+            content_type=media_type(call.content_type) if call.content_type else JSON,
+            accept=accept,
+            custom_attributes=call.custom_attributes,
+            model_name=handle.name,
+            model_version=version,
+            rest_uri=f"{self._rest_base}/v1/models/{handle.name}{f'/versions/{version}' if version else ''}:predict",
+        )
+        return handler.invoke(info, ServedDefaults(handle))
+
+
+class ServedModelHandle:
+    """A served model for user code in a worker thread: `model(data)` or `model.predict(data)` runs it.
+
+    `data` is one array (for a model with one input) or a dict of arrays by input name; the result is
+    one array (one output) or a dict by output name.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, dataplane: DataPlane, name: str, version: str) -> None:
+        self._loop = loop
+        self._dataplane = dataplane
+        self.name = name
+        self.version = version
+        self.inputs = dataplane.metadata(name, version).inputs
+
+    def __call__(self, data: Any) -> Any:
+        return self._run(self._infer(data))
+
+    predict = __call__
+
+    def tfs_predict(self, body: bytes) -> TfsResponse:
+        """What TF Serving's REST predict would answer this body, without the HTTP round trip."""
+        try:
+            response = self._run(predict_response(self._dataplane, self.name, self.version, body))
+        except ModelhostError as exc:
+            return TfsResponse(STATUS[exc.kind], orjson.dumps({"error": exc.message}), JSON)
+        return TfsResponse(200, b"".join(response.body), JSON)
+
+    def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def _infer(self, data: Any) -> Any:
+        inputs = _named_inputs(data, self.inputs)
+        response = await self._dataplane.infer(InferRequest(self.name, inputs, self.version))
+        outputs = response.outputs
+        return next(iter(outputs.values())) if len(outputs) == 1 else outputs
+
+
+def _named_inputs(data: Any, specs: tuple[TensorSpec, ...]) -> dict[str, np.ndarray]:
+    if not isinstance(data, dict):
+        if len(specs) != 1:
+            names = ", ".join(s.name for s in specs)
+            raise invalid(f"the model has {len(specs)} inputs ({names}): give predict a dict of arrays by input name")
+        data = {specs[0].name: data}
+    by_name = {s.name: s for s in specs}
+    arrays = {}
+    for name, value in data.items():
+        spec = by_name.get(name)
+        if spec is None:
+            raise invalid(f"unexpected input '{name}'; the model's inputs are {', '.join(by_name)}")
+        array = np.asarray(value)
+        dtype = DATATYPE_DTYPES[spec.datatype]
+        if array.dtype != dtype and not np.can_cast(array.dtype, dtype, casting="same_kind"):
+            raise invalid(f"input '{name}': {array.dtype} data cannot become the model's {spec.datatype}")
+        arrays[name] = array.astype(dtype, copy=False)
+    return arrays
+
+
+class ServedDefaults:
+    """What modelhost does for the inference.py functions a user leaves out (toolkit semantics)."""
+
+    def __init__(self, handle: ServedModelHandle) -> None:
+        self._handle = handle
+
+    def decode(self, body: bytes, content_type: str) -> Any:
+        inputs = decode_invocation(body, content_type, self._handle.inputs).request.inputs
+        return next(iter(inputs.values())) if len(inputs) == 1 else inputs
+
+    def predict(self, data: Any, model: Any) -> Any:
+        if callable(getattr(model, "predict", None)):
+            return model.predict(data)
+        if callable(model):
+            return model(data)
+        raise HandlerError(500, f"predict_fn (default) failed: model_fn returned a {type(model).__name__}, "
+                                "which is neither callable nor has predict()")
+
+    def encode(self, prediction: Any, accept: str) -> tuple[bytes, str]:
+        kind = media_type(accept)
+        if kind == JSON:
+            return orjson.dumps(prediction, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS), JSON
+        if kind == CSV:
+            out = io.StringIO()
+            np.savetxt(out, np.atleast_2d(np.asarray(prediction)), delimiter=",", fmt="%s")
+            return out.getvalue().encode(), CSV
+        if kind == NPY:
+            buffer = io.BytesIO()
+            np.save(buffer, np.asarray(prediction), allow_pickle=False)
+            return buffer.getvalue(), NPY
+        raise MediaTypeError(406, f"Accept '{accept}' is not supported by the default output_fn; "
+                                  f"supported: {JSON}, {CSV}, {NPY}")
+
+    def tfs_predict(self, body: bytes) -> TfsResponse:
+        return self._handle.tfs_predict(body)

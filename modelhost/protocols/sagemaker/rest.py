@@ -1,0 +1,222 @@
+"""SageMaker's container contract over HTTP: `/ping`, `/invocations`, the multi-model management API
+(`/models`...), and the Runtime API's `POST /endpoints/{name}/invocations` (protocols §6).
+
+Translation only: which model a call means comes from `Targets`; running it from `Invoker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import parse_qs
+
+import orjson
+
+from modelhost.core.model_cache import ModelCache
+from modelhost.errors import ModelhostError, invalid, not_found
+from modelhost.protocols.http import (
+    STATUS,
+    HttpRequest,
+    HttpResponse,
+    Route,
+    error_response,
+    json_object,
+    json_response,
+)
+from modelhost.protocols.sagemaker.handlers import Handler, HandlerError
+from modelhost.protocols.sagemaker.invoke import Call, Invoker
+from modelhost.protocols.sagemaker.payloads import MediaTypeError
+
+log = logging.getLogger("modelhost.sagemaker")
+
+CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
+TARGET_MODEL = b"x-amzn-sagemaker-target-model"
+_ENDPOINT = r"/endpoints/(?P<endpoint>[^/]+)/invocations"
+_ENDPOINT_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+_PAGE_LIMIT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The served model a call runs: the manager's name, a version ("" for the latest), its inference.py."""
+
+    model: str
+    version: str
+    handler: Handler | None
+
+
+class Targets(Protocol):
+    def resolve(self, headers: dict[bytes, bytes]) -> AbstractAsyncContextManager[Target]: ...
+
+
+def select_model(served: dict[str, str], attributes: str, default_name: str, handler: Handler | None) -> Target:
+    """The model that `tfs-model-name=...,tfs-model-version=...` picks among `served` (archive name -> served)."""
+    pairs = dict(part.strip().split("=", 1) for part in attributes.split(",") if "=" in part)
+    name, version = pairs.get("tfs-model-name", ""), pairs.get("tfs-model-version", "")
+    if version and not version.isdigit():
+        raise invalid(f"custom attribute tfs-model-version '{version}' is not a version number")
+    if not name:
+        if len(served) == 1:
+            name = next(iter(served))
+        elif default_name in served:
+            name = default_name
+        else:
+            raise invalid(f"several models are served ({', '.join(sorted(served))}): choose one with the "
+                          f"X-Amzn-SageMaker-Custom-Attributes header 'tfs-model-name=<name>'")
+    if name not in served:
+        raise not_found(f"model '{name}' (tfs-model-name) is not served here; served: {', '.join(sorted(served))}")
+    return Target(served[name], version, handler)
+
+
+class SingleModelTargets:
+    """The models of /opt/ml/model (or --model-repository), with the one inference.py they share."""
+
+    def __init__(self, models: Callable[[], list[str]], default_name: str) -> None:
+        self._models = models
+        self._default_name = default_name
+        self.handler: Handler | None = None
+
+    @asynccontextmanager
+    async def resolve(self, headers: dict[bytes, bytes]) -> AsyncIterator[Target]:
+        attributes = _header(headers, CUSTOM_ATTRIBUTES)
+        yield select_model({m: m for m in self._models()}, attributes, self._default_name, self.handler)
+
+
+class MultiModelTargets:
+    """`X-Amzn-SageMaker-Target-Model` archives, loaded on first use and cached."""
+
+    def __init__(self, cache: ModelCache, default_name: str) -> None:
+        self._cache = cache
+        self._default_name = default_name
+
+    @asynccontextmanager
+    async def resolve(self, headers: dict[bytes, bytes]) -> AsyncIterator[Target]:
+        target = _header(headers, TARGET_MODEL)
+        if not target:
+            raise invalid("a multi-model endpoint needs the X-Amzn-SageMaker-Target-Model header "
+                          "(the archive to run, e.g. model-17.tar.gz)")
+        async with self._cache.use_target(target) as cached:
+            yield select_model(cached.served, _header(headers, CUSTOM_ATTRIBUTES), self._default_name,
+                               cached.attachment)
+
+
+def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache: ModelCache | None) -> list[Route]:
+    async def run(target: Target, request: HttpRequest) -> HttpResponse:
+        call = Call(request.body, _header(request.headers, b"content-type") or None,
+                    _header(request.headers, b"accept") or None, _header(request.headers, CUSTOM_ATTRIBUTES))
+        body, content_type = await invoker.invoke(target.model, target.version, target.handler, call)
+        return HttpResponse(200, [body], [(b"content-type", content_type.encode())])
+
+    async def invocations(request: HttpRequest) -> HttpResponse:
+        try:
+            async with targets.resolve(request.headers) as target:
+                return await run(target, request)
+        except (ModelhostError, MediaTypeError, HandlerError) as exc:
+            return _error(exc)
+
+    async def ping(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200 if ready() else 503, (), [])
+
+    async def endpoint_invocations(request: HttpRequest) -> HttpResponse:
+        name = request.params["endpoint"]
+        if not (0 < len(name) <= 63 and set(name) <= _ENDPOINT_NAME_CHARS and name[0] != "-" and name[-1] != "-"):
+            return _runtime_error(400, "ValidationError", f"endpoint name '{name}' must be 1-63 letters, digits "
+                                  "and hyphens, starting and ending with a letter or digit")
+        response = await invocations(request)
+        if response.status >= 400:
+            message = orjson.loads(b"".join(response.body)).get("error", "")
+            return _runtime_error(424, "ModelError", f"Received client error ({response.status}) from primary "
+                                  f"with message \"{message}\"", OriginalStatusCode=response.status,
+                                  OriginalMessage=message)
+        response.headers.append((b"x-amzn-invoked-production-variant", b"AllTraffic"))
+        response.headers.append((b"x-amzn-requestid", str(uuid.uuid4()).encode()))
+        return response
+
+    found = [
+        Route("GET", "/ping", ping),
+        Route("POST", "/invocations", invocations),
+        Route("POST", _ENDPOINT, endpoint_invocations),
+    ]
+    return found + (management_routes(cache, invoker, run) if cache is not None else [])
+
+
+def management_routes(cache: ModelCache, invoker: Invoker, run: Any) -> list[Route]:
+    """The multi-model container API SageMaker itself calls (protocols §6.3)."""
+
+    async def load(request: HttpRequest) -> HttpResponse:
+        document = json_object(request.body)
+        name, url = document.get("model_name"), document.get("url")
+        for field, value in (("model_name", name), ("url", url)):
+            if not isinstance(value, str) or not value:
+                raise invalid(f"'{field}' must be a non-empty string")
+        assert isinstance(name, str) and isinstance(url, str)
+        await cache.load(name, url)
+        return json_response({"status": f"Model {name} loaded"})
+
+    async def list_models(request: HttpRequest) -> HttpResponse:
+        query = parse_qs(request.query.decode("latin-1"))
+        start = _natural(query.get("next_page_token", ["0"])[0], "next_page_token")
+        limit = _natural(query.get("limit", [str(_PAGE_LIMIT)])[0], "limit") or _PAGE_LIMIT
+        models = cache.models()
+        page: dict[str, Any] = {"models": [_model_json(m.key, m.url) for m in models[start:start + limit]]}
+        if start + limit < len(models):
+            page["nextPageToken"] = str(start + limit)
+        return json_response(page)
+
+    async def describe(request: HttpRequest) -> HttpResponse:
+        model = cache.get(request.params["name"])
+        return json_response(_model_json(model.key, model.url))
+
+    async def unload(request: HttpRequest) -> HttpResponse:
+        name = request.params["name"]
+        await cache.unload(name)
+        return json_response({"success": f"Successfully unloaded model {name}."})
+
+    async def invoke(request: HttpRequest) -> HttpResponse:
+        try:
+            async with cache.use(request.params["name"]) as cached:
+                target = select_model(cached.served, _header(request.headers, CUSTOM_ATTRIBUTES), "",
+                                      cached.attachment)
+                result: HttpResponse = await run(target, request)
+                return result
+        except (ModelhostError, MediaTypeError, HandlerError) as exc:
+            return _error(exc)
+
+    return [
+        Route("POST", "/models", load),
+        Route("GET", "/models", list_models),
+        Route("GET", r"/models/(?P<name>[^/]+)", describe),
+        Route("DELETE", r"/models/(?P<name>[^/]+)", unload),
+        Route("POST", r"/models/(?P<name>[^/]+)/invoke", invoke),
+    ]
+
+
+def _error(exc: ModelhostError | MediaTypeError | HandlerError) -> HttpResponse:
+    if isinstance(exc, ModelhostError):
+        return error_response(STATUS[exc.kind], exc.message)
+    return error_response(exc.status, exc.message)
+
+
+def _runtime_error(status: int, code: str, message: str, **extra: Any) -> HttpResponse:
+    """An error in the Runtime API's rest-json shape: botocore reads the code from x-amzn-ErrorType."""
+    response = json_response({"message": message, **extra}, status)
+    response.headers += [(b"x-amzn-errortype", code.encode()), (b"x-amzn-requestid", str(uuid.uuid4()).encode())]
+    return response
+
+
+def _model_json(name: str, url: str) -> dict[str, str]:
+    return {"modelName": name, "modelUrl": url}
+
+
+def _header(headers: dict[bytes, bytes], name: bytes) -> str:
+    return headers.get(name, b"").decode("latin-1").strip()
+
+
+def _natural(text: str, name: str) -> int:
+    if not text.isdigit():
+        raise invalid(f"query parameter '{name}' must be a non-negative integer, got '{text}'")
+    return int(text)

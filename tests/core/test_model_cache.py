@@ -1,0 +1,196 @@
+"""The multi-model cache in-process: lazy loads, one load per key, LRU eviction, pins, NO_MEMORY."""
+
+from __future__ import annotations
+
+import asyncio
+import tarfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from modelhost.core.manager import ModelManager
+from modelhost.core.model_cache import CachedModel, ModelCache
+from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.store.archives import LocalArchiveStore
+from modelhost.types import InferRequest
+from tests.archives import WIDTH, write_archives
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, count: int = 4, budget: int = 1 << 40,
+                 on_load: Callable[[CachedModel], Awaitable[Any]] | None = None) -> None:
+        write_archives(tmp_path / "archives", count)
+        self.manager = ModelManager(None, cpu_count=1, default_max_batch_size=4)
+        self.cache = ModelCache(self.manager, LocalArchiveStore(tmp_path / "archives"), tmp_path / "work",
+                                budget, 1 << 30, on_load=on_load)
+        self.work = tmp_path / "work"
+
+    async def infer(self, target: str) -> float:
+        async with self.cache.use_target(target) as model:
+            served = self.manager.get(model.served["model"])
+            inputs = {"INPUT0": np.zeros((1, WIDTH), np.float32)}
+            request = InferRequest(served.name, inputs)
+            outputs = await served.scheduler.submit(request.inputs, ["OUTPUT0"], 1, 0, 0)
+            return float(outputs["OUTPUT0"][0, 0])
+
+    def loaded(self) -> list[str]:
+        return [m.key for m in self.cache.models()]
+
+
+def test_first_use_loads_and_later_uses_hit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        assert await h.infer("model-2.tar.gz") == 2.0
+        assert await h.infer("model-2.tar.gz") == 2.0
+        assert await h.infer("model-3.tar.gz") == 3.0
+        stats = h.cache.statistics
+        assert (stats.hits, stats.misses) == (1, 2)
+        assert sum(stats.download.counts) == 2 and sum(stats.load.counts) == 2
+        assert h.loaded() == ["model-2.tar.gz", "model-3.tar.gz"]
+        # Each model's size is at least its file, and no model is counted twice.
+        assert all(m.size >= WIDTH * 4 for m in h.cache.models())
+        assert h.cache.used_bytes == sum(m.size for m in h.cache.models())
+        await h.cache.stop()
+        assert h.loaded() == [] and h.manager.served() == []
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_cold_requests_load_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        answers = await asyncio.gather(*(h.infer("model-1.tar.gz") for _ in range(12)))
+        assert answers == [1.0] * 12
+        assert sum(h.cache.statistics.load.counts) == 1
+        assert sum(h.cache.statistics.download.counts) == 1
+        assert sum(h.cache.statistics.loading_wait.counts) == 12
+        await h.cache.stop()
+
+    asyncio.run(scenario())
+
+
+def test_least_recently_used_idle_model_is_evicted_first(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        await h.infer("model-0.tar.gz")
+        await h.infer("model-1.tar.gz")
+        await h.infer("model-2.tar.gz")
+        sizes = {m.key: m.size for m in h.cache.models()}
+        # Room for these three and not a fourth: the next load must evict exactly one.
+        h.cache.budget_bytes = sum(sizes.values()) + min(sizes.values()) // 2
+        await h.infer("model-0.tar.gz")  # model-1 is now the least recently used
+        await h.infer("model-3.tar.gz")
+        assert "model-1.tar.gz" not in h.loaded()
+        assert "model-0.tar.gz" in h.loaded() and "model-3.tar.gz" in h.loaded()
+        assert h.cache.used_bytes <= h.cache.budget_bytes
+        assert h.cache.statistics.evictions >= 1
+        # The evicted model's files are gone; it loads again on its next use.
+        assert len(list((h.work / "models").iterdir())) == len(h.loaded())
+        assert await h.infer("model-1.tar.gz") == 1.0
+        await h.cache.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_model_in_use_is_never_evicted_and_no_room_is_no_memory(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        await h.infer("model-0.tar.gz")
+        h.cache.budget_bytes = h.cache.used_bytes + WIDTH  # no room for a second model
+        async with h.cache.use_target("model-0.tar.gz"):
+            with pytest.raises(ModelhostError) as caught:
+                await h.infer("model-1.tar.gz")
+        assert caught.value.kind is ErrorKind.NO_MEMORY
+        assert "--model-cache-bytes" in caught.value.message and "model-1.tar.gz" in caught.value.message
+        assert h.loaded() == ["model-0.tar.gz"]
+        assert list((h.work / "models").iterdir()) == [h.cache.get("model-0.tar.gz").work_dir]
+        await h.cache.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_model_larger_than_the_whole_budget_is_no_memory_and_leaves_nothing(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, budget=WIDTH)
+        with pytest.raises(ModelhostError) as caught:
+            await h.infer("model-0.tar.gz")
+        assert caught.value.kind is ErrorKind.NO_MEMORY
+        assert h.loaded() == [] and h.manager.served() == []
+        assert list((h.work / "models").iterdir()) == []
+
+    asyncio.run(scenario())
+
+
+def test_unknown_target_is_not_found_and_bad_target_is_invalid(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        with pytest.raises(ModelhostError) as missing:
+            await h.infer("model-9.tar.gz")
+        assert missing.value.kind is ErrorKind.NOT_FOUND and "model-9.tar.gz" in missing.value.message
+        with pytest.raises(ModelhostError) as escaping:
+            await h.infer("../model-0.tar.gz")
+        assert escaping.value.kind is ErrorKind.INVALID_INPUT
+        assert h.loaded() == []
+
+    asyncio.run(scenario())
+
+
+def test_management_load_unload_and_conflicts(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        model_dir = tmp_path / "extracted"
+        with tarfile.open(tmp_path / "archives" / "model-2.tar.gz") as archive:
+            archive.extractall(model_dir)
+        loaded = await h.cache.load("abc123", str(model_dir))
+        assert loaded.url == str(model_dir) and h.loaded() == ["abc123"]
+        with pytest.raises(ModelhostError) as again:
+            await h.cache.load("abc123", str(model_dir))
+        assert again.value.kind is ErrorKind.ALREADY_EXISTS
+        async with h.cache.use("abc123") as model:
+            assert model.key == "abc123"
+        await h.cache.unload("abc123")
+        assert model_dir.is_dir(), "a directory the cache did not create is not deleted"
+        for call in (h.cache.unload("abc123"), h.cache.load("x", str(tmp_path / "nowhere"))):
+            with pytest.raises(ModelhostError) as missing:
+                await call
+            assert missing.value.kind is ErrorKind.NOT_FOUND
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_load_hook_unloads_the_model(tmp_path: Path) -> None:
+    async def broken(model: CachedModel) -> None:
+        raise ModelhostError(ErrorKind.UNAVAILABLE, "model_fn failed: boom")
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, on_load=broken)
+        with pytest.raises(ModelhostError, match="boom"):
+            await h.infer("model-0.tar.gz")
+        assert h.loaded() == [] and h.manager.served() == []
+        assert list((h.work / "models").iterdir()) == []
+
+    asyncio.run(scenario())
+
+
+def test_an_archive_holding_a_named_model_directory_serves_it_under_the_target(tmp_path: Path) -> None:
+    from tests.archives import weighted_model, write_archive
+
+    model = tmp_path / "m.onnx"
+    onnx.save_model(weighted_model(5.0), str(model))
+    config = b'name: "ranker"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+    members = {"ranker/config.pbtxt": config, "ranker/1/model.onnx": model.read_bytes()}
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, count=0)
+        write_archive(tmp_path / "archives" / "ranker.tar.gz", members)
+        async with h.cache.use_target("ranker.tar.gz") as cached:
+            assert cached.served == {"ranker": "ranker.tar.gz"}
+            served = h.manager.get("ranker.tar.gz")
+            assert served.config.max_batch_size == 8
+        await h.cache.stop()
+
+    asyncio.run(scenario())

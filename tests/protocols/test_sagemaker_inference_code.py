@@ -1,0 +1,129 @@
+"""A model's code/inference.py through a real server: both conventions, errors, and inside an MME archive."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import onnx
+import orjson
+import requests
+
+from tests.archives import weighted_model, write_archive
+from tests.onnx_models import scale_model
+from tests.server import ServerProcess
+
+TOOLKIT = '''
+import json
+
+import numpy as np
+
+
+def input_fn(input_data, content_type, context):
+    assert context.request_content_type == content_type
+    return np.array(json.loads(input_data)["values"], dtype=np.float32)
+
+
+def output_fn(prediction, accept):
+    return json.dumps({"scores": prediction.ravel().tolist()}), "application/vnd.scores+json"
+'''
+
+TFS_HANDLER = '''
+import json
+
+import requests
+
+
+def handler(data, context):
+    if context.request_content_type != "application/json":
+        raise ValueError("only JSON, got " + context.request_content_type)
+    rows = json.loads(data.read().decode())["rows"]
+    answer = requests.post(context.rest_uri, data=json.dumps({"instances": rows}), timeout=10)
+    predictions = answer.json()["predictions"]
+    return json.dumps({"model": context.model_name, "sums": [sum(p) for p in predictions]}), "application/json"
+'''
+
+TFS_PAIR = '''
+import json
+
+
+def input_handler(data, context):
+    return json.dumps({"instances": [[float(v) for v in data.read().decode().split()]]})
+
+
+def output_handler(response, context):
+    if response.status_code != 200:
+        raise ValueError(response.content.decode())
+    return " ".join(str(v) for v in response.json()["predictions"][0]), "text/plain"
+'''
+
+
+def opt_ml_model(root: Path, inference: str) -> Path:
+    onnx.save_model(scale_model(2.0), str(root / "model.onnx"))
+    (root / "code").mkdir()
+    (root / "code" / "inference.py").write_text(textwrap.dedent(inference))
+    return root
+
+
+def start(start_server: Any, root: Path, *args: str) -> ServerProcess:
+    server: ServerProcess = start_server(root, *args, ready_path="/v2/health/live")
+    server.wait_ready(path=server.sagemaker + "/ping")
+    return server
+
+
+def post(server: ServerProcess, body: bytes, content_type: str = "application/json", **headers: str) -> Any:
+    return requests.post(server.sagemaker + "/invocations", data=body,
+                         headers={"Content-Type": content_type, **headers}, timeout=30)
+
+
+def test_toolkit_input_and_output_fn_around_the_served_model(tmp_path: Path, start_server: Any) -> None:
+    server = start(start_server, opt_ml_model(tmp_path, TOOLKIT))
+    response = post(server, orjson.dumps({"values": [[1, 2, 3, 4]]}))
+    assert response.status_code == 200, response.text
+    assert response.headers["Content-Type"] == "application/vnd.scores+json"
+    assert response.json() == {"scores": [2.0, 4.0, 6.0, 8.0]}
+    broken = post(server, b"{}")
+    assert broken.status_code == 500 and "input_fn" in broken.json()["error"] and "values" in broken.json()["error"]
+    assert post(server, orjson.dumps({"values": [[0, 0, 0, 1]]})).json() == {"scores": [0.0, 0.0, 0.0, 2.0]}
+
+
+def test_tfs_handler_posts_to_the_rest_uri(tmp_path: Path, start_server: Any) -> None:
+    server = start(start_server, opt_ml_model(tmp_path, TFS_HANDLER))
+    response = post(server, orjson.dumps({"rows": [[1, 1, 1, 1], [1, 2, 3, 4]]}))
+    assert response.status_code == 200, response.text
+    assert response.json() == {"model": "model", "sums": [8.0, 20.0]}
+    refused = post(server, b"1,2,3,4", "text/csv")
+    assert refused.status_code == 500 and "only JSON, got text/csv" in refused.json()["error"]
+
+
+def test_tfs_input_and_output_handler_pair(tmp_path: Path, start_server: Any) -> None:
+    server = start(start_server, opt_ml_model(tmp_path, TFS_PAIR))
+    response = post(server, b"1 2 3 4", "text/plain")
+    assert response.status_code == 200 and response.text == "2.0 4.0 6.0 8.0"
+    assert response.headers["Content-Type"] == "text/plain"
+    wrong_width = post(server, b"1 2 3", "text/plain")
+    assert wrong_width.status_code == 500 and "output_handler" in wrong_width.json()["error"]
+
+
+def test_broken_inference_py_keeps_ping_unready_and_says_why(tmp_path: Path) -> None:
+    root = opt_ml_model(tmp_path, "def model_fn(model_dir):\n    raise RuntimeError('weights missing')\n")
+    server = ServerProcess(root)
+    try:
+        server.wait_ready()  # the V2 endpoint turns ready once inference.py was tried
+        assert requests.get(server.sagemaker + "/ping", timeout=5).status_code == 503
+    finally:
+        output = server.stop()
+    assert "weights missing" in output
+
+
+def test_inference_py_inside_a_multi_model_archive(tmp_path: Path, start_server: Any) -> None:
+    model_path = tmp_path / "weighted.onnx"
+    onnx.save_model(weighted_model(10.0, 4), str(model_path))
+    members = {"model.onnx": model_path.read_bytes(), "code/inference.py": TOOLKIT.encode()}
+    write_archive(tmp_path / "with-code.tar.gz", members)
+    server = start(start_server, tmp_path, "--multi-model")
+    response = post(server, orjson.dumps({"values": [[1, 2, 3, 4]]}),
+                    **{"X-Amzn-SageMaker-Target-Model": "with-code.tar.gz"})
+    assert response.status_code == 200, response.text
+    assert response.json() == {"scores": [11.0, 12.0, 13.0, 14.0]}

@@ -1,0 +1,174 @@
+"""SageMaker multi-model endpoints against a real server: TargetModel archives from a directory and from
+S3 (moto's server), boto3 invoke_endpoint, the management API, cache metrics, unsafe archives."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import boto3
+import orjson
+import pytest
+import requests
+
+from tests.archives import write_archive, write_archives
+from tests.protocols.test_sagemaker_server import runtime_client
+from tests.s3_server import FAKE_ENVIRONMENT, MotoS3Server
+from tests.server import ServerProcess
+
+ROW = b"1,1,1,1\n"
+
+
+def csv_prediction(response: requests.Response) -> float:
+    assert response.status_code == 200, response.text
+    return float(orjson.loads(response.content)["predictions"][0][0])
+
+
+def invoke(server: ServerProcess, target: str, body: bytes = ROW) -> requests.Response:
+    headers = {"Content-Type": "text/csv", "X-Amzn-SageMaker-Target-Model": target}
+    return requests.post(server.sagemaker + "/invocations", data=body, headers=headers, timeout=60)
+
+
+def metric(server: ServerProcess, name: str) -> float:
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("models")
+    write_archives(root, 6, width=4)
+    nested = root / "team-a"
+    nested.mkdir()
+    write_archives(nested, 1, width=4)
+    return root
+
+
+@pytest.fixture(scope="module")
+def mme(archives: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess(archives, "--multi-model", cache_dir=tmp_path_factory.mktemp("cache"))
+    server.wait_ready(path=server.sagemaker + "/ping")
+    yield server
+    server.stop()
+
+
+def test_target_model_loads_on_first_use_and_is_cached(mme: ServerProcess) -> None:
+    misses = metric(mme, "modelhost_model_cache_misses_total")
+    assert csv_prediction(invoke(mme, "model-3.tar.gz")) == 4.0
+    assert csv_prediction(invoke(mme, "model-3.tar.gz")) == 4.0
+    assert csv_prediction(invoke(mme, "team-a/model-0.tar.gz")) == 1.0
+    assert metric(mme, "modelhost_model_cache_misses_total") == misses + 2
+    assert metric(mme, "modelhost_model_cache_hits_total") >= 1
+    assert metric(mme, "modelhost_loaded_models") >= 2
+    assert metric(mme, "modelhost_model_cache_bytes") > 0
+    assert metric(mme, "modelhost_model_loading_seconds_count") >= 2
+    assert metric(mme, "modelhost_model_downloading_seconds_count") >= 2
+
+
+def test_concurrent_cold_requests_load_the_model_once(mme: ServerProcess) -> None:
+    loads = metric(mme, "modelhost_model_loading_seconds_count")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: csv_prediction(invoke(mme, "model-5.tar.gz")), range(16)))
+    assert answers == [6.0] * 16
+    assert metric(mme, "modelhost_model_loading_seconds_count") == loads + 1
+
+
+def test_boto3_invoke_endpoint_with_target_model(mme: ServerProcess) -> None:
+    client = runtime_client(mme)
+    for i in (1, 2, 1):
+        result = client.invoke_endpoint(EndpointName="mme", TargetModel=f"model-{i}.tar.gz", Body=ROW,
+                                        ContentType="text/csv", Accept="text/csv")
+        assert result["Body"].read() == f"{i + 1}.0,{i + 1}.0,{i + 1}.0,{i + 1}.0\n".encode()
+    with pytest.raises(client.exceptions.ModelError) as missing:
+        client.invoke_endpoint(EndpointName="mme", TargetModel="model-99.tar.gz", Body=ROW, ContentType="text/csv")
+    assert missing.value.response["OriginalStatusCode"] == 404
+    assert "model-99.tar.gz" in missing.value.response["OriginalMessage"]
+
+
+def test_missing_or_escaping_target_is_a_clear_400(mme: ServerProcess) -> None:
+    response = requests.post(mme.sagemaker + "/invocations", data=ROW, headers={"Content-Type": "text/csv"},
+                             timeout=10)
+    assert response.status_code == 400 and "X-Amzn-SageMaker-Target-Model" in response.json()["error"]
+    escaping = invoke(mme, "../models/model-1.tar.gz")
+    assert escaping.status_code == 400
+
+
+def test_unsafe_archive_is_rejected_and_leaves_nothing_behind(tmp_path: Path, start_server: Any) -> None:
+    write_archives(tmp_path, 1, width=4)
+    write_archive(tmp_path / "evil.tar.gz", {"../../escape.txt": b"x", "model.onnx": b"not a model"})
+    server = start_server(tmp_path, "--multi-model", ready_path="/v2/health/live")
+    response = invoke(server, "evil.tar.gz")
+    assert response.status_code == 400
+    assert "evil.tar.gz" in response.json()["error"] and ".." in response.json()["error"]
+    assert not (tmp_path.parent / "escape.txt").exists()
+    assert csv_prediction(invoke(server, "model-0.tar.gz")) == 1.0
+
+
+def test_management_api(tmp_path: Path, start_server: Any) -> None:
+    write_archives(tmp_path / "archives", 3, width=4)
+    for i in range(3):
+        with tarfile.open(tmp_path / "archives" / f"model-{i}.tar.gz") as archive:
+            archive.extractall(tmp_path / f"opt-ml-models-{i}")
+    server = start_server(None, "--multi-model", ready_path="/v2/health/live")
+    base = server.sagemaker
+    assert requests.get(base + "/ping", timeout=5).status_code == 200
+    for i in range(3):
+        url = str(tmp_path / f"opt-ml-models-{i}")
+        load = requests.post(base + "/models", json={"model_name": f"h{i}", "url": url}, timeout=30)
+        assert load.status_code == 200, load.text
+    again = requests.post(base + "/models", json={"model_name": "h0", "url": str(tmp_path / "opt-ml-models-0")},
+                          timeout=30)
+    assert again.status_code == 409 and "h0" in again.json()["error"]
+    page = requests.get(base + "/models", params={"limit": 2}, timeout=5).json()
+    assert [m["modelName"] for m in page["models"]] == ["h0", "h1"]
+    rest = requests.get(base + "/models", params={"limit": 2, "next_page_token": page["nextPageToken"]},
+                        timeout=5).json()
+    assert [m["modelName"] for m in rest["models"]] == ["h2"] and "nextPageToken" not in rest
+    described = requests.get(base + "/models/h1", timeout=5).json()
+    assert described == {"modelName": "h1", "modelUrl": str(tmp_path / "opt-ml-models-1")}
+    invoked = requests.post(base + "/models/h2/invoke", data=ROW,
+                            headers={"Content-Type": "text/csv", "X-Amzn-SageMaker-Target-Model": "m.tar.gz"},
+                            timeout=30)
+    assert csv_prediction(invoked) == 3.0
+    assert requests.delete(base + "/models/h2", timeout=30).status_code == 200
+    for gone in (requests.get(base + "/models/h2", timeout=5), requests.delete(base + "/models/h2", timeout=5),
+                 requests.post(base + "/models/h2/invoke", data=ROW, headers={"Content-Type": "text/csv"}, timeout=5)):
+        assert gone.status_code == 404
+    bad = requests.post(base + "/models", json={"model_name": "x"}, timeout=5)
+    assert bad.status_code == 400 and "url" in bad.json()["error"]
+
+
+def test_a_model_that_cannot_fit_is_507(tmp_path: Path, start_server: Any) -> None:
+    write_archives(tmp_path, 1, width=4)
+    server = start_server(tmp_path, "--multi-model", "--model-cache-bytes", "100", ready_path="/v2/health/live")
+    response = invoke(server, "model-0.tar.gz")
+    assert response.status_code == 507 and "--model-cache-bytes" in response.json()["error"]
+
+
+def test_archives_from_s3(tmp_path: Path, start_server: Any) -> None:
+    s3 = MotoS3Server().start()
+    try:
+        client = boto3.client("s3", endpoint_url=s3.endpoint_url, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        client.create_bucket(Bucket="models")
+        write_archives(tmp_path, 2, width=4)
+        for i in range(2):
+            client.upload_fileobj(io.BytesIO((tmp_path / f"model-{i}.tar.gz").read_bytes()), "models",
+                                  f"prod/v1/model-{i}.tar.gz")
+        server = start_server("s3://models/prod/v1", "--multi-model", "--s3-endpoint-url", s3.endpoint_url,
+                              ready_path="/v2/health/live", env=FAKE_ENVIRONMENT)
+        runtime = runtime_client(server)
+        result = runtime.invoke_endpoint(EndpointName="mme", TargetModel="model-1.tar.gz", Body=ROW,
+                                         ContentType="text/csv")
+        assert orjson.loads(result["Body"].read()) == {"predictions": [[2.0] * 4]}
+        missing = invoke(server, "model-7.tar.gz")
+        assert missing.status_code == 404 and "model-7.tar.gz" in missing.json()["error"]
+    finally:
+        s3.stop()

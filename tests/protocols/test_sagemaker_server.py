@@ -1,0 +1,207 @@
+"""SageMaker single-model hosting against a real server: /ping, /invocations in every content type and
+accept, model selection by custom attributes, the Runtime API through boto3, and env configuration."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import numpy as np
+import onnx
+import orjson
+import pytest
+import requests
+from botocore.config import Config
+
+from modelhost.protocols.tfserving import predict_pb2
+from modelhost.protocols.tfserving.tensor_proto import array_to_tensor, tensor_to_array
+from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, scale_model, write_model
+from tests.server import ServerProcess, free_port
+
+ROWS = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.float32)
+
+
+def runtime_client(server: ServerProcess) -> Any:
+    return boto3.client(
+        "sagemaker-runtime", endpoint_url=server.sagemaker, region_name="us-east-1",
+        aws_access_key_id="local", aws_secret_access_key="local", config=Config(retries={"max_attempts": 0}),
+    )
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """/opt/ml/model as a bare model file: model.onnx at the top, OUTPUT0 = 2 x INPUT0 [batch, 4]."""
+    root = tmp_path_factory.mktemp("opt_ml_model")
+    onnx.save_model(scale_model(2.0), str(root / "model.onnx"))
+    server = ServerProcess(root, cache_dir=tmp_path_factory.mktemp("cache"))
+    server.wait_ready(path=server.sagemaker + "/ping")
+    yield server
+    server.stop()
+
+
+def invoke(server: ServerProcess, body: bytes, content_type: str, accept: str | None = None,
+           **headers: str) -> requests.Response:
+    sent = {"Content-Type": content_type, **headers}
+    if accept is not None:
+        sent["Accept"] = accept
+    return requests.post(server.sagemaker + "/invocations", data=body, headers=sent, timeout=30)
+
+
+def npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def predict_request(array: np.ndarray) -> bytes:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "model"
+    request.inputs["INPUT0"].CopyFrom(array_to_tensor(array))
+    return request.SerializeToString()
+
+
+REQUESTS = {
+    "json-instances": ("application/json", orjson.dumps({"instances": ROWS.tolist()})),
+    "json-inputs": ("application/json", orjson.dumps({"inputs": ROWS.tolist()})),
+    "json-list": ("application/json", orjson.dumps(ROWS.tolist())),
+    "json-v2": ("application/json", orjson.dumps(
+        {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 4], "data": ROWS.flatten().tolist()}]})),
+    "csv": ("text/csv", b"1,2,3,4\n5,6,7,8\n"),
+    "jsonlines": ("application/jsonlines", b"[1,2,3,4]\n[5,6,7,8]\n"),
+    "npy": ("application/x-npy", npy(ROWS)),
+    "protobuf": ("application/x-protobuf", predict_request(ROWS)),
+}
+
+
+def decoded_rows(response: requests.Response, accept: str, form: str) -> np.ndarray:
+    body = response.content
+    if accept == "application/json":
+        document = orjson.loads(body)
+        if form == "json-v2":
+            return np.array(document["outputs"][0]["data"], np.float32).reshape(2, 4)
+        return np.array(document["outputs"] if form == "json-inputs" else document["predictions"], np.float32)
+    if accept == "text/csv":
+        return np.array([[float(v) for v in line.split(",")] for line in body.decode().splitlines()], np.float32)
+    if accept == "application/jsonlines":
+        return np.array([orjson.loads(line) for line in body.decode().splitlines()], np.float32)
+    if accept == "application/x-npy":
+        return np.load(io.BytesIO(body), allow_pickle=False)
+    response_proto = predict_pb2.PredictResponse.FromString(body)
+    return tensor_to_array(response_proto.outputs["OUTPUT0"], "OUTPUT0")
+
+
+@pytest.mark.parametrize("accept", ["application/json", "text/csv", "application/jsonlines", "application/x-npy",
+                                    "application/x-protobuf"])
+@pytest.mark.parametrize("form", sorted(REQUESTS))
+def test_every_content_type_and_accept(single: ServerProcess, form: str, accept: str) -> None:
+    content_type, body = REQUESTS[form]
+    response = invoke(single, body, content_type, accept)
+    assert response.status_code == 200, response.text
+    assert response.headers["Content-Type"] == accept
+    np.testing.assert_allclose(decoded_rows(response, accept, form), ROWS * 2)
+
+
+def test_ping_and_default_accept(single: ServerProcess) -> None:
+    ping = requests.get(single.sagemaker + "/ping", timeout=5)
+    assert ping.status_code == 200 and ping.content == b""
+    for accept in (None, "*/*"):
+        response = invoke(single, b"1,2,3,4\n", "text/csv", accept)
+        assert response.headers["Content-Type"] == "application/json"
+        assert orjson.loads(response.content) == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
+
+
+def test_unsupported_content_type_and_accept_list_what_is_supported(single: ServerProcess) -> None:
+    response = invoke(single, b"<xml/>", "application/xml")
+    assert response.status_code == 415
+    message = response.json()["error"]
+    assert "application/xml" in message and "text/csv" in message and "application/x-npy" in message
+    response = invoke(single, b"1,2,3,4\n", "text/csv", "image/png")
+    assert response.status_code == 406
+    assert "image/png" in response.json()["error"] and "application/jsonlines" in response.json()["error"]
+
+
+def test_bad_input_names_the_problem_and_the_server_keeps_serving(single: ServerProcess) -> None:
+    response = invoke(single, b"1,2,3,4\n5,6,x,8\n", "text/csv")
+    assert response.status_code == 400
+    assert "line 2" in response.json()["error"]
+    response = invoke(single, b"1,2,3\n", "text/csv")
+    assert response.status_code == 400
+    assert invoke(single, b"1,2,3,4\n", "text/csv").status_code == 200
+
+
+def test_boto3_invoke_endpoint(single: ServerProcess) -> None:
+    client = runtime_client(single)
+    result = client.invoke_endpoint(EndpointName="local-endpoint", Body=b"1,2,3,4\n", ContentType="text/csv",
+                                    Accept="application/json", CustomAttributes="trace=1")
+    assert result["ContentType"] == "application/json"
+    assert result["InvokedProductionVariant"] == "AllTraffic"
+    assert orjson.loads(result["Body"].read()) == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
+    with pytest.raises(client.exceptions.ModelError) as caught:
+        client.invoke_endpoint(EndpointName="local-endpoint", Body=b"1,2\n", ContentType="text/csv")
+    error = caught.value.response
+    assert error["Error"]["Code"] == "ModelError"
+    assert error["OriginalStatusCode"] == 400 and "4" in error["OriginalMessage"]
+    with pytest.raises(client.exceptions.ClientError) as invalid_name:
+        client.invoke_endpoint(EndpointName="bad_name", Body=b"1,2,3,4\n", ContentType="text/csv")
+    assert invalid_name.value.response["Error"]["Code"] == "ValidationError"
+
+
+def test_custom_attributes_select_a_model_in_a_repository(tmp_path: Path, start_server: Any) -> None:
+    write_model(tmp_path, "half", scale_model(0.5), None)
+    write_model(tmp_path, "triple", scale_model(3.0), None)
+    write_model(tmp_path, "triple", scale_model(30.0), None, version=2)
+    (tmp_path / "triple" / "config.pbtxt").write_text("version_policy: { all: {} }\n")
+    server = start_server(tmp_path)
+    body = b"2,2,2,2\n"
+    ask = "tfs-model-name=triple"
+    assert invoke(server, body, "text/csv", "text/csv", **{"X-Amzn-SageMaker-Custom-Attributes": ask}).text == \
+        "60.0,60.0,60.0,60.0\n"
+    latest = invoke(server, body, "text/csv", None, **{"X-Amzn-SageMaker-Custom-Attributes": ask})
+    assert latest.json() == {"predictions": [[60.0] * 4]}
+    first = invoke(server, body, "text/csv", None,
+                   **{"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=triple, tfs-model-version=1"})
+    assert first.json() == {"predictions": [[6.0] * 4]}
+    unnamed = invoke(server, body, "text/csv")
+    assert unnamed.status_code == 400 and "tfs-model-name" in unnamed.json()["error"]
+    unknown = invoke(server, body, "text/csv", None, **{"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=x"})
+    assert unknown.status_code == 404 and "half, triple" in unknown.json()["error"]
+
+
+def test_two_input_model_takes_named_json(tmp_path: Path, start_server: Any) -> None:
+    write_model(tmp_path, "model", add_sub_model(), ADD_SUB_CONFIG.replace("max_batch_size: 8", "max_batch_size: 8"))
+    server = start_server(tmp_path)
+    a, b = np.arange(16, dtype=np.float32), np.ones(16, np.float32)
+    body = orjson.dumps({"instances": [{"INPUT0": a.tolist(), "INPUT1": b.tolist()}]})
+    prediction = invoke(server, body, "application/json").json()["predictions"][0]
+    assert prediction["OUTPUT0"] == (a + b).tolist() and prediction["OUTPUT1"] == (a - b).tolist()
+    csv = invoke(server, b"1,2\n", "text/csv")
+    assert csv.status_code == 400 and "2 inputs" in csv.json()["error"]
+
+
+def test_environment_configures_batching_and_instances(tmp_path: Path, start_server: Any) -> None:
+    onnx.save_model(scale_model(2.0), str(tmp_path / "model.onnx"))
+    env = {"SAGEMAKER_TFS_ENABLE_BATCHING": "true", "SAGEMAKER_TFS_MAX_BATCH_SIZE": "16",
+           "SAGEMAKER_TFS_BATCH_TIMEOUT_MICROS": "500", "SAGEMAKER_MODEL_SERVER_WORKERS": "2"}
+    server = start_server(tmp_path, env=env)
+    config = requests.get(server.base + "/v2/models/model/config", timeout=5).json()
+    assert config["max_batch_size"] == 16
+    assert int(config["dynamic_batching"]["max_queue_delay_microseconds"]) == 500
+    assert sum(int(group["count"]) for group in config["instance_group"]) == 2
+    assert invoke(server, b"1,1,1,1\n", "text/csv").json() == {"predictions": [[2.0] * 4]}
+
+
+def test_invalid_environment_value_stops_startup_naming_the_variable(tmp_path: Path) -> None:
+    onnx.save_model(scale_model(2.0), str(tmp_path / "model.onnx"))
+    result = subprocess.run(
+        [sys.executable, "-m", "modelhost", "serve", "--model-repository", str(tmp_path), "--http-port",
+         str(free_port()), "--sagemaker-port", str(free_port()), "--metrics-port", "0"],
+        env={**__import__("os").environ, "SAGEMAKER_TFS_MAX_BATCH_SIZE": "lots"},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "SAGEMAKER_TFS_MAX_BATCH_SIZE" in result.stderr and "lots" in result.stderr
