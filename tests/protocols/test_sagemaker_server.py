@@ -4,8 +4,10 @@ accept, model selection by custom attributes, the Runtime API through boto3, and
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -200,8 +202,36 @@ def test_invalid_environment_value_stops_startup_naming_the_variable(tmp_path: P
     result = subprocess.run(
         [sys.executable, "-m", "modelhost", "serve", "--model-repository", str(tmp_path), "--http-port",
          str(free_port()), "--sagemaker-port", str(free_port()), "--metrics-port", "0"],
-        env={**__import__("os").environ, "SAGEMAKER_TFS_MAX_BATCH_SIZE": "lots"},
+        env={**os.environ, "SAGEMAKER_TFS_MAX_BATCH_SIZE": "lots"},
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
     assert "SAGEMAKER_TFS_MAX_BATCH_SIZE" in result.stderr and "lots" in result.stderr
+
+
+def test_serve_entry_runs_a_container_style_server(tmp_path: Path) -> None:
+    """What a BYOC image runs: `serve serve`, settings from SAGEMAKER_* variables."""
+    onnx.save_model(scale_model(2.0), str(tmp_path / "model.onnx"))
+    port = free_port()
+    command = [sys.executable, "-c", "import sys; from modelhost.cli import serve_main; sys.exit(serve_main())",
+               "serve", "--host", "127.0.0.1", "--model-repository", str(tmp_path), "--http-port", str(free_port()),
+               "--metrics-port", "0"]
+    env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port)}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if requests.get(base + "/ping", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert process.poll() is None, process.communicate()[0]
+            time.sleep(0.05)
+        response = requests.post(base + "/invocations", data=b"1,2,3,4\n", headers={"Content-Type": "text/csv"},
+                                 timeout=10)
+        assert response.json() == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    assert process.returncode == 0, output
