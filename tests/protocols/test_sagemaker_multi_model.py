@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import onnx
 import orjson
 import pytest
 import requests
 
-from tests.archives import write_archive, write_archives
+from tests.archives import weighted_model, write_archive, write_archives
 from tests.protocols.test_sagemaker_server import runtime_client
 from tests.s3_server import FAKE_ENVIRONMENT, MotoS3Server
 from tests.server import ServerProcess
@@ -172,3 +173,23 @@ def test_archives_from_s3(tmp_path: Path, start_server: Any) -> None:
         assert missing.status_code == 404 and "model-7.tar.gz" in missing.json()["error"]
     finally:
         s3.stop()
+
+
+def test_custom_attributes_pick_a_model_inside_a_multi_model_archive(tmp_path: Path, start_server: Any) -> None:
+    members = {}
+    for name, offset in (("low", 1.0), ("high", 100.0)):
+        path = tmp_path / f"{name}.onnx"
+        onnx.save_model(weighted_model(offset, 4), str(path))
+        members[f"{name}/1/model.onnx"] = path.read_bytes()
+    write_archive(tmp_path / "pair.tar.gz", members)
+    server = start_server(tmp_path, "--multi-model", ready_path="/v2/health/live")
+
+    def ask(attributes: str) -> requests.Response:
+        headers = {"Content-Type": "text/csv", "X-Amzn-SageMaker-Target-Model": "pair.tar.gz",
+                   "X-Amzn-SageMaker-Custom-Attributes": attributes}
+        return requests.post(server.sagemaker + "/invocations", data=ROW, headers=headers, timeout=30)
+
+    assert csv_prediction(ask("tfs-model-name=high")) == 101.0
+    assert csv_prediction(ask("tfs-model-name=low")) == 2.0
+    unnamed = ask("")
+    assert unnamed.status_code == 400 and "high, low" in unnamed.json()["error"]
