@@ -114,7 +114,7 @@ class ModelCache:
     @asynccontextmanager
     async def use_target(self, target: str) -> AsyncIterator[CachedModel]:
         """Pin the model of a TargetModel archive for one request, loading it first on a miss."""
-        key = check_target(target)
+        key = target if target in self._models else check_target(target)  # a cached key was checked
         model = self._models.get(key)
         if model is not None:
             self.statistics.hits += 1
