@@ -40,6 +40,9 @@ def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type:
     server = ServerProcess(None, "--workers", "2", "--metrics-port", str(metrics), cache_dir=tmp_path).wait_ready()
     server.metrics_port = metrics
     try:
+        # The HTTP port answers once either worker is up; each worker binds its metrics port when it is.
+        for port in (metrics, metrics + 1):
+            server.wait_ready(path=f"http://127.0.0.1:{port}/metrics")
         sent = 0
         for _ in range(40):  # a new connection each time, so the kernel spreads them over the workers
             response = requests.post(f"{server.base}/v2/models/tiny/infer", json=TINY, timeout=10,
