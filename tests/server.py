@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,15 @@ class ServerProcess:
             env["MODELHOST_CACHE_DIR"] = str(cache_dir)
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
         self.output = ""
+        # Read the log as it comes: a server that logs more than a pipe holds would block on a full pipe.
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+
+    def _read_log(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.append(line)
 
     @property
     def example_repository(self) -> Path:
@@ -72,9 +82,10 @@ class ServerProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
-            out, _ = self.process.communicate(timeout=timeout)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            out, _ = self.process.communicate()
-        self.output += out or ""
+            self.process.wait()
+        self._reader.join(timeout=10)
+        self.output = "".join(self._lines)
         return self.output

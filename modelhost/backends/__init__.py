@@ -44,3 +44,13 @@ def get_backend(name: str) -> Backend:
     module_name, _, class_name = _BACKENDS[name].partition(":")
     backend: Backend = getattr(importlib.import_module(module_name), class_name)()
     return backend
+
+
+def warm_up_backends() -> None:
+    """Warm up every registered backend whose framework is installed (blocking)."""
+    for name in _BACKENDS:
+        try:
+            backend = get_backend(name)
+        except ImportError:
+            continue
+        backend.warm_up()

@@ -47,6 +47,10 @@ class Backend(abc.ABC):
     platform: str
     default_filename: str
 
+    def warm_up(self) -> None:  # noqa: B027 - optional hook
+        """Create the framework's process-wide state (runtime environment, kernel registries) now, so that
+        it is not counted against the first model loaded; blocking, called once."""
+
     @abc.abstractmethod
     def describe(self, path: Path) -> ModelSignature:
         """Read the model file's inputs and outputs (for config completion and checks)."""

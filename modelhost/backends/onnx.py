@@ -67,6 +67,19 @@ class OnnxBackend(Backend):
             outputs=tuple(_spec(arg) for arg in session.get_outputs()),
         )
 
+    def warm_up(self) -> None:
+        from onnx import TensorProto, helper
+
+        graph = helper.make_graph(
+            [helper.make_node("Identity", ["x"], ["y"])], "warm_up",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        session = ort.InferenceSession(model.SerializeToString(), session_options(ModelConfig(), 1),
+                                       providers=["CPUExecutionProvider"])
+        session.run(None, {"x": np.zeros(1, np.float32)})
+
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         options = session_options(config, instance.threads)
         session = ort.InferenceSession(_model_file(path), options, providers=["CPUExecutionProvider"])

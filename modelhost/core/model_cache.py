@@ -5,8 +5,9 @@ several models. Each is known by a key: the TargetModel (`X-Amzn-SageMaker-Targe
 `model_name` of `POST /models`. Concurrency contract (everything runs on the event loop):
 - concurrent first requests for a key share one load;
 - a request pins its model (`use`), and a pinned model is never evicted;
-- loads measure memory one at a time (the process's resident memory before and after), so each
-  model's size is its own; downloads and unpacking run concurrently in threads.
+- loads measure memory one at a time (core/memory.py: the bytes the process holds, before and
+  after), so each model's size is its own; downloads and unpacking run concurrently in threads;
+- before the first load, `warm_up` creates the backends' process-wide state, which is no model's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import re
 import shutil
 import time
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from modelhost.core.manager import ModelManager
+from modelhost.core.memory import held_bytes
 from modelhost.core.statistics import Histogram
 from modelhost.errors import ErrorKind, ModelhostError, not_found
 from modelhost.store.archive import unpack_archive
@@ -45,7 +46,7 @@ class CachedModel:
     root: Path  # the model's directory (the unpacked archive): what inference.py's model_fn gets
     layout: ModelLayout
     served: dict[str, str]  # model name inside the archive -> the manager's name for it
-    size: int  # bytes of memory it took to load (never less than its files on disk)
+    size: int  # bytes of memory its load kept (never less than its files on disk)
     work_dir: Path  # the cache's own files for it (the unpacked archive, its layout's links), removed on unload
     last_used: float = field(default_factory=time.monotonic)
     pins: int = 0
@@ -83,6 +84,7 @@ class ModelCache:
         single_model_name: str = "model",
         on_load: Hook | None = None,
         on_unload: Hook | None = None,
+        warm_up: Callable[[], None] | None = None,
     ) -> None:
         self._manager = manager
         self._archives = archives
@@ -92,6 +94,8 @@ class ModelCache:
         self._single_model_name = single_model_name
         self._on_load = on_load
         self._on_unload = on_unload
+        self._warm_up = warm_up
+        self._used = 0
         self._models: dict[str, CachedModel] = {}
         self._loading: dict[str, asyncio.Task[CachedModel]] = {}
         self._measure = asyncio.Lock()
@@ -100,7 +104,7 @@ class ModelCache:
 
     @property
     def used_bytes(self) -> int:
-        return sum(m.size for m in self._models.values())
+        return self._used
 
     def models(self) -> list[CachedModel]:
         return sorted(self._models.values(), key=lambda m: m.key)
@@ -187,7 +191,7 @@ class ModelCache:
                 destination = work / "model"
                 await asyncio.to_thread(unpack_archive, archive, destination, self._max_unpacked_bytes)
             finally:
-                archive.unlink(missing_ok=True)
+                await asyncio.to_thread(archive.unlink, missing_ok=True)
             self.statistics.download.observe(time.monotonic() - started)
             return destination
 
@@ -203,9 +207,12 @@ class ModelCache:
             on_disk = await asyncio.to_thread(_disk_bytes, model_dir)
             await self._make_room(on_disk, key)
             async with self._measure:
-                started, before = time.monotonic(), _resident_bytes()
+                if self._warm_up is not None:
+                    await asyncio.to_thread(self._warm_up)
+                    self._warm_up = None
+                started, before = time.monotonic(), held_bytes()
                 served = await self._add_models(key, layout)
-                size = max(_resident_bytes() - before, on_disk)
+                size = max(held_bytes() - before, on_disk)
                 self.statistics.load.observe(time.monotonic() - started)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, work, True)
@@ -218,6 +225,7 @@ class ModelCache:
             await self._release(model)
             raise
         self._models[key] = model
+        self._used += model.size
         await self._fit(model)
         log.info("cached model %s: %d bytes (%d of %d used)", key, size, self.used_bytes, self.budget_bytes)
         return model
@@ -238,6 +246,8 @@ class ModelCache:
 
     async def _make_room(self, needed: int, key: str) -> None:
         """Evict idle models, least recently used first, until `needed` more bytes fit the budget."""
+        if self._used + needed <= self.budget_bytes:
+            return
         for victim in sorted(self._models.values(), key=lambda m: m.last_used):
             if self.used_bytes + needed <= self.budget_bytes:
                 return
@@ -269,6 +279,7 @@ class ModelCache:
         if self._models.get(model.key) is not model:
             return
         del self._models[model.key]
+        self._used -= model.size
         self.statistics.evictions += 1
         started = time.monotonic()
         await self._release(model)
@@ -292,12 +303,3 @@ async def _as_is(path: Path) -> Path:
 
 def _disk_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
-def _resident_bytes() -> int:
-    """This process's resident memory (Linux /proc; 0 elsewhere, leaving sizes to the files on disk)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
