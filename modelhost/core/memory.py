@@ -43,4 +43,7 @@ def resident_bytes() -> int:
         return 0
 
 
-held_bytes: Callable[[], int] = _mallinfo2() or resident_bytes
+_allocated = _mallinfo2()
+held_bytes: Callable[[], int] = _allocated or resident_bytes
+# Whether held_bytes() drops when memory is freed (malloc's count does; resident memory mostly does not).
+COUNTS_FREES = _allocated is not None

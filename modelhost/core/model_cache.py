@@ -5,8 +5,12 @@ several models. Each is known by a key: the TargetModel (`X-Amzn-SageMaker-Targe
 `model_name` of `POST /models`. Concurrency contract (everything runs on the event loop):
 - concurrent first requests for a key share one load;
 - a request pins its model (`use`), and a pinned model is never evicted;
-- loads measure memory one at a time (core/memory.py: the bytes the process holds, before and
-  after), so each model's size is its own; downloads and unpacking run concurrently in threads;
+- the budget is compared with the memory the process holds beyond what it held before the first
+  model (core/memory.py: malloc's bytes in use, which drop as soon as an unloaded model is freed),
+  so it bounds real memory whatever each load's share of it; where that count is not available,
+  with the sum of each model's resident-memory growth at its load;
+- loads run one at a time, and each model's own growth is kept as its `size`; downloads and
+  unpacking run concurrently in threads;
 - before the first load, `warm_up` creates the backends' process-wide state, which is no model's.
 """
 
@@ -21,11 +25,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from modelhost.core.manager import ModelManager
-from modelhost.core.memory import held_bytes
+from modelhost.core.memory import COUNTS_FREES, held_bytes
 from modelhost.core.statistics import Histogram
 from modelhost.errors import ErrorKind, ModelhostError, not_found
 from modelhost.store.archive import unpack_archive
@@ -95,16 +100,22 @@ class ModelCache:
         self._on_load = on_load
         self._on_unload = on_unload
         self._warm_up = warm_up
-        self._used = 0
+        self._baseline: int | None = None  # held bytes before the first model, after warm-up
+        self._sizes = 0
         self._models: dict[str, CachedModel] = {}
         self._loading: dict[str, asyncio.Task[CachedModel]] = {}
         self._measure = asyncio.Lock()
         self._slots = itertools.count()
+        self._removals: set[asyncio.Task[None]] = set()
+        self._download_seconds: list[float] = []
         self.statistics = CacheStatistics()
 
     @property
     def used_bytes(self) -> int:
-        return self._used
+        """Memory the loaded models hold, as the budget counts it."""
+        if not COUNTS_FREES:
+            return self._sizes
+        return 0 if self._baseline is None else max(0, held_bytes() - self._baseline)
 
     def models(self) -> list[CachedModel]:
         return sorted(self._models.values(), key=lambda m: m.key)
@@ -150,7 +161,7 @@ class ModelCache:
     async def _loaded(self, key: str) -> CachedModel:
         # A model loaded for us can be evicted by another load before this task resumes: load it again.
         while True:
-            model = await self._load_once(key, key, self._archive_loader(key))
+            model = await self._load_once(key, key, self._unpacked)
             if self._models.get(key) is model:
                 return model
 
@@ -161,7 +172,7 @@ class ModelCache:
         path = Path(url)
         if not path.is_dir():
             raise not_found(f"model '{key}': url '{url}' is not a directory")
-        return await self._load_once(key, url, lambda _work: _as_is(path))
+        return await self._load_once(key, url, partial(_in_place, path))
 
     async def unload(self, key: str) -> None:
         """Unload a model at once; requests already running on it finish first."""
@@ -171,8 +182,9 @@ class ModelCache:
         for task in list(self._loading.values()):
             task.cancel()
         await asyncio.gather(*(self._evict(m) for m in list(self._models.values())), return_exceptions=True)
+        await asyncio.gather(*self._removals, return_exceptions=True)
 
-    async def _load_once(self, key: str, url: str, prepare: Callable[[Path], Awaitable[Path]]) -> CachedModel:
+    async def _load_once(self, key: str, url: str, prepare: Callable[[str, Path], Path]) -> CachedModel:
         task = self._loading.get(key)
         if task is None:
             task = asyncio.create_task(self._load(key, url, prepare))
@@ -181,41 +193,42 @@ class ModelCache:
         # A waiter that goes away (client disconnect) must not cancel a load others wait on.
         return await asyncio.shield(task)
 
-    def _archive_loader(self, key: str) -> Callable[[Path], Awaitable[Path]]:
-        async def unpacked(work: Path) -> Path:
-            if self._archives is None:
-                raise not_found(f"no model store is configured to find target model '{key}' in")
-            started = time.monotonic()
-            archive = await asyncio.to_thread(self._archives.download, key, work)
-            try:
-                destination = work / "model"
-                await asyncio.to_thread(unpack_archive, archive, destination, self._max_unpacked_bytes)
-            finally:
-                await asyncio.to_thread(archive.unlink, missing_ok=True)
-            self.statistics.download.observe(time.monotonic() - started)
-            return destination
+    def _unpacked(self, key: str, work: Path) -> Path:
+        """The archive of `key` unpacked as `work` (blocking): read in place when local, else downloaded."""
+        if self._archives is None:
+            raise not_found(f"no model store is configured to find target model '{key}' in")
+        started = time.monotonic()
+        archive = self._archives.local_path(key)
+        downloaded = archive is None
+        if archive is None:
+            archive = self._archives.download(key, self._work_dir / "downloads")
+        try:
+            unpack_archive(archive, work, self._max_unpacked_bytes)
+        finally:
+            if downloaded:
+                archive.unlink(missing_ok=True)
+        self._download_seconds.append(time.monotonic() - started)
+        return work
 
-        return unpacked
-
-    async def _load(self, key: str, url: str, prepare: Callable[[Path], Awaitable[Path]]) -> CachedModel:
+    async def _load(self, key: str, url: str, prepare: Callable[[str, Path], Path]) -> CachedModel:
         # Each load gets its own directory: an evicted copy may still be being removed.
         work = self._work_dir / "models" / self._slot(key)
         try:
-            await asyncio.to_thread(work.mkdir, parents=True)
-            model_dir = await prepare(work)
-            layout = await asyncio.to_thread(find_layout, model_dir, self._single_model_name, work / "layout")
-            on_disk = await asyncio.to_thread(_disk_bytes, model_dir)
+            model_dir, layout, on_disk = await asyncio.to_thread(self._prepare, prepare, key, work)
+            self._record_downloads()
             await self._make_room(on_disk, key)
             async with self._measure:
-                if self._warm_up is not None:
-                    await asyncio.to_thread(self._warm_up)
-                    self._warm_up = None
+                if self._baseline is None:
+                    if self._warm_up is not None:
+                        await asyncio.to_thread(self._warm_up)
+                    self._baseline = held_bytes()
                 started, before = time.monotonic(), held_bytes()
                 served = await self._add_models(key, layout)
                 size = max(held_bytes() - before, on_disk)
                 self.statistics.load.observe(time.monotonic() - started)
         except BaseException:
-            await asyncio.to_thread(shutil.rmtree, work, True)
+            self._record_downloads()
+            self._remove_files(work)
             raise
         model = CachedModel(key, url, model_dir, layout, served, size, work)
         try:
@@ -225,10 +238,22 @@ class ModelCache:
             await self._release(model)
             raise
         self._models[key] = model
-        self._used += model.size
+        self._sizes += model.size
         await self._fit(model)
         log.info("cached model %s: %d bytes (%d of %d used)", key, size, self.used_bytes, self.budget_bytes)
         return model
+
+    def _prepare(self, prepare: Callable[[str, Path], Path], key: str, work: Path) -> tuple[Path, ModelLayout, int]:
+        """Blocking, in one thread: the model's directory, its layout, and its size on disk."""
+        model_dir = prepare(key, work)
+        on_disk = _disk_bytes(model_dir)
+        work.mkdir(parents=True, exist_ok=True)
+        return model_dir, find_layout(model_dir, self._single_model_name, work / ".layout"), on_disk
+
+    def _record_downloads(self) -> None:
+        # Threads append their timings; the statistics are updated on the loop only.
+        while self._download_seconds:
+            self.statistics.download.observe(self._download_seconds.pop())
 
     async def _add_models(self, key: str, layout: ModelLayout) -> dict[str, str]:
         store = LocalStore(layout.repository)
@@ -246,7 +271,7 @@ class ModelCache:
 
     async def _make_room(self, needed: int, key: str) -> None:
         """Evict idle models, least recently used first, until `needed` more bytes fit the budget."""
-        if self._used + needed <= self.budget_bytes:
+        if self.used_bytes + needed <= self.budget_bytes:
             return
         for victim in sorted(self._models.values(), key=lambda m: m.last_used):
             if self.used_bytes + needed <= self.budget_bytes:
@@ -279,7 +304,7 @@ class ModelCache:
         if self._models.get(model.key) is not model:
             return
         del self._models[model.key]
-        self._used -= model.size
+        self._sizes -= model.size
         self.statistics.evictions += 1
         started = time.monotonic()
         await self._release(model)
@@ -290,14 +315,20 @@ class ModelCache:
         await asyncio.gather(*(self._manager.remove(n) for n in model.served.values()), return_exceptions=True)
         if self._on_unload is not None:
             await self._on_unload(model)
-        await asyncio.to_thread(shutil.rmtree, model.work_dir, True)
+        self._remove_files(model.work_dir)
+
+    def _remove_files(self, work: Path) -> None:
+        """Delete a model's files in the background: its memory is what a waiting load needs, not its disk."""
+        task = asyncio.create_task(asyncio.to_thread(shutil.rmtree, work, True))
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
 
     def _slot(self, key: str) -> str:
         """A directory name for one load of a key: readable, and never used twice."""
         return f"{next(self._slots)}-" + re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100]
 
 
-async def _as_is(path: Path) -> Path:
+def _in_place(path: Path, key: str, work: Path) -> Path:
     return path
 
 

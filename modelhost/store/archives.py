@@ -20,9 +20,13 @@ MAX_TARGET_LENGTH = 1024
 
 
 class ArchiveStore(Protocol):
-    """A place holding model archives; both methods block and are safe to call from several threads."""
+    """A place holding model archives; the methods block and are safe to call from several threads."""
 
     description: str  # where it is, for messages: "/models" or "s3://bucket/prefix"
+
+    def local_path(self, target: str) -> Path | None:
+        """The archive's own file when it is on a local file system (read it in place), else None."""
+        ...
 
     def download(self, target: str, into: Path) -> Path:
         """Copy the archive `target` to a new file under `into` (temp name, then rename); return its path."""
@@ -65,10 +69,14 @@ class LocalArchiveStore:
         self.root = root
         self.description = str(root)
 
-    def download(self, target: str, into: Path) -> Path:
+    def local_path(self, target: str) -> Path:
         source = self.root / check_target(target)
         if not source.is_file():
             raise not_found(f"model archive '{target}' not found in {self.description}")
+        return source
+
+    def download(self, target: str, into: Path) -> Path:
+        source = self.local_path(target)
         return write_atomically(into, source.name, lambda path: shutil.copyfile(source, path))
 
     def list(self) -> list[str]:

@@ -41,6 +41,9 @@ class S3ArchiveStore:
         # What a request can raise besides an S3 error answer: no credentials, no connection, retries spent.
         self._failures = (BotoCoreError, RetriesExceededError, OSError)
 
+    def local_path(self, target: str) -> None:
+        return None
+
     def download(self, target: str, into: Path) -> Path:
         key = self._key(check_target(target))
         filename = PurePosixPath(key).name

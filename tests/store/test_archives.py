@@ -61,6 +61,15 @@ def test_local_store_downloads_a_copy(archives: Path, tmp_path: Path) -> None:
     assert os.listdir(into) == ["b.tar.gz"]  # the temp file was renamed, not left beside it
 
 
+def test_local_store_reads_archives_in_place(archives: Path) -> None:
+    store = LocalArchiveStore(archives)
+    assert store.local_path("./dir/b.tar.gz") == archives / "dir" / "b.tar.gz"
+    for target, kind in (("missing.tar.gz", ErrorKind.NOT_FOUND), ("../a.tar.gz", ErrorKind.INVALID_INPUT)):
+        with pytest.raises(ModelhostError) as caught:
+            store.local_path(target)
+        assert caught.value.kind is kind
+
+
 def test_local_store_downloads_concurrently(archives: Path, tmp_path: Path) -> None:
     store = LocalArchiveStore(archives)
     results: list[Path] = []
