@@ -39,6 +39,10 @@ class Model(abc.ABC):
     def unload(self) -> None:  # noqa: B027 - optional hook: most models free memory when dropped
         """Free the instance's memory; it is never used again."""
 
+    def signature(self) -> ModelSignature | None:
+        """The inputs and outputs this loaded instance declares, if it can tell: spares `describe`."""
+        return None
+
 
 class Backend(abc.ABC):
     """Stateless factory for one model format. Called off the event loop; may be slow."""

@@ -104,6 +104,14 @@ class OnnxModel(Model):
             raise ModelhostError(ErrorKind.INTERNAL, f"onnxruntime: {exc}") from exc
         return {name: _from_ort(result) for name, result in zip(outputs, results)}
 
+    def signature(self) -> ModelSignature | None:
+        if self._session is None:
+            return None
+        return ModelSignature(
+            inputs=tuple(_spec(arg) for arg in self._session.get_inputs()),
+            outputs=tuple(_spec(arg) for arg in self._session.get_outputs()),
+        )
+
     def unload(self) -> None:
         self._session = None
 

@@ -106,21 +106,25 @@ def load_version(
     path: Path = source.path / str(version) / filename
     if not path.exists():
         raise ConfigError(f"model file {path} does not exist")
-    signature = backend.describe(path)
-    # An endpoint-wide max batch size takes the default's path: only models that can batch get it.
-    max_batch_size = plan.overrides.max_batch_size or default_max_batch_size
-    config = complete_config(plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", max_batch_size)
-    count = sum(group.count for group in config.instance_group)
+    # The first instance loads before config completion (which needs the model's tensors): its own
+    # signature spares the backend a second load just to describe the model.
+    count = sum(group.count for group in plan.config.instance_group)
     threads = max(1, cpu_count // count)
-    label = f"{source.name}:{version}"
-    instances = []
+    instances = [backend.load(path, plan.config, InstanceSettings(0, threads))]
     try:
-        for index in range(count):
+        signature = instances[0].signature() or backend.describe(path)
+        # An endpoint-wide max batch size takes the default's path: only models that can batch get it.
+        max_batch_size = plan.overrides.max_batch_size or default_max_batch_size
+        config = complete_config(
+            plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", max_batch_size
+        )
+        for index in range(1, count):
             instances.append(backend.load(path, config, InstanceSettings(index, threads)))
     except BaseException:
         for instance in instances:
             instance.unload()
         raise
+    label = f"{source.name}:{version}"
     try:
         policy = SchedulingPolicy.from_config(config)
     except ConfigError:
