@@ -17,7 +17,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOS = ["modelhost/config/model_config.proto", "modelhost/protocols/tfserving/predict.proto"]
+PROTOS = [
+    "modelhost/config/model_config.proto",
+    "modelhost/protocols/tfserving/predict.proto",
+    "modelhost/protocols/kserve_v2/grpc_service.proto",
+]
 
 
 def main() -> int:
