@@ -1,7 +1,9 @@
-"""Composition root: store -> manager (-> multi-model cache) -> data plane and control -> protocols -> HTTP server.
+"""Composition root: store -> manager (-> multi-model cache) -> data plane and control -> protocols -> servers.
 
-Start in that order, stop in reverse: the HTTP server stops accepting and finishes its
-in-flight requests first, then every model drains and unloads.
+Start in that order, stop in reverse: on SIGTERM the HTTP and gRPC servers stop accepting and
+finish their in-flight requests together, then every model drains and unloads. Both servers run
+on the one uvloop event loop and call the one data plane, so a request over either joins the
+same per-model batch queue.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ModelhostError
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols import prometheus
+from modelhost.protocols.grpc_server import GrpcOptions, GrpcServer, ListenError
 from modelhost.protocols.http import HttpApp, Route
 from modelhost.protocols.http_server import HttpServer, Site
+from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.sagemaker.invoke import Invoker
 from modelhost.protocols.sagemaker.site import SingleModelSite, UserCode, local_url, multi_model_routes
@@ -39,7 +43,7 @@ log = logging.getLogger("modelhost")
 
 
 class Server:
-    """One modelhost server; `build_asgi()` gives the ASGI app, `run()` serves it until a signal."""
+    """One modelhost server; `build_asgi()` gives the ASGI app, `run()` serves it (and gRPC) until a signal."""
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
@@ -65,6 +69,8 @@ class Server:
                 lambda: [e.name for e in self.manager.index()], settings.default_model_name,
             )
         self._loading: asyncio.Task[None] | None = None
+        self._http: HttpServer | None = None  # set by run()
+        self.grpc = self._grpc_server() if settings.grpc_port else None
 
     def _single_model_store(self) -> LocalStore:
         """The models of a directory in any layout find_layout knows: a repository, one model, a model file."""
@@ -98,6 +104,13 @@ class Server:
             warm_up=warm_up_backends,
         )
 
+    def _grpc_server(self) -> GrpcServer:
+        s = self.settings
+        options = GrpcOptions(s.grpc_max_message_bytes, s.grpc_keepalive_time_seconds,
+                              s.grpc_keepalive_timeout_seconds, reuse_port=s.workers > 1)
+        return GrpcServer([kserve_v2_grpc.service(self.dataplane, self.control)], s.host, s.grpc_port, options,
+                          self.load)
+
     def build_asgi(self) -> HttpApp:
         return HttpApp(
             kserve_v2_rest.routes(self.dataplane, self.control) + tfserving_rest.routes(self.dataplane),
@@ -123,9 +136,21 @@ class Server:
             # Workers share the port: one that binds before its models load would take connections
             # it can only answer 503, so it loads first and binds after.
             await self._load()
+            await self._start_grpc()
             return
         # One process binds first and loads after, so that liveness answers while models load.
+        await self._start_grpc()
         self._loading = asyncio.create_task(self._load())
+
+    async def _start_grpc(self) -> None:
+        if self.grpc is None or self._http is None:
+            return
+        await self.grpc.start()
+
+    def _stop_grpc(self) -> None:
+        """When HTTP begins to stop (a signal): gRPC stops accepting at once too; each drains its own calls."""
+        if self.grpc is not None:
+            self.grpc.stop(self.settings.graceful_shutdown_seconds)
 
     async def _load(self) -> None:
         if self.cache is not None:
@@ -141,11 +166,14 @@ class Server:
         if self.single is not None and self.settings.sagemaker_port:
             await self.single.start()
         self.dataplane.mark_started()
-        log.info("ready: HTTP on %s:%d", self.settings.host, self.settings.http_port)
+        grpc = f", gRPC on {self.settings.host}:{self.settings.grpc_port}" if self.grpc else ""
+        log.info("ready: HTTP on %s:%d%s", self.settings.host, self.settings.http_port, grpc)
 
     async def _stop(self) -> None:
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
+        if self.grpc is not None:  # (stopping since the signal, unless startup failed before it)
+            await self.grpc.stop(self.settings.graceful_shutdown_seconds)
         log.info("stopping: draining and unloading models")
         if self.cache is not None:
             await self.cache.stop()
@@ -156,15 +184,26 @@ class Server:
     def run(self) -> None:
         s = self.settings
         log.info(
-            "modelhost %s: HTTP %s:%d, SageMaker %s, metrics %s (gRPC port %d is reserved for the gRPC front-end)",
-            __version__, s.host, s.http_port, f"{s.host}:{s.sagemaker_port}" if s.sagemaker_port else "off",
-            f"{s.host}:{s.metrics_port}" if s.metrics_port else "off", s.grpc_port,
+            "modelhost %s: HTTP %s:%d, gRPC %s, SageMaker %s, metrics %s",
+            __version__, s.host, s.http_port, f"{s.host}:{s.grpc_port}" if s.grpc_port else "off",
+            f"{s.host}:{s.sagemaker_port}" if s.sagemaker_port else "off",
+            f"{s.host}:{s.metrics_port}" if s.metrics_port else "off",
         )
         sites = [Site("HTTP", self.build_asgi(), s.http_port, self.load)]
         if s.sagemaker_port:
             sites.append(Site("SageMaker", self.build_sagemaker_asgi(), s.sagemaker_port, self.load))
         if s.metrics_port:
             sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port + s.worker_index, shared=False))
-        server = HttpServer(sites, s.host, s.http_max_body_bytes, s.graceful_shutdown_seconds,
-                            reuse_port=s.workers > 1)
-        uvloop.run(server.serve())
+        self._http = HttpServer(sites, s.host, s.http_max_body_bytes, s.graceful_shutdown_seconds,
+                                reuse_port=s.workers > 1, on_stop=self._stop_grpc)
+        uvloop.run(self._serve(self._http))
+
+    async def _serve(self, http: HttpServer) -> None:
+        if self.grpc is not None and self.settings.workers == 1:
+            # Bound before any model loads, so that a busy port stops the server at once, as HTTP's does;
+            # calls wait until _start starts it. (Workers share the port and bind it after loading.)
+            try:
+                self.grpc.bind()
+            except ListenError as exc:
+                raise SystemExit(f"modelhost: {exc}") from None
+        await http.serve()

@@ -43,7 +43,7 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         f"(default: {repository})")
     add("--host", help=f"address to bind (default {d.host})")
     add("--http-port", type=int, help=f"KServe V2 HTTP port (default {d.http_port})")
-    add("--grpc-port", type=int, help=f"reserved for the gRPC front-end (default {d.grpc_port})")
+    add("--grpc-port", type=int, help=f"KServe V2 / Triton gRPC port; 0: off (default {d.grpc_port})")
     add("--metrics-port", type=int, help=f"Prometheus metrics at /metrics; 0: off (default {d.metrics_port})")
     add("--sagemaker-port", type=int, help=f"SageMaker /ping, /invocations and /models; 0: off "
         f"(default {d.sagemaker_port}, or SAGEMAKER_BIND_TO_PORT)")
@@ -56,6 +56,12 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         f"(default {d.workers}, or SAGEMAKER_TFS_INSTANCE_COUNT)")
     add("--graceful-shutdown-seconds", type=float,
         help=f"how long SIGTERM waits for in-flight requests (default {d.graceful_shutdown_seconds})")
+    add("--grpc-max-message-bytes", type=_byte_size, help="the largest gRPC message received or sent, e.g. "
+        f"64MiB, 1GiB (default {d.grpc_max_message_bytes // 1024**2}MiB)")
+    add("--grpc-keepalive-time-seconds", type=float,
+        help=f"how often the server pings an idle gRPC connection (default {d.grpc_keepalive_time_seconds:g})")
+    add("--grpc-keepalive-timeout-seconds", type=float, help="how long a keepalive ping waits for its answer "
+        f"before the connection is closed (default {d.grpc_keepalive_timeout_seconds:g})")
     add("--multi-model", action=argparse.BooleanOptionalAction,
         help="SageMaker multi-model mode: models load and unload through /models (default: SAGEMAKER_MULTI_MODEL)")
     add("--model-cache-bytes", type=_byte_size, help="memory loaded models may take in multi-model mode, "

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from modelhost.config.overrides import ModelOverrides
 
 GIB = 1024**3
+GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # gRPC's message length options are 32-bit signed
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
           "kib": 1024, "mib": 1024**2, "gib": GIB, "tib": 1024**4}
 _BYTE_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*")
@@ -75,6 +76,10 @@ class ServerSettings:
     default_accept: the Accept used when a SageMaker request sends none or `*/*`.
     sagemaker_program: the handler module in a model's code/ directory.
     default_model_name: the name a single model (not a repository) is served under.
+    grpc_port: the KServe V2 / Triton gRPC front-end; 0 turns it off.
+    grpc_max_message_bytes: the largest gRPC message received or sent (tritonclient allows 2^31-1).
+    grpc_keepalive_time_seconds, grpc_keepalive_timeout_seconds: how often the server pings an idle
+    gRPC connection, and how long it waits for the answer before closing it (gRPC's defaults).
     """
 
     model_repository: str | None = None
@@ -87,6 +92,9 @@ class ServerSettings:
     default_max_batch_size: int = 4
     http_max_body_bytes: int = 64 * 1024 * 1024
     graceful_shutdown_seconds: float = 30.0
+    grpc_max_message_bytes: int = 256 * 1024 * 1024
+    grpc_keepalive_time_seconds: float = 7200.0
+    grpc_keepalive_timeout_seconds: float = 20.0
     cpu_count: int = os.cpu_count() or 1
     workers: int = 1
     worker_index: int = 0  # set for each process of --workers
@@ -129,9 +137,13 @@ def check_settings(settings: ServerSettings) -> None:
         port = getattr(settings, name)
         if not 0 <= port <= 65535:
             raise SettingsError(f"--{name.replace('_', '-')} must be a port 0-65535, got {port}")
-    for name in ("model_cache_bytes", "max_unpacked_bytes", "invocation_timeout_seconds", "http_max_body_bytes"):
+    for name in ("model_cache_bytes", "max_unpacked_bytes", "invocation_timeout_seconds", "http_max_body_bytes",
+                 "grpc_max_message_bytes", "grpc_keepalive_time_seconds", "grpc_keepalive_timeout_seconds"):
         if getattr(settings, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
+    if settings.grpc_max_message_bytes > GRPC_MAX_MESSAGE_BYTES:
+        raise SettingsError(f"--grpc-max-message-bytes must be at most {GRPC_MAX_MESSAGE_BYTES} (gRPC's limit), "
+                            f"got {settings.grpc_max_message_bytes}")
 
 
 def resolve_settings(base: ServerSettings, environ: Mapping[str, str], flags: Mapping[str, Any]) -> ServerSettings:

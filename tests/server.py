@@ -21,17 +21,20 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`modelhost serve` on 127.0.0.1; `url` is "127.0.0.1:PORT" as tritonclient wants it."""
+    """`modelhost serve` on 127.0.0.1; `url` and `grpc_url` are "127.0.0.1:PORT" as tritonclient wants them."""
 
     def __init__(self, repository: Path | str | None, *extra_args: str, cache_dir: Path | None = None,
                  env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"127.0.0.1:{self.port}"
         self.base = f"http://{self.url}"
+        self.grpc_port = free_port()  # every server its own: tests never meet on the default 8001
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.metrics_port = free_port()
         self.sagemaker_port = free_port()
         self.sagemaker = f"http://127.0.0.1:{self.sagemaker_port}"
         args = [sys.executable, "-m", "modelhost", "serve", "--http-port", str(self.port),
+                "--grpc-port", str(self.grpc_port),
                 "--metrics-port", str(self.metrics_port), "--sagemaker-port", str(self.sagemaker_port), *extra_args]
         if repository is not None:
             args += ["--model-repository", str(repository)]
@@ -50,6 +53,11 @@ class ServerProcess:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self._lines.append(line)
+
+    @property
+    def printed(self) -> str:
+        """What the server has printed so far (its log), while it runs."""
+        return "".join(self._lines)
 
     @property
     def example_repository(self) -> Path:

@@ -217,7 +217,8 @@ def test_cli_version() -> None:
 
 
 def test_port_in_use_is_a_clear_startup_error(example_server: ServerProcess, tmp_path: Path) -> None:
-    result = run_cli("serve", "--model-repository", str(tmp_path), "--http-port", str(example_server.port))
+    result = run_cli("serve", "--model-repository", str(tmp_path), "--http-port", str(example_server.port),
+                     "--grpc-port", "0", "--sagemaker-port", "0", "--metrics-port", "0")
     assert result.returncode == 1
     assert f"cannot listen on 127.0.0.1:{example_server.port}" in result.stderr
     assert "Traceback" not in result.stderr, result.stderr

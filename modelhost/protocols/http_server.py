@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -42,8 +42,11 @@ class HttpServer:
     """Serves ASGI apps on their ports of one host until SIGTERM/SIGINT (or `stop()`)."""
 
     def __init__(self, sites: Sequence[Site], host: str, max_body_bytes: int, graceful_seconds: float,
-                 idle_seconds: float = 75.0, reuse_port: bool = False) -> None:
+                 idle_seconds: float = 75.0, reuse_port: bool = False,
+                 on_stop: Callable[[], object] | None = None) -> None:
         self.sites = list(sites)
+        # Called on the loop when stopping begins (a signal or stop()): other servers stop accepting too.
+        self._on_stop = on_stop
         self.reuse_port = reuse_port  # several processes share the HTTP port (--workers)
         self.host = host
         self.max_body_bytes = max_body_bytes
@@ -53,6 +56,8 @@ class HttpServer:
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
+        if not self._stopping.is_set() and self._on_stop is not None:
+            self._on_stop()
         self._stopping.set()
 
     async def serve(self) -> None:

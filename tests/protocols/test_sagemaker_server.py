@@ -201,7 +201,7 @@ def test_invalid_environment_value_stops_startup_naming_the_variable(tmp_path: P
     onnx.save_model(scale_model(2.0), str(tmp_path / "model.onnx"))
     result = subprocess.run(
         [sys.executable, "-m", "modelhost", "serve", "--model-repository", str(tmp_path), "--http-port",
-         str(free_port()), "--sagemaker-port", str(free_port()), "--metrics-port", "0"],
+         str(free_port()), "--sagemaker-port", str(free_port()), "--metrics-port", "0", "--grpc-port", "0"],
         env={**os.environ, "SAGEMAKER_TFS_MAX_BATCH_SIZE": "lots"},
         capture_output=True, text=True, timeout=60,
     )
@@ -215,7 +215,7 @@ def test_serve_entry_runs_a_container_style_server(tmp_path: Path) -> None:
     port = free_port()
     command = [sys.executable, "-c", "import sys; from modelhost.cli import serve_main; sys.exit(serve_main())",
                "serve", "--host", "127.0.0.1", "--model-repository", str(tmp_path), "--http-port", str(free_port()),
-               "--metrics-port", "0"]
+               "--metrics-port", "0", "--grpc-port", "0"]
     env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port)}
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -1,0 +1,244 @@
+"""gRPC server (grpc.aio, on the process's one event loop): services, ErrorKind -> status codes, limits, stop.
+
+Protocol modules hand in `Service`s of `Unary` and `Stream` RPCs over protobuf messages, as HTTP ones
+hand in Routes; this module owns serialization, the ErrorKind -> grpc.StatusCode table, the
+per-request load count the schedulers read, message size and keepalive options, and the graceful
+stop. Services are registered by name (`method_handlers_generic_handler`), so a protocol's method
+paths are whatever its `Service.name` says, whatever package its messages were generated in.
+
+Cancellation: when a client's deadline passes or it cancels, grpc.aio cancels the RPC's task; the
+CancelledError reaches the scheduler, which drops the request if it is still queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from modelhost.core.load import ServerLoad
+from modelhost.errors import ErrorKind, ModelhostError
+
+log = logging.getLogger("modelhost.grpc")
+
+STATUS = {
+    ErrorKind.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.OVERLOADED: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorKind.NO_MEMORY: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+_INT32_MAX = 2**31 - 1
+# Clients may ping an idle connection this often (gRPC's server default, 5 minutes, answers a client
+# that keeps alive every 10 s with GOAWAY "too_many_pings").
+MIN_CLIENT_PING_INTERVAL_MS = 5000
+
+
+class ListenError(Exception):
+    """The gRPC port cannot be bound; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unary:
+    """One request, one response; `call` raises ModelhostError for the client."""
+
+    name: str
+    request_type: type[Message]
+    call: Callable[[Any], Awaitable[Message]]
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A bidirectional stream answered request by request: each request is `answer`ed as its own task
+    (several in flight at once), answers are written as they complete, and a failed request is answered
+    with `error(request, exc)` while the stream goes on."""
+
+    name: str
+    request_type: type[Message]
+    answer: Callable[[Any], Awaitable[Message]]
+    error: Callable[[Any, ModelhostError], Message]
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    name: str  # the method paths are /<name>/<rpc name>
+    rpcs: Sequence[Unary | Stream]
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcOptions:
+    max_message_bytes: int  # received and sent
+    keepalive_time_seconds: float
+    keepalive_timeout_seconds: float
+    reuse_port: bool = False  # several processes share the port (--workers)
+
+
+def server_options(options: GrpcOptions) -> list[tuple[str, int]]:
+    """grpc channel arguments for the server."""
+    return [
+        ("grpc.max_receive_message_length", options.max_message_bytes),
+        ("grpc.max_send_message_length", options.max_message_bytes),
+        ("grpc.keepalive_time_ms", _milliseconds(options.keepalive_time_seconds)),
+        ("grpc.keepalive_timeout_ms", _milliseconds(options.keepalive_timeout_seconds)),
+        ("grpc.keepalive_permit_without_calls", 1),  # idle connections are pinged too: dead peers get closed
+        ("grpc.http2.max_pings_without_data", 0),  # no cap on the server's own keepalive pings
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+        # gRPC sets SO_REUSEPORT by default: then a second server would share a busy port silently.
+        ("grpc.so_reuseport", 1 if options.reuse_port else 0),
+    ]
+
+
+class GrpcServer:
+    """Serves `services` on host:port: `bind()`, `start()`, `stop(grace)`, all on one event loop."""
+
+    def __init__(self, services: Sequence[Service], host: str, port: int, options: GrpcOptions,
+                 load: ServerLoad) -> None:
+        self.services = list(services)
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.options = options
+        self.load = load
+        self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Future[None] | None = None
+
+    def bind(self) -> None:
+        """Create the server and bind its port (connections then wait until `start()`); ListenError if busy."""
+        server = grpc.aio.server(options=server_options(self.options))
+        limit = self.options.max_message_bytes
+        server.add_generic_rpc_handlers([_generic_handler(service, self.load, limit) for service in self.services])
+        try:
+            server.add_insecure_port(self.address)
+        except RuntimeError:
+            raise ListenError(f"cannot listen on {self.address} for gRPC (--grpc-port): "
+                              "the port is in use or the address is not this machine's") from None
+        self._server = server
+
+    async def start(self) -> None:
+        """Accept calls (binding first if `bind()` was not called)."""
+        if self._server is None:
+            self.bind()
+        assert self._server is not None
+        await self._server.start()
+        log.info("gRPC listening on %s", self.address)
+
+    def stop(self, grace: float) -> asyncio.Future[None]:
+        """Stop accepting RPCs; those in flight get `grace` seconds, then are cancelled. Idempotent:
+        every call returns the one stop in progress, to await."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+        return self._stopping
+
+    async def _stop(self, grace: float) -> None:
+        if self._server is not None:
+            log.info("gRPC: no new calls, finishing those in flight (up to %gs)", grace)
+            await self._server.stop(grace)
+
+
+def _milliseconds(seconds: float) -> int:
+    return max(1, min(_INT32_MAX, math.ceil(seconds * 1000)))
+
+
+def _serialize(message: Message, limit: int) -> bytes:
+    """The message's bytes; ModelhostError if over the limit. (Behaviors serialize, not grpc: a response
+    over grpc's own send limit fails with a traceback in the server's log, and asking protobuf for the
+    size first would serialize twice.)"""
+    data = message.SerializeToString()
+    if len(data) > limit:
+        # NO_MEMORY is RESOURCE_EXHAUSTED, what gRPC answers a request over the limit with.
+        raise ModelhostError(ErrorKind.NO_MEMORY, f"the response is {len(data)} bytes, more than the gRPC message "
+                             f"limit of {limit} bytes (--grpc-max-message-bytes)")
+    return data
+
+
+def _generic_handler(service: Service, load: ServerLoad, limit: int) -> grpc.GenericRpcHandler:
+    handlers = {}
+    for rpc in service.rpcs:
+        if isinstance(rpc, Unary):
+            handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(
+                _unary_behavior(rpc, load, limit), request_deserializer=rpc.request_type.FromString)
+        else:
+            handlers[rpc.name] = grpc.stream_stream_rpc_method_handler(
+                _stream_behavior(rpc, load, limit), request_deserializer=rpc.request_type.FromString)
+    return grpc.method_handlers_generic_handler(service.name, handlers)
+
+
+def _unary_behavior(rpc: Unary, load: ServerLoad, limit: int) -> Callable[[Any, Any], Awaitable[bytes]]:
+    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> bytes:
+        load.in_progress += 1
+        try:
+            return _serialize(await rpc.call(request), limit)
+        except ModelhostError as exc:
+            trailers = () if exc.retry_after is None else (("retry-after", str(math.ceil(exc.retry_after))),)
+            await context.abort(STATUS[exc.kind], exc.message, trailers)
+        except Exception as exc:
+            log.exception("%s failed", rpc.name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+        finally:
+            load.in_progress -= 1
+        raise AssertionError("unreachable: context.abort raises")
+
+    return behavior
+
+
+def _stream_behavior(rpc: Stream, load: ServerLoad, limit: int) -> Callable[[AsyncIterator[Any], Any],
+                                                                           AsyncIterator[bytes]]:
+    async def answer(request: Any) -> bytes:
+        load.in_progress += 1
+        try:
+            return _serialize(await rpc.answer(request), limit)
+        except ModelhostError as exc:
+            return _serialize(rpc.error(request, exc), limit)
+        except Exception as exc:
+            log.exception("%s failed", rpc.name)
+            return _serialize(rpc.error(request, ModelhostError(ErrorKind.INTERNAL, f"internal error: {exc}")), limit)
+        finally:
+            load.in_progress -= 1
+
+    async def behavior(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[bytes]:
+        # One reader task starts a task per request; this generator writes answers as they complete.
+        # None in `answers` means the client finished sending and every request has been answered.
+        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+        reading = True
+
+        async def run(request: Any) -> None:
+            answers.put_nowait(await answer(request))
+
+        def finished(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if not reading and not tasks:
+                answers.put_nowait(None)
+
+        async def read() -> None:
+            nonlocal reading
+            try:
+                async for request in requests:
+                    task = asyncio.create_task(run(request))
+                    tasks.add(task)
+                    task.add_done_callback(finished)
+            finally:
+                reading = False
+                if not tasks:
+                    answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (message := await answers.get()) is not None:
+                yield message
+            await reader  # a failed read ends the stream with its error
+        finally:
+            # The client is gone or the stream failed: requests still queued are dropped.
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    return behavior

@@ -1,0 +1,88 @@
+"""KServe V2 and Triton RPCs of `inference.GRPCInferenceService`: parse, call the core once, encode.
+
+The gRPC twin of rest.py. Messages are grpc_codec's (package modelhost.kserve_v2); the method paths
+are Triton's, /inference.GRPCInferenceService/<Rpc>, because the service is registered by that name.
+Errors are ModelhostErrors that grpc_server maps to status codes; inside ModelStreamInfer a failed
+request is answered with `error_message` (and its `id`) while the stream goes on, as Triton does.
+"""
+
+from __future__ import annotations
+
+from modelhost.core.control import Control
+from modelhost.core.dataplane import DataPlane
+from modelhost.errors import ModelhostError
+from modelhost.protocols.grpc_server import Service, Stream, Unary
+from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
+from modelhost.protocols.kserve_v2.grpc_codec import (
+    config_to_proto,
+    decode_infer_request,
+    encode_infer_response,
+    index_to_proto,
+    metadata_to_proto,
+    statistics_to_proto,
+)
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+
+
+def service(dataplane: DataPlane, control: Control) -> Service:
+    async def server_live(request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=dataplane.live())
+
+    async def server_ready(request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=dataplane.ready())
+
+    async def model_ready(request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=dataplane.model_ready(request.name, request.version))
+
+    async def server_metadata(request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**dataplane.server_metadata())
+
+    async def model_metadata(request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        return metadata_to_proto(dataplane.metadata(request.name, request.version))
+
+    async def model_infer(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        infer_request = decode_infer_request(request)
+        response = await dataplane.infer(infer_request)
+        return encode_infer_response(response, infer_request)
+
+    async def stream_answer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+        return pb.ModelStreamInferResponse(infer_response=await model_infer(request))
+
+    async def model_config(request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        return config_to_proto(dataplane.model_config(request.name, request.version))
+
+    async def model_statistics(request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
+        return statistics_to_proto(dataplane.statistics(request.name, request.version))
+
+    async def repository_index(request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        return index_to_proto(control.index(request.ready))
+
+    async def load(request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
+        await control.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    async def unload(request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
+        await control.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    return Service(SERVICE_NAME, [
+        Unary("ServerLive", pb.ServerLiveRequest, server_live),
+        Unary("ServerReady", pb.ServerReadyRequest, server_ready),
+        Unary("ModelReady", pb.ModelReadyRequest, model_ready),
+        Unary("ServerMetadata", pb.ServerMetadataRequest, server_metadata),
+        Unary("ModelMetadata", pb.ModelMetadataRequest, model_metadata),
+        Unary("ModelInfer", pb.ModelInferRequest, model_infer),
+        Stream("ModelStreamInfer", pb.ModelInferRequest, stream_answer, _stream_error),
+        Unary("ModelConfig", pb.ModelConfigRequest, model_config),
+        Unary("ModelStatistics", pb.ModelStatisticsRequest, model_statistics),
+        Unary("RepositoryIndex", pb.RepositoryIndexRequest, repository_index),
+        Unary("RepositoryModelLoad", pb.RepositoryModelLoadRequest, load),
+        Unary("RepositoryModelUnload", pb.RepositoryModelUnloadRequest, unload),
+    ])
+
+
+def _stream_error(request: pb.ModelInferRequest, error: ModelhostError) -> pb.ModelStreamInferResponse:
+    # The id tells the client which of its requests failed (tritonclient reads only error_message).
+    answer = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
+    return pb.ModelStreamInferResponse(error_message=error.message, infer_response=answer)

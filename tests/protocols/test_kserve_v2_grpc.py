@@ -1,0 +1,716 @@
+"""KServe V2 / Triton over gRPC, spoken by Triton's own clients (`tritonclient.grpc` and `.aio`, unmodified).
+
+One server (module scope) serves a repository built here:
+- `simple`: Triton's add/sub model (INPUT0, INPUT1 FP32 [batch, 16] -> OUTPUT0 = a + b, OUTPUT1 = a - b);
+- `identity_<datatype>`: an Identity model per V2 datatype (INPUT0 -> OUTPUT0, dims [-1]);
+- `shared`: the add/sub model with one instance and a 300 ms queue delay (HTTP and gRPC batched together);
+- `slow`: a Loop of MatMuls as slow as each request asks, one instance, max_queue_size 1, timeouts overridable;
+- `double`: OUTPUT0 is INPUT0 twice over (a response larger than its request).
+A second server with `--grpc-max-message-bytes 1MiB` checks the size limits and then graceful shutdown.
+Typed tensor contents go out in tritonclient's own generated messages (Triton's .proto) over a plain grpc
+channel, since tritonclient itself always sends raw contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+from google.protobuf import json_format
+from onnx import TensorProto, helper
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from modelhost.cli import modelhost_settings
+from modelhost.protocols.grpc_server import GrpcOptions, server_options
+from tests.onnx_models import (
+    ADD_SUB_CONFIG,
+    IR_VERSION,
+    OPSET,
+    add_sub_model,
+    identity_model,
+    slow_loop_config,
+    slow_loop_model,
+    write_model,
+)
+from tests.server import ServerProcess, free_port
+
+# V2 datatype -> (ONNX element type, numpy dtype, InferTensorContents field or None when raw only)
+DATATYPES: dict[str, tuple[int, type, str | None]] = {
+    "BOOL": (TensorProto.BOOL, np.bool_, "bool_contents"),
+    "UINT8": (TensorProto.UINT8, np.uint8, "uint_contents"),
+    "UINT16": (TensorProto.UINT16, np.uint16, "uint_contents"),
+    "UINT32": (TensorProto.UINT32, np.uint32, "uint_contents"),
+    "UINT64": (TensorProto.UINT64, np.uint64, "uint64_contents"),
+    "INT8": (TensorProto.INT8, np.int8, "int_contents"),
+    "INT16": (TensorProto.INT16, np.int16, "int_contents"),
+    "INT32": (TensorProto.INT32, np.int32, "int_contents"),
+    "INT64": (TensorProto.INT64, np.int64, "int64_contents"),
+    "FP16": (TensorProto.FLOAT16, np.float16, None),
+    "FP32": (TensorProto.FLOAT, np.float32, "fp32_contents"),
+    "FP64": (TensorProto.DOUBLE, np.float64, "fp64_contents"),
+    "BYTES": (TensorProto.STRING, np.object_, "bytes_contents"),
+}
+STRINGS = ["", "plain ascii", "héllo wörld ✓", "日本語テキスト", "emoji 🚀", "a" * 300]
+S = 64  # the slow model's X is [batch, S, S]
+BLOCK_SECONDS = 0.4  # how long a blocking request holds the slow model's only instance
+SHARED_DELAY_US = 300_000
+UNKNOWN = "Request for unknown model: 'nope' is not found"
+
+
+def identity_config(datatype: str) -> str:
+    config_type = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+    return (f'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+            f'input [ {{ name: "INPUT0" data_type: {config_type} dims: [ -1 ] }} ]\n'
+            f'output [ {{ name: "OUTPUT0" data_type: {config_type} dims: [ -1 ] }} ]\n')
+
+
+def double_model() -> Any:
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["INPUT0", "INPUT0"], ["OUTPUT0"], axis=1)], "double",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", "twice_n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return model
+
+
+def build_repository(root: Path) -> Path:
+    write_model(root, "simple", add_sub_model(), ADD_SUB_CONFIG)
+    for datatype, (element_type, _, _) in DATATYPES.items():
+        write_model(root, f"identity_{datatype.lower()}", identity_model(element_type), identity_config(datatype))
+    shared = ADD_SUB_CONFIG + ("instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+                               f"dynamic_batching {{ max_queue_delay_microseconds: {SHARED_DELAY_US} }}\n")
+    write_model(root, "shared", add_sub_model(), shared)
+    queue = "dynamic_batching { default_queue_policy { max_queue_size: 1 allow_timeout_override: true } }"
+    write_model(root, "slow", slow_loop_model(S, batched=True), slow_loop_config(S, max_batch_size=4, extra=queue))
+    write_model(root, "double", double_model(), identity_config("FP32"))
+    return root
+
+
+@dataclass
+class Served:
+    server: ServerProcess
+    client: grpcclient.InferenceServerClient
+    block_iterations: int  # ITERATIONS that hold the slow instance ~BLOCK_SECONDS
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repository(tmp_path_factory.mktemp("grpc-repository"))
+
+
+@pytest.fixture(scope="module")
+def served(repository: Path) -> Iterator[Served]:
+    server = ServerProcess(repository, "--strict-readiness").wait_ready()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        x = np.zeros((1, S, S), np.float32)
+        infer_slow(client, x, 100)  # warm-up
+        probe = 10_000
+        started = time.monotonic()
+        infer_slow(client, x, probe)
+        per_iteration = max((time.monotonic() - started) / probe, 1e-7)
+        yield Served(server, client, int(min(max(BLOCK_SECONDS / per_iteration, 1000), 5_000_000)))
+    finally:
+        client.close()
+        server.stop()
+
+
+@pytest.fixture
+def client(served: Served) -> grpcclient.InferenceServerClient:
+    return served.client
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
+    return [grpcclient.InferInput("INPUT0", list(a.shape), "FP32").set_data_from_numpy(a),
+            grpcclient.InferInput("INPUT1", list(b.shape), "FP32").set_data_from_numpy(b)]
+
+
+def pair(seed: int, rows: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((rows, 16)).astype(np.float32), rng.standard_normal((rows, 16)).astype(np.float32)
+
+
+def slow_inputs(x: np.ndarray, iterations: int) -> list[grpcclient.InferInput]:
+    counts = np.full((len(x), 1), iterations, np.int64)
+    return [grpcclient.InferInput("X", list(x.shape), "FP32").set_data_from_numpy(x),
+            grpcclient.InferInput("ITERATIONS", [len(x), 1], "INT64").set_data_from_numpy(counts)]
+
+
+def infer_slow(client: grpcclient.InferenceServerClient, x: np.ndarray, iterations: int, **kwargs: Any) -> np.ndarray:
+    result = client.infer("slow", slow_inputs(x, iterations), **kwargs).as_numpy("Y")
+    assert result is not None
+    return result
+
+
+def unique_x(tag: int) -> np.ndarray:
+    return np.full((1, S, S), float(tag), np.float32) + np.arange(S, dtype=np.float32) / 128
+
+
+def grpc_error(call: Callable[[], Any]) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as caught:
+        call()
+    return caught.value
+
+
+def pending(server: ServerProcess, model: str) -> int:
+    """Requests queued for `model` (not running), from the Prometheus endpoint."""
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
+    match = re.search(rf'^nv_inference_pending_request_count{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M)
+    assert match, f"no pending count for {model} in /metrics"
+    return int(float(match.group(1)))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)
+
+
+def counts(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:
+    (stat,) = client.get_inference_statistics(model).model_stats
+    return stat.execution_count, stat.inference_count
+
+
+def extremes(datatype: str) -> np.ndarray:
+    """A [2, n] batch holding the edge values of a datatype."""
+    dtype = np.dtype(DATATYPES[datatype][1])
+    if datatype == "BOOL":
+        return np.array([[True, False, True, True], [False, False, True, False]])
+    if datatype == "BYTES":
+        return np.array([[s.encode() for s in STRINGS], [s.encode() for s in reversed(STRINGS)]], dtype=object)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return np.array([[info.min, info.max, 0, 1], [info.max - 1, info.min + 1, info.max // 3, 7]], dtype=dtype)
+    info = np.finfo(dtype)
+    return np.array([[info.min, info.max, info.tiny, info.smallest_subnormal, np.nan, np.inf],
+                     [-0.0, 0.0, 1 / 3, -2.5, -np.inf, 1.0]], dtype=dtype)
+
+
+def assert_same(actual: np.ndarray | None, expected: np.ndarray) -> None:
+    assert actual is not None and actual.shape == expected.shape
+    if expected.dtype == object:
+        assert actual.tolist() == expected.tolist()
+    else:  # bit for bit: -0.0 apart from 0.0, NaN equal to NaN
+        assert actual.dtype == expected.dtype and actual.tobytes() == expected.tobytes()
+
+
+# --------------------------------------------------------------------------- health, metadata, config, repository
+
+
+def test_health(client: grpcclient.InferenceServerClient) -> None:
+    assert client.is_server_live() is True
+    assert client.is_server_ready() is True  # --strict-readiness: every model loaded
+    assert client.is_model_ready("simple") is True
+    assert client.is_model_ready("simple", "1") is True
+    assert client.is_model_ready("simple", "2") is False
+    assert client.is_model_ready("nope") is False
+
+
+def test_server_metadata(client: grpcclient.InferenceServerClient, served: Served) -> None:
+    metadata = client.get_server_metadata()
+    http = requests.get(served.server.base + "/v2", timeout=5).json()
+    assert (metadata.name, metadata.version, list(metadata.extensions)) == (
+        http["name"], http["version"], http["extensions"])
+    assert metadata.name == "modelhost" and "statistics" in metadata.extensions
+    assert client.get_server_metadata(as_json=True)["name"] == "modelhost"
+
+
+def test_model_metadata(client: grpcclient.InferenceServerClient) -> None:
+    metadata = client.get_model_metadata("simple")
+    assert metadata == client.get_model_metadata("simple", "1")
+    assert (metadata.name, list(metadata.versions), metadata.platform) == ("simple", ["1"], "onnxruntime_onnx")
+    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == [
+        ("INPUT0", "FP32", [-1, 16]), ("INPUT1", "FP32", [-1, 16])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.outputs] == [
+        ("OUTPUT0", "FP32", [-1, 16]), ("OUTPUT1", "FP32", [-1, 16])]
+    error = grpc_error(lambda: client.get_model_metadata("nope"))
+    assert error.status() == "StatusCode.NOT_FOUND" and UNKNOWN in error.message()
+    assert grpc_error(lambda: client.get_model_metadata("simple", "2")).status() == "StatusCode.NOT_FOUND"
+
+
+def test_model_config_is_the_http_config(client: grpcclient.InferenceServerClient, served: Served) -> None:
+    config = client.get_model_config("slow").config
+    assert (config.name, config.max_batch_size) == ("slow", 4)
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("X", model_config_pb2.TYPE_FP32, [S, S]), ("ITERATIONS", model_config_pb2.TYPE_INT64, [1])]
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 1
+    http = requests.get(served.server.base + "/v2/models/slow/config", timeout=5).json()
+    assert config == json_format.ParseDict(http, model_config_pb2.ModelConfig())  # Triton's own message
+    assert client.get_model_config("slow", as_json=True)["config"]["name"] == "slow"
+    error = grpc_error(lambda: client.get_model_config("nope"))
+    assert error.status() == "StatusCode.NOT_FOUND" and UNKNOWN in error.message()
+
+
+def test_repository_index(client: grpcclient.InferenceServerClient) -> None:
+    index = client.get_model_repository_index()
+    names = {model.name for model in index.models}
+    assert {"simple", "shared", "slow", "double", "identity_bytes"} <= names
+    assert all((model.version, model.state) == ("1", "READY") for model in index.models)
+
+
+def test_statistics_are_the_http_statistics(client: grpcclient.InferenceServerClient, served: Served) -> None:
+    array = np.array([[1, 2, 3]], np.int8)
+    infer_input = grpcclient.InferInput("INPUT0", [1, 3], "INT8").set_data_from_numpy(array)
+    client.infer("identity_int8", [infer_input])
+    stats = client.get_inference_statistics("identity_int8")
+    (stat,) = stats.model_stats
+    assert (stat.name, stat.version) == ("identity_int8", "1")
+    assert stat.inference_stats.success.count >= 1 and stat.inference_count >= 1
+    http = requests.get(served.server.base + "/v2/models/identity_int8/stats", timeout=5).json()
+    assert stats == json_format.ParseDict(http, service_pb2.ModelStatisticsResponse())
+    every = client.get_inference_statistics()
+    assert {s.name for s in every.model_stats} >= {"simple", "slow", "identity_int8"}
+    error = grpc_error(lambda: client.get_inference_statistics("nope"))
+    assert error.status() == "StatusCode.NOT_FOUND" and UNKNOWN in error.message()
+
+
+def test_load_and_unload_are_unimplemented_with_the_http_message(client: grpcclient.InferenceServerClient,
+                                                                  served: Served) -> None:
+    http = httpclient.InferenceServerClient(served.server.url)
+    try:
+        for grpc_call, http_call in ((client.load_model, http.load_model), (client.unload_model, http.unload_model)):
+            error = grpc_error(partial(grpc_call, "simple"))
+            assert error.status() == "StatusCode.UNIMPLEMENTED"
+            assert "model control mode is 'none'" in error.message()
+            assert error.message() == grpc_error(partial(http_call, "simple")).message()
+    finally:
+        http.close()
+    assert client.is_model_ready("simple")
+
+
+# --------------------------------------------------------------------------- inference
+
+
+def test_infer_with_request_id_parameters_and_every_output(client: grpcclient.InferenceServerClient) -> None:
+    a, b = pair(1, rows=3)
+    result = client.infer("simple", simple_inputs(a, b), request_id="req-7", parameters={"note": "kept", "n": 3},
+                          priority=1)
+    response = result.get_response()
+    assert (response.model_name, response.model_version, response.id) == ("simple", "1", "req-7")
+    assert [o.name for o in response.outputs] == ["OUTPUT0", "OUTPUT1"]
+    assert all(len(raw) == 3 * 16 * 4 for raw in response.raw_output_contents)  # tritonclient reads raw only
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_requested_outputs(client: grpcclient.InferenceServerClient) -> None:
+    a, b = pair(2)
+    result = client.infer("simple", simple_inputs(a, b), model_version="1",
+                          outputs=[grpcclient.InferRequestedOutput("OUTPUT1")])
+    assert [o.name for o in result.get_response().outputs] == ["OUTPUT1"]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.as_numpy("OUTPUT0") is None
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_messages(client: grpcclient.InferenceServerClient, algorithm: str) -> None:
+    a, b = pair(4, rows=8)
+    result = client.infer("simple", simple_inputs(a, b), compression_algorithm=algorithm)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+@pytest.mark.parametrize("datatype", list(DATATYPES))
+def test_every_datatype_raw(client: grpcclient.InferenceServerClient, datatype: str) -> None:
+    array = extremes(datatype)
+    infer_input = grpcclient.InferInput("INPUT0", list(array.shape), datatype).set_data_from_numpy(array)
+    result = client.infer(f"identity_{datatype.lower()}", [infer_input])
+    (output,) = result.get_response().outputs
+    assert (output.name, output.datatype, list(output.shape)) == ("OUTPUT0", datatype, list(array.shape))
+    assert_same(result.as_numpy("OUTPUT0"), array)
+
+
+@pytest.fixture(scope="module")
+def stub(served: Served) -> Iterator[service_pb2_grpc.GRPCInferenceServiceStub]:
+    channel = grpc.insecure_channel(served.server.grpc_url)
+    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    channel.close()
+
+
+def typed_request(datatype: str, array: np.ndarray, field: str) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=f"identity_{datatype.lower()}", id="typed")
+    tensor = request.inputs.add(name="INPUT0", datatype=datatype, shape=array.shape)
+    getattr(tensor.contents, field).extend(array.ravel().tolist())
+    return request
+
+
+@pytest.mark.parametrize("datatype", [d for d, (_, _, field) in DATATYPES.items() if field])
+def test_every_datatype_typed(stub: service_pb2_grpc.GRPCInferenceServiceStub, datatype: str) -> None:
+    array = extremes(datatype)
+    response = stub.ModelInfer(typed_request(datatype, array, DATATYPES[datatype][2] or ""), timeout=10)
+    assert response.id == "typed" and len(response.raw_output_contents) == 1
+    assert_same(grpcclient.InferResult(response).as_numpy("OUTPUT0"), array)
+
+
+@pytest.mark.parametrize("datatype, field, words", [
+    ("FP16", "fp32_contents", "raw_input_contents"),  # FP16 has no typed field
+    ("INT32", "fp32_contents", "int_contents"),  # the wrong field for the datatype
+    ("INT8", "int_contents", "range of INT8"),  # a value past the datatype's range
+])
+def test_bad_typed_contents_are_invalid(stub: service_pb2_grpc.GRPCInferenceServiceStub, datatype: str, field: str,
+                                        words: str) -> None:
+    array = np.array([[1.0, 2.0]]) if datatype != "INT8" else np.array([[1, 300]])
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.ModelInfer(typed_request(datatype, array, field), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert words in caught.value.details() and "INPUT0" in caught.value.details()
+
+
+def test_a_large_request_passes_the_default_limit(client: grpcclient.InferenceServerClient) -> None:
+    """8 MB, twice grpc's own 4 MiB default (500 candidates x 4 KB is 2 MB)."""
+    array = np.arange(2 * 1_000_000, dtype=np.float32).reshape(2, 1_000_000)
+    infer_input = grpcclient.InferInput("INPUT0", list(array.shape), "FP32").set_data_from_numpy(array)
+    assert_same(client.infer("identity_fp32", [infer_input]).as_numpy("OUTPUT0"), array)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("shape, datatype", [([1, 15], "FP32"), ([1, 16], "INT32")], ids=["shape", "datatype"])
+def test_bad_input_is_invalid_argument_with_the_http_message(client: grpcclient.InferenceServerClient,
+                                                             served: Served, shape: list[int], datatype: str) -> None:
+    array = np.zeros(shape, np.float32 if datatype == "FP32" else np.int32)
+    grpc_inputs = [grpcclient.InferInput(name, shape, datatype).set_data_from_numpy(array)
+                   for name in ("INPUT0", "INPUT1")]
+    error = grpc_error(lambda: client.infer("simple", grpc_inputs))
+    assert error.status() == "StatusCode.INVALID_ARGUMENT" and "INPUT0" in error.message()
+    http = httpclient.InferenceServerClient(served.server.url)
+    try:
+        http_inputs = [httpclient.InferInput(name, shape, datatype).set_data_from_numpy(array)
+                       for name in ("INPUT0", "INPUT1")]
+        assert error.message() == grpc_error(lambda: http.infer("simple", http_inputs)).message()
+    finally:
+        http.close()
+
+
+def test_unknown_model_and_version_are_not_found(client: grpcclient.InferenceServerClient) -> None:
+    a, b = pair(3)
+    error = grpc_error(lambda: client.infer("nope", simple_inputs(a, b)))
+    assert error.status() == "StatusCode.NOT_FOUND" and UNKNOWN in error.message()
+    error = grpc_error(lambda: client.infer("simple", simple_inputs(a, b), model_version="9"))
+    assert error.status() == "StatusCode.NOT_FOUND" and "simple" in error.message()
+
+
+def block(pool: ThreadPoolExecutor, served: Served) -> Any:
+    """Start a gRPC request that holds the slow model's only instance ~BLOCK_SECONDS; return once it runs."""
+    client = grpcclient.InferenceServerClient(served.server.grpc_url)
+    future = pool.submit(infer_slow, client, unique_x(99), served.block_iterations)
+    future.add_done_callback(lambda _: client.close())
+    time.sleep(0.05)  # it reaches the server and the idle instance takes it at once
+    assert not future.done(), "the blocking request finished already: calibration is off"
+    assert pending(served.server, "slow") == 0
+    return future
+
+
+def test_full_queue_is_unavailable_with_retry_after(served: Served, stub: service_pb2_grpc.GRPCInferenceServiceStub
+                                                    ) -> None:
+    client = served.client
+    before = counts(client, "slow")
+    with ThreadPoolExecutor(2) as pool:
+        blocker = block(pool, served)
+        queued = pool.submit(infer_slow, grpcclient.InferenceServerClient(served.server.grpc_url), unique_x(1), 1)
+        wait_for(lambda: pending(served.server, "slow") == 1, what="the second request to queue")
+        error = grpc_error(lambda: infer_slow(client, unique_x(2), 1))
+        assert error.status() == "StatusCode.UNAVAILABLE" and "max_queue_size 1" in error.message()
+        request = service_pb2.ModelInferRequest(model_name="slow", raw_input_contents=[
+            unique_x(3).tobytes(), np.ones((1, 1), np.int64).tobytes()])
+        request.inputs.add(name="X", datatype="FP32", shape=[1, S, S])
+        request.inputs.add(name="ITERATIONS", datatype="INT64", shape=[1, 1])
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert ("retry-after", "1") in caught.value.trailing_metadata()
+        assert not blocker.done(), "the overflow was not rejected at once"
+        np.testing.assert_array_equal(blocker.result(timeout=20), unique_x(99) + 1)
+        np.testing.assert_array_equal(queued.result(timeout=20), unique_x(1) + 1)
+    executions, inferences = counts(client, "slow")
+    assert (executions - before[0], inferences - before[1]) == (2, 2)  # the rejected ones never ran
+
+
+def test_queue_timeout_is_deadline_exceeded(served: Served) -> None:
+    client = served.client
+    before = counts(client, "slow")
+    with ThreadPoolExecutor(1) as pool:
+        blocker = block(pool, served)
+        started = time.monotonic()
+        error = grpc_error(lambda: infer_slow(client, unique_x(1), 1, timeout=100_000))  # µs, a request parameter
+        elapsed = time.monotonic() - started
+        assert error.status() == "StatusCode.DEADLINE_EXCEEDED" and "timed out" in error.message()
+        assert 0.09 <= elapsed < BLOCK_SECONDS and not blocker.done()
+        blocker.result(timeout=20)
+    executions, inferences = counts(client, "slow")
+    assert (executions - before[0], inferences - before[1]) == (1, 1)
+
+
+def test_client_deadline_drops_the_queued_request(served: Served) -> None:
+    client = served.client
+    before = counts(client, "slow")
+    with ThreadPoolExecutor(1) as pool:
+        blocker = block(pool, served)
+        error = grpc_error(lambda: infer_slow(client, unique_x(1), 1, client_timeout=0.15))
+        assert error.status() == "StatusCode.DEADLINE_EXCEEDED"
+        wait_for(lambda: pending(served.server, "slow") == 0, timeout=BLOCK_SECONDS / 3, what="the drop")
+        assert not blocker.done()
+        blocker.result(timeout=20)
+    time.sleep(0.05)  # the dropped request, were it kept, would be taken and run now
+    executions, inferences = counts(client, "slow")
+    assert (executions - before[0], inferences - before[1]) == (1, 1), "the expired request ran"
+    np.testing.assert_array_equal(infer_slow(client, unique_x(2), 1), unique_x(2) + 1)  # still serving
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def test_stream_answers_requests_in_flight_together_with_their_ids(served: Served) -> None:
+    """A slow request first, then fast ones and a bad one: the fast ones are answered while the slow one runs."""
+    client = grpcclient.InferenceServerClient(served.server.grpc_url)
+    answers: list[tuple[str, Any]] = []
+    done = threading.Event()
+    expected = 10
+
+    def callback(result: grpcclient.InferResult | None, error: InferenceServerException | None) -> None:
+        answers.append(("error", error) if result is None else (result.get_response().id, result))
+        if len(answers) == expected:
+            done.set()
+
+    client.start_stream(callback)
+    try:
+        client.async_stream_infer("slow", slow_inputs(unique_x(5), served.block_iterations), request_id="slow")
+        time.sleep(0.05)
+        feeds = {f"r{i}": pair(10 + i, rows=1 + i % 3) for i in range(8)}
+        for request_id, (a, b) in feeds.items():
+            client.async_stream_infer("simple", simple_inputs(a, b), request_id=request_id)
+        client.async_stream_infer("nope", simple_inputs(*pair(0)), request_id="bad")
+        assert done.wait(timeout=20), f"{len(answers)} answers"
+    finally:
+        client.stop_stream()
+        client.close()
+    ids = [answer_id for answer_id, _ in answers]
+    assert ids[-1] == "slow", ids  # everything else was answered while it ran
+    assert sorted(ids[:-1]) == sorted([*feeds, "error"])
+    for answer_id, answer in answers:
+        if answer_id == "error":
+            assert answer.message() == UNKNOWN
+        elif answer_id == "slow":
+            np.testing.assert_array_equal(answer.as_numpy("Y"), unique_x(5) + 1)
+        else:
+            a, b = feeds[answer_id]
+            np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), a + b)
+            np.testing.assert_array_equal(answer.as_numpy("OUTPUT1"), a - b)
+
+
+# --------------------------------------------------------------------------- tritonclient.grpc.aio
+
+
+async def every_rpc_aio(url: str) -> None:
+    client = grpcaio.InferenceServerClient(url)
+    try:
+        assert await client.is_server_live() and await client.is_server_ready()
+        assert await client.is_model_ready("simple") and not await client.is_model_ready("nope")
+        assert (await client.get_server_metadata()).name == "modelhost"
+        assert (await client.get_model_metadata("simple")).inputs[0].name == "INPUT0"
+        assert (await client.get_model_config("simple")).config.max_batch_size == 8
+        assert "simple" in {m.name for m in (await client.get_model_repository_index()).models}
+        assert (await client.get_inference_statistics("simple")).model_stats[0].name == "simple"
+        for call in (client.load_model, client.unload_model):
+            with pytest.raises(InferenceServerException) as caught:
+                await call("simple")
+            assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+        a, b = pair(20, rows=2)
+        result = await client.infer("simple", simple_inputs(a, b), request_id="aio")
+        assert result.get_response().id == "aio"
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+        with pytest.raises(InferenceServerException) as caught:
+            await client.infer("nope", simple_inputs(a, b))
+        assert caught.value.status() == "StatusCode.NOT_FOUND"
+
+        feeds = {f"s{i}": pair(30 + i) for i in range(6)}
+
+        async def requests_() -> Any:
+            for request_id, (x, y) in feeds.items():
+                yield {"model_name": "simple", "inputs": simple_inputs(x, y), "request_id": request_id}
+
+        seen = {}
+        async for streamed, error in client.stream_infer(requests_()):  # ends once every request is answered
+            assert error is None
+            seen[streamed.get_response().id] = streamed.as_numpy("OUTPUT1")
+        assert set(seen) == set(feeds)
+        for request_id, (x, y) in feeds.items():
+            np.testing.assert_array_equal(seen[request_id], x - y)
+    finally:
+        await client.close()
+
+
+def test_aio_client_every_rpc_and_a_stream(served: Served) -> None:
+    asyncio.run(every_rpc_aio(served.server.grpc_url))
+
+
+# --------------------------------------------------------------------------- one data plane for HTTP and gRPC
+
+
+def test_http_and_grpc_requests_share_one_batch(served: Served) -> None:
+    client = served.client
+    (before,) = client.get_inference_statistics("shared").model_stats
+    (a1, b1), (a2, b2) = pair(41), pair(42)
+    http = httpclient.InferenceServerClient(served.server.url)
+    try:
+        http_inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32").set_data_from_numpy(a1),
+                       httpclient.InferInput("INPUT1", [1, 16], "FP32").set_data_from_numpy(b1)]
+        with ThreadPoolExecutor(2) as pool:
+            over_http = pool.submit(http.infer, "shared", http_inputs)
+            over_grpc = pool.submit(client.infer, "shared", simple_inputs(a2, b2))
+            np.testing.assert_array_equal(over_http.result(timeout=10).as_numpy("OUTPUT0"), a1 + b1)
+            np.testing.assert_array_equal(over_grpc.result(timeout=10).as_numpy("OUTPUT0"), a2 + b2)
+    finally:
+        http.close()
+    (after,) = client.get_inference_statistics("shared").model_stats
+    assert (after.execution_count - before.execution_count, after.inference_count - before.inference_count) == (1, 2)
+    batches = {b.batch_size: b.compute_infer.count for b in after.batch_stats}
+    assert batches.get(2, 0) - {b.batch_size: b.compute_infer.count for b in before.batch_stats}.get(2, 0) == 1
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def test_a_busy_grpc_port_stops_the_server_with_a_clear_message(served: Served, repository: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "modelhost", "serve", "--model-repository", str(repository), "--http-port",
+         str(free_port()), "--grpc-port", str(served.server.grpc_port), "--metrics-port", "0", "--sagemaker-port", "0"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{served.server.grpc_port} for gRPC" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_grpc_port_0_turns_grpc_off(tmp_path: Path) -> None:
+    write_model(tmp_path, "simple", add_sub_model(), ADD_SUB_CONFIG)
+    server = ServerProcess(tmp_path, "--grpc-port", "0").wait_ready()
+    output = server.stop()
+    assert "gRPC off" in output and "gRPC listening" not in output
+
+
+def test_grpc_flags_reach_the_server_options() -> None:
+    settings = modelhost_settings(["serve", "--grpc-max-message-bytes", "64MiB", "--grpc-keepalive-time-seconds",
+                                   "30", "--grpc-keepalive-timeout-seconds", "2.5"], {})
+    assert settings.grpc_max_message_bytes == 64 * 1024**2
+    options = dict(server_options(GrpcOptions(settings.grpc_max_message_bytes, settings.grpc_keepalive_time_seconds,
+                                              settings.grpc_keepalive_timeout_seconds)))
+    assert options["grpc.max_receive_message_length"] == options["grpc.max_send_message_length"] == 64 * 1024**2
+    assert (options["grpc.keepalive_time_ms"], options["grpc.keepalive_timeout_ms"]) == (30_000, 2_500)
+    assert options["grpc.so_reuseport"] == 0  # one process: a busy port is an error, not shared
+    defaults = modelhost_settings(["serve"], {})
+    assert defaults.grpc_max_message_bytes >= 500 * 4096 * 100  # 500 candidates x 4 KB, with room to spare
+    for bad in (["--grpc-max-message-bytes", "0"], ["--grpc-max-message-bytes", "3GiB"],
+                ["--grpc-keepalive-time-seconds", "-1"]):
+        with pytest.raises(SystemExit) as caught:
+            modelhost_settings(["serve", *bad], {})
+        assert caught.value.code == 2
+
+
+def test_workers_share_the_grpc_port(tmp_path: Path) -> None:
+    write_model(tmp_path, "simple", add_sub_model(), ADD_SUB_CONFIG)
+    server = ServerProcess(tmp_path, "--workers", "2", "--metrics-port", "0").wait_ready()
+    try:
+        listening = f"gRPC listening on {server.grpc_url}"
+        wait_for(lambda: server.printed.count(listening) == 2, timeout=30, what="both workers")
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            a, b = pair(50)
+            np.testing.assert_array_equal(client.infer("simple", simple_inputs(a, b)).as_numpy("OUTPUT0"), a + b)
+        finally:
+            client.close()
+    finally:
+        output = server.stop()
+    assert server.process.returncode == 0, output
+
+
+# --------------------------------------------------------------------------- limits and graceful shutdown
+
+
+@pytest.fixture(scope="module")
+def limited(repository: Path) -> Iterator[ServerProcess]:
+    """A server with a 1 MiB gRPC message limit; test_sigterm_... (the last test here) stops it."""
+    server = ServerProcess(repository, "--grpc-max-message-bytes", "1MiB").wait_ready()
+    yield server
+    server.stop()
+
+
+def fp32_input(columns: int) -> grpcclient.InferInput:
+    array = np.ones((1, columns), np.float32)
+    return grpcclient.InferInput("INPUT0", [1, columns], "FP32").set_data_from_numpy(array)
+
+
+def test_message_size_limits(limited: ServerProcess) -> None:
+    client = grpcclient.InferenceServerClient(limited.grpc_url)
+    try:
+        assert client.infer("double", [fp32_input(100_000)]).as_numpy("OUTPUT0").shape == (1, 200_000)
+        error = grpc_error(lambda: client.infer("double", [fp32_input(300_000)]))  # 1.2 MB received
+        assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "Received message larger than max (1200034 vs. 1048576)" in error.message()
+        error = grpc_error(lambda: client.infer("double", [fp32_input(200_000)]))  # 1.6 MB to send
+        assert error.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "1600038 bytes, more than the gRPC message limit of 1048576 bytes (--grpc-max-message-bytes)" in (
+            error.message())
+        assert client.is_server_live()
+    finally:
+        client.close()
+
+
+def test_sigterm_stops_both_servers_at_once_and_finishes_what_is_in_flight(limited: ServerProcess,
+                                                                         served: Served) -> None:
+    """An HTTP request runs, a gRPC one waits behind it; on SIGTERM neither server takes new calls while both
+    finish (gRPC does not wait for HTTP to drain first), and only then the models unload."""
+    client = grpcclient.InferenceServerClient(limited.grpc_url)
+    http = httpclient.InferenceServerClient(limited.url, network_timeout=20)
+    x = unique_x(6)
+    http_inputs = [httpclient.InferInput("X", [1, S, S], "FP32").set_data_from_numpy(x),
+                   httpclient.InferInput("ITERATIONS", [1, 1], "INT64").set_data_from_numpy(
+                       np.full((1, 1), served.block_iterations, np.int64))]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            over_http = pool.submit(http.infer, "slow", http_inputs)
+            time.sleep(0.05)
+            over_grpc = pool.submit(infer_slow, client, unique_x(7), 1)
+            wait_for(lambda: pending(limited, "slow") == 1, what="the gRPC request to queue")
+            limited.signal(signal.SIGTERM)
+            time.sleep(0.1)
+            late = grpcclient.InferenceServerClient(limited.grpc_url)
+            try:
+                assert grpc_error(lambda: late.is_server_live(client_timeout=5)).status() == "StatusCode.UNAVAILABLE"
+            finally:
+                late.close()
+            with pytest.raises(requests.ConnectionError):
+                requests.get(limited.base + "/v2/health/live", timeout=5)
+            assert not over_http.done() and not over_grpc.done()
+            np.testing.assert_array_equal(over_http.result(timeout=20).as_numpy("Y"), x + 1)
+            np.testing.assert_array_equal(over_grpc.result(timeout=20), unique_x(7) + 1)
+    finally:
+        client.close()
+        http.close()
+    output = limited.stop()
+    assert limited.process.returncode == 0, output
+    assert output.index("gRPC: no new calls") < output.index("stopping: draining and unloading models")
