@@ -10,6 +10,7 @@ import io
 import json
 import sys
 import textwrap
+import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -414,22 +415,26 @@ def test_reloading_a_model_imports_its_changed_siblings(tmp_path: Path) -> None:
     assert invoke(first, b"") == (b"first", "text/plain")  # a closed handler's module kept what it imported
 
 
+def write_wheel(directory: Path) -> Path:
+    """A minimal pure-Python wheel of package modelhost_tiny_dep: pip installs it with no build tools."""
+    files = {
+        "modelhost_tiny_dep/__init__.py": "ANSWER = 'tiny dep 1.0'\n",
+        "modelhost_tiny_dep-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: modelhost-tiny-dep\nVersion: 1.0\n",
+        "modelhost_tiny_dep-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+                                                 "Tag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "modelhost_tiny_dep-1.0.dist-info/RECORD,,\n"
+    files["modelhost_tiny_dep-1.0.dist-info/RECORD"] = record
+    directory.mkdir(parents=True)
+    wheel = directory / "modelhost_tiny_dep-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return wheel
+
+
 def test_requirements_install_a_local_package(tmp_path: Path) -> None:
-    project = tmp_path / "tiny_project"
-    (project / "modelhost_tiny_dep").mkdir(parents=True)
-    (project / "modelhost_tiny_dep" / "__init__.py").write_text("ANSWER = 'tiny dep 1.0'\n")
-    (project / "pyproject.toml").write_text(textwrap.dedent("""
-        [build-system]
-        requires = ["setuptools"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "modelhost-tiny-dep"
-        version = "1.0"
-
-        [tool.setuptools]
-        packages = ["modelhost_tiny_dep"]
-    """))
+    project = write_wheel(tmp_path / "wheels")
     code = write_code(tmp_path, """
         import modelhost_tiny_dep
 
@@ -437,7 +442,7 @@ def test_requirements_install_a_local_package(tmp_path: Path) -> None:
             return modelhost_tiny_dep.ANSWER, "text/plain"
     """, files={"requirements.txt": f"{project}\n"})
     target = tmp_path / "site"
-    install_requirements(code, target, pip_args=("--no-index", "--no-build-isolation"))
+    install_requirements(code, target, pip_args=("--no-index",))
     assert (target / "modelhost_tiny_dep" / "__init__.py").is_file()
     handler = load(code)
     assert invoke(handler, b"") == (b"tiny dep 1.0", "text/plain")
