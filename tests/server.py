@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
@@ -97,3 +99,19 @@ class ServerProcess:
         self._reader.join(timeout=10)
         self.output = "".join(self._lines)
         return self.output
+
+
+def pending(server: ServerProcess, model: str) -> int:
+    """Requests queued for `model` (not running), from the Prometheus endpoint."""
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
+    match = re.search(rf'^nv_inference_pending_request_count{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M)
+    assert match, f"no pending count for {model} in /metrics"
+    return int(float(match.group(1)))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)

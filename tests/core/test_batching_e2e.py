@@ -12,12 +12,11 @@ bounded, and sleeps short.
 from __future__ import annotations
 
 import json
-import re
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, slow_loop_config, slow_loop_model, write_model
-from tests.server import ServerProcess
+from tests.server import ServerProcess, pending, wait_for
 
 S = 64  # the slow model's X is [batch, S, S]; each loop iteration is a batched S^3 MatMul
 BLOCK_SECONDS = 0.5  # how long a blocking request holds the slow model's instance
@@ -116,22 +115,6 @@ def model_stats(server: ServerProcess, model: str) -> dict[str, Any]:
 def counts(server: ServerProcess, model: str) -> tuple[int, int]:
     stat = model_stats(server, model)
     return stat["execution_count"], stat["inference_count"]
-
-
-def pending(server: ServerProcess, model: str) -> int:
-    """Requests queued for `model` (not running), from the Prometheus endpoint."""
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
-    match = re.search(rf'^nv_inference_pending_request_count{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M)
-    assert match, f"no pending count for {model} in /metrics"
-    return int(float(match.group(1)))
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ channel, since tritonclient itself always sends raw contents.
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from tests.onnx_models import (
     slow_loop_model,
     write_model,
 )
-from tests.server import ServerProcess, free_port
+from tests.server import ServerProcess, free_port, pending, wait_for
 
 # V2 datatype -> (ONNX element type, numpy dtype, InferTensorContents field or None when raw only)
 DATATYPES: dict[str, tuple[int, type, str | None]] = {
@@ -173,22 +172,6 @@ def grpc_error(call: Callable[[], Any]) -> InferenceServerException:
     with pytest.raises(InferenceServerException) as caught:
         call()
     return caught.value
-
-
-def pending(server: ServerProcess, model: str) -> int:
-    """Requests queued for `model` (not running), from the Prometheus endpoint."""
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
-    match = re.search(rf'^nv_inference_pending_request_count{{[^}}]*model="{model}"[^}}]*}} (\S+)$', text, re.M)
-    assert match, f"no pending count for {model} in /metrics"
-    return int(float(match.group(1)))
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
 
 
 def counts(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:

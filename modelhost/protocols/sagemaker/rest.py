@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -141,10 +141,10 @@ def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache:
         Route("POST", "/invocations", invocations),
         Route("POST", _ENDPOINT, endpoint_invocations),
     ]
-    return found + (management_routes(cache, invoker, run) if cache is not None else [])
+    return found + (management_routes(cache, run) if cache is not None else [])
 
 
-def management_routes(cache: ModelCache, invoker: Invoker, run: Any) -> list[Route]:
+def management_routes(cache: ModelCache, run: Callable[[Target, HttpRequest], Awaitable[HttpResponse]]) -> list[Route]:
     """The multi-model container API SageMaker itself calls (protocols §6.3)."""
 
     async def load(request: HttpRequest) -> HttpResponse:
@@ -181,8 +181,7 @@ def management_routes(cache: ModelCache, invoker: Invoker, run: Any) -> list[Rou
             async with cache.use(request.params["name"]) as cached:
                 target = select_model(cached.served, _header(request.headers, CUSTOM_ATTRIBUTES), "",
                                       cached.attachment)
-                result: HttpResponse = await run(target, request)
-                return result
+                return await run(target, request)
         except (ModelhostError, MediaTypeError, HandlerError) as exc:
             return _error(exc)
 
