@@ -10,13 +10,26 @@ from modelhost.backends.base import Backend
 
 _BACKENDS = {
     "onnxruntime": "modelhost.backends.onnx:OnnxBackend",
+    "pytorch": "modelhost.backends.torch:TorchBackend",
+    "tensorflow": "modelhost.backends.tensorflow:TensorflowBackend",
+    "python": "modelhost.backends.python:PythonBackend",
 }
 _PLATFORMS = {
     "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "tensorflow_savedmodel": "tensorflow",
+}
+# The optional extra that installs a backend's framework, for the error when it is missing.
+_EXTRAS = {
+    "pytorch": "torch",
+    "tensorflow": "tensorflow",
 }
 # Model file name in a version directory -> backend, for models with no config.
 _FILENAMES = {
     "model.onnx": "onnxruntime",
+    "model.pt": "pytorch",
+    "model.savedmodel": "tensorflow",
+    "model.py": "python",
 }
 
 
@@ -39,16 +52,32 @@ def backend_for_filename(filename: str) -> str | None:
     return _FILENAMES.get(filename)
 
 
+class BackendUnavailableError(ImportError):
+    """A registered backend whose framework is not installed."""
+
+
 @cache
 def get_backend(name: str) -> Backend:
+    """The backend registered as `name`; raises BackendUnavailableError naming the extra to install."""
     module_name, _, class_name = _BACKENDS[name].partition(":")
-    backend: Backend = getattr(importlib.import_module(module_name), class_name)()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        extra = _EXTRAS.get(name)
+        hint = f": pip install 'modelhost[{extra}]'" if extra else ""
+        raise BackendUnavailableError(f"backend '{name}' cannot be used ({exc}){hint}") from exc
+    backend: Backend = getattr(module, class_name)()
     return backend
 
 
+# Backends warmed up before a multi-model endpoint's first load. torch and tensorflow are left out: importing
+# either costs seconds and hundreds of MiB, which only an endpoint that serves such models should pay.
+_WARM_UP = ("onnxruntime",)
+
+
 def warm_up_backends() -> None:
-    """Warm up every registered backend whose framework is installed (blocking)."""
-    for name in _BACKENDS:
+    """Warm up the backends every endpoint is likely to use (blocking)."""
+    for name in _WARM_UP:
         try:
             backend = get_backend(name)
         except ImportError:
