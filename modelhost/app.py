@@ -23,6 +23,7 @@ from modelhost.core.dataplane import DataPlane
 from modelhost.core.load import ServerLoad
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import ModelCache
+from modelhost.core.repository_poll import RepositoryPoller
 from modelhost.errors import ModelhostError
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols import prometheus
@@ -55,9 +56,11 @@ class Server:
         self.single: SingleModelSite | None = None
         store = None if settings.multi_model else self._single_model_store()
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.load,
-                                    settings.model_overrides)
+                                    settings.model_overrides, self.work_dir)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness)
-        self.control = Control(self.manager)
+        self.control = Control(self.manager, settings.model_control_mode, store)
+        self.poller = (RepositoryPoller(self.manager, store, settings.repository_poll_seconds)
+                       if store is not None and settings.model_control_mode == "poll" else None)
         self.invoker = Invoker(self.dataplane, settings.default_accept, settings.invocation_timeout_seconds,
                                local_url(settings.host, settings.sagemaker_port))
         user_code = UserCode(self.invoker, settings.sagemaker_program, settings.default_model_name)
@@ -156,8 +159,8 @@ class Server:
         if self.cache is not None:
             log.info("multi-model endpoint: models load on first use (cache %d bytes)", self.cache.budget_bytes)
         else:
-            log.info("loading models from %s", self.root)
-        await self.manager.load_all()
+            log.info("loading models from %s (model control mode %s)", self.root, self.settings.model_control_mode)
+        await self.manager.load_all(self._models_at_start())
         for entry in self.manager.index():
             if entry.state == "READY":
                 log.info("model %s version %s: READY", entry.name, entry.version)
@@ -165,13 +168,24 @@ class Server:
                 log.warning("model %s version %s: %s (%s)", entry.name, entry.version or "-", entry.state, entry.reason)
         if self.single is not None and self.settings.sagemaker_port:
             await self.single.start()
+        if self.poller is not None:
+            self.poller.start()
         self.dataplane.mark_started()
         grpc = f", gRPC on {self.settings.host}:{self.settings.grpc_port}" if self.grpc else ""
         log.info("ready: HTTP on %s:%d%s", self.settings.host, self.settings.http_port, grpc)
 
+    def _models_at_start(self) -> list[str] | None:
+        """None (every model of the repository), or in explicit mode the --load-model names."""
+        names = self.settings.load_models
+        if self.settings.model_control_mode != "explicit" or "*" in names:
+            return None
+        return list(names)
+
     async def _stop(self) -> None:
         if self._loading is not None and not self._loading.done():
             self._loading.cancel()
+        if self.poller is not None:
+            await self.poller.stop()
         if self.grpc is not None:  # (stopping since the signal, unless startup failed before it)
             await self.grpc.stop(self.settings.graceful_shutdown_seconds)
         log.info("stopping: draining and unloading models")

@@ -70,6 +70,14 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help=f"the most one model archive may unpack to (default {d.max_unpacked_bytes // 1024**3}GiB)")
     add("--s3-endpoint-url", help="S3 endpoint for s3:// repositories (default: AWS; boto3 also reads "
         "AWS_ENDPOINT_URL itself)")
+    add("--model-control-mode", choices=["none", "poll", "explicit"],
+        help="none: load every model at start; poll: also apply repository changes every --repository-poll-secs; "
+        "explicit: load --load-model models at start, then through the load/unload API "
+        f"(default {d.model_control_mode})")
+    add("--repository-poll-secs", dest="repository_poll_seconds", type=float,
+        help=f"how often poll mode reads the repository (default {d.repository_poll_seconds:g})")
+    add("--load-model", dest="load_models", action="append", metavar="NAME",
+        help="in explicit mode, a model to load at start (repeatable; '*' loads every model)")
     add("--invocation-timeout-seconds", type=float, help="how long one SageMaker invocation may take "
         f"(default {d.invocation_timeout_seconds:g}, or SAGEMAKER_MODEL_SERVER_TIMEOUT/SAGEMAKER_TS_RESPONSE_TIMEOUT)")
 
@@ -98,6 +106,8 @@ def modelhost_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     args.pop("command")
+    if "load_models" in args:
+        args["load_models"] = tuple(args["load_models"])
     try:
         return resolve_settings(ServerSettings(), environ, args)
     except SettingsError as exc:
@@ -113,6 +123,8 @@ def serve_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Se
         argv = argv[1:]
     parser = build_container_parser()
     flags = vars(parser.parse_args(argv))
+    if "load_models" in flags:
+        flags["load_models"] = tuple(flags["load_models"])
     try:
         settings = resolve_settings(CONTAINER_DEFAULTS, environ, flags)
     except SettingsError as exc:

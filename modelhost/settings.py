@@ -63,6 +63,9 @@ def parse_byte_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+CONTROL_MODES = ("none", "poll", "explicit")
+
+
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
     """Every server knob. `model_repository` None serves the built-in example repository (under `cache_dir`).
@@ -80,6 +83,9 @@ class ServerSettings:
     grpc_max_message_bytes: the largest gRPC message received or sent (tritonclient allows 2^31-1).
     grpc_keepalive_time_seconds, grpc_keepalive_timeout_seconds: how often the server pings an idle
     gRPC connection, and how long it waits for the answer before closing it (gRPC's defaults).
+    model_control_mode: Triton's: "none" loads every model at start; "poll" also applies repository
+    changes every `repository_poll_seconds`; "explicit" loads `load_models` at start ("*": all) and
+    then what the load/unload API asks for.
     """
 
     model_repository: str | None = None
@@ -109,6 +115,9 @@ class ServerSettings:
     sagemaker_program: str = "inference.py"
     default_model_name: str = "model"
     model_overrides: ModelOverrides = ModelOverrides()
+    model_control_mode: str = "none"
+    repository_poll_seconds: float = 15.0
+    load_models: tuple[str, ...] = ()
 
 
 def settings_from_environment(base: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:
@@ -141,6 +150,20 @@ def check_settings(settings: ServerSettings) -> None:
                  "grpc_max_message_bytes", "grpc_keepalive_time_seconds", "grpc_keepalive_timeout_seconds"):
         if getattr(settings, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
+    if settings.model_control_mode not in CONTROL_MODES:
+        raise SettingsError(f"--model-control-mode must be one of {', '.join(CONTROL_MODES)}, "
+                            f"got '{settings.model_control_mode}'")
+    if settings.load_models and settings.model_control_mode != "explicit":
+        raise SettingsError(f"--load-model needs --model-control-mode explicit (the mode is "
+                            f"'{settings.model_control_mode}', which loads every model)")
+    if settings.model_control_mode == "explicit" and settings.workers > 1:
+        raise SettingsError(f"--model-control-mode explicit cannot be combined with --workers {settings.workers}: "
+                            f"a load or unload request would reach one process of the {settings.workers}")
+    if settings.model_control_mode == "poll" and settings.repository_poll_seconds <= 0:
+        raise SettingsError(f"--repository-poll-secs must be positive, got {settings.repository_poll_seconds:g}")
+    if settings.model_control_mode != "none" and settings.multi_model:
+        raise SettingsError("--model-control-mode poll/explicit cannot be combined with multi-model mode, whose "
+                            "models load and unload through /models")
     if settings.grpc_max_message_bytes > GRPC_MAX_MESSAGE_BYTES:
         raise SettingsError(f"--grpc-max-message-bytes must be at most {GRPC_MAX_MESSAGE_BYTES} (gRPC's limit), "
                             f"got {settings.grpc_max_message_bytes}")

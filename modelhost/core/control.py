@@ -1,26 +1,47 @@
-"""Repository control: the index now; load and unload arrive with the model control modes."""
+"""Repository control (Triton's model control modes): the index, and load/unload where the mode allows them."""
 
 from __future__ import annotations
 
+import asyncio
+
+from modelhost.core.load_override import LoadRequest, check_load_request
 from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.store.local import LocalStore
 
 
 class Control:
-    def __init__(self, manager: ModelManager) -> None:
+    def __init__(self, manager: ModelManager, mode: str = "none", store: LocalStore | None = None) -> None:
         self._manager = manager
+        self._mode = mode
+        self._store = store
 
-    def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        return self._manager.index(ready_only)
+    async def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model the manager knows; in explicit mode also the repository's models never loaded
+        (name only, as Triton lists them)."""
+        entries = self._manager.index(ready_only)
+        if self._mode == "explicit" and self._store is not None and not ready_only:
+            known = set(self._manager.names())
+            names = await asyncio.to_thread(self._store.list)
+            entries += [IndexEntry(name, "", "", "") for name in names if name not in known]
+            entries.sort(key=lambda e: e.name)
+        return entries
 
-    async def load(self, name: str) -> None:
-        raise ModelhostError(
-            ErrorKind.UNSUPPORTED,
-            f"cannot load model '{name}': model control mode is 'none' (every model loads at start)",
-        )
+    async def load(self, name: str, request: LoadRequest | None = None) -> None:
+        """Load a model, or reload a loaded one (zero-downtime), optionally from the request's config and files."""
+        self._check_mode("load", name)
+        override = check_load_request(name, request) if request is not None else None
+        await self._manager.load(name, override if override and (override.config or override.files) else None)
 
-    async def unload(self, name: str) -> None:
-        raise ModelhostError(
-            ErrorKind.UNSUPPORTED,
-            f"cannot unload model '{name}': model control mode is 'none' (every model loads at start)",
-        )
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_mode("unload", name)
+        await self._manager.unload(name, unload_dependents)
+
+    def _check_mode(self, action: str, name: str) -> None:
+        if self._mode != "explicit":
+            how = "every model loads at start" if self._mode == "none" else "the repository's changes are polled"
+            raise ModelhostError(
+                ErrorKind.UNSUPPORTED,
+                f"cannot {action} model '{name}': model control mode is '{self._mode}' ({how}); "
+                "load and unload need --model-control-mode explicit",
+            )

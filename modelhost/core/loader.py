@@ -8,17 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from modelhost.backends import backend_for_filename, backend_name, get_backend
-from modelhost.backends.base import Backend, InstanceSettings
-from modelhost.config.completion import apply_defaults, complete_config
+from modelhost.backends import BackendUnavailableError, backend_for_filename, backend_name, get_backend
+from modelhost.backends.base import Backend, InstanceSettings, Model
+from modelhost.config.completion import apply_defaults, check_config, complete_config
 from modelhost.config.loader import ConfigError, read_config
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides, apply_overrides
+from modelhost.core.ensemble import EnsemblePlan, EnsembleScheduler, Resolve
 from modelhost.core.load import ServerLoad
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.signature import Signature
 from modelhost.core.statistics import ModelStatistics
+from modelhost.core.warmup import run_warmup, warmup_samples
 from modelhost.store.local import ModelSource
 
 
@@ -30,33 +32,68 @@ class ServedModel:
     version: int
     config: ModelConfig
     signature: Signature
-    scheduler: Scheduler
+    scheduler: Scheduler | EnsembleScheduler
     statistics: ModelStatistics
+
+
+ENSEMBLE_PLATFORM = "ensemble"
 
 
 @dataclass(frozen=True, slots=True)
 class LoadPlan:
-    """What the loader found in a model directory before loading: config, backend, versions to load,
-    and the server's overrides (their max_batch_size still applies at completion, in load_version)."""
+    """What the loader found in a model directory before loading: config, backend (None for an ensemble,
+    which has its plan instead), versions to load, and the server's overrides (their max_batch_size
+    still applies at completion, in load_version)."""
 
     config: ModelConfig
-    backend: Backend
+    backend: Backend | None
     versions: tuple[int, ...]
     overrides: ModelOverrides = ModelOverrides()
+    ensemble: EnsemblePlan | None = None
 
 
-def plan_model(source: ModelSource, overrides: ModelOverrides | None = None) -> LoadPlan:
-    """Read the model's config, fill what it leaves unset from `overrides`, and pick the versions to serve."""
-    config = read_config(source.path) or ModelConfig()
+def plan_model(
+    source: ModelSource, overrides: ModelOverrides | None = None, config: ModelConfig | None = None
+) -> LoadPlan:
+    """Read the model's config (or take `config`, a load request's override), fill what it leaves unset
+    from `overrides`, and pick the versions to serve."""
+    if config is None:
+        config = read_config(source.path) or ModelConfig()
+    else:
+        config = _copy(config)
     overrides = overrides or ModelOverrides()
     apply_overrides(config, overrides)
-    backend = get_backend(_resolve_backend(config, source))
     if source.name != source.path.name:
         # Served under another name than its directory's (a multi-model archive's target, a single model
         # under its default name): the name in config.pbtxt names the directory, not what clients use.
         config.name = source.name
+    if config.platform == ENSEMBLE_PLATFORM:
+        return _plan_ensemble(source, config, overrides)
+    try:
+        backend = get_backend(_resolve_backend(config, source))
+    except BackendUnavailableError as exc:
+        raise ConfigError(str(exc)) from None
     apply_defaults(config, source.name, backend.platform, backend.name)
     return LoadPlan(config, backend, select_versions(config, source), overrides)
+
+
+def _plan_ensemble(source: ModelSource, config: ModelConfig, overrides: ModelOverrides) -> LoadPlan:
+    if config.name and config.name != source.name:
+        raise ConfigError(f"config.pbtxt name '{config.name}' does not match the model directory '{source.name}'")
+    config.name = source.name
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if not config.input or not config.output:
+        raise ConfigError(f"ensemble '{source.name}': config.pbtxt must list the ensemble's input and output")
+    check_config(config)
+    plan = EnsemblePlan.from_config(config)
+    return LoadPlan(config, None, select_versions(config, source), overrides, plan)
+
+
+def _copy(config: ModelConfig) -> ModelConfig:
+    copied = ModelConfig()
+    copied.CopyFrom(config)
+    return copied
 
 
 def _resolve_backend(config: ModelConfig, source: ModelSource) -> str:
@@ -102,6 +139,7 @@ def load_version(
     load: ServerLoad | None = None,
 ) -> ServedModel:
     backend = plan.backend
+    assert backend is not None, "an ensemble loads with load_ensemble_version"
     filename = plan.config.default_model_filename or backend.default_filename
     path: Path = source.path / str(version) / filename
     if not path.exists():
@@ -120,17 +158,28 @@ def load_version(
         )
         for index in range(1, count):
             instances.append(backend.load(path, config, InstanceSettings(index, threads)))
+        policy = SchedulingPolicy.from_config(config)
+        _warm_up(source, version, config, instances)
     except BaseException:
         for instance in instances:
             instance.unload()
         raise
     label = f"{source.name}:{version}"
-    try:
-        policy = SchedulingPolicy.from_config(config)
-    except ConfigError:
-        for instance in instances:
-            instance.unload()
-        raise
     statistics = ModelStatistics()
     scheduler = Scheduler(label, instances, policy, statistics, load)
     return ServedModel(source.name, version, config, Signature.from_config(config), scheduler, statistics)
+
+
+def _warm_up(source: ModelSource, version: int, config: ModelConfig, instances: list[Model]) -> None:
+    """Run the config's model_warmup samples on every instance, before the version takes any request."""
+    samples = warmup_samples(config, source.path)
+    outputs = [output.name for output in config.output]
+    for instance in instances:
+        run_warmup(samples, instance, outputs, f"{source.name}:{version}")
+
+
+def load_ensemble_version(name: str, version: int, plan: LoadPlan, resolve: Resolve) -> ServedModel:
+    """An ensemble version: its steps run on the composing models that `resolve` finds at request time."""
+    assert plan.ensemble is not None
+    scheduler = EnsembleScheduler(f"{name}:{version}", plan.ensemble, resolve)
+    return ServedModel(name, version, plan.config, Signature.from_config(plan.config), scheduler, ModelStatistics())

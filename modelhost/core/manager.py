@@ -1,106 +1,231 @@
 """Holds the loaded models: (name, version) -> ServedModel, with each version's state and reason.
 
-Models load concurrently at start; a model that fails to load is UNAVAILABLE with its
-reason and never affects the others.
+Loads, reloads and unloads of one model are serialized by that model's own lock and never wait for
+another model's. A reload is zero-downtime: the new version loads (and warms up) beside the old one,
+which keeps serving; then requests route to the new one, and the old one finishes what it has queued
+before it unloads. A failed reload keeps the old version serving. An ensemble's composing models are
+found per request, so an ensemble follows their reloads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable
+from pathlib import Path
 
 from modelhost.config.overrides import ModelOverrides
 from modelhost.core.lifecycle import ModelState
 from modelhost.core.load import ServerLoad
-from modelhost.core.loader import ServedModel, load_version, plan_model
+from modelhost.core.load_override import LoadOverride, write_override
+from modelhost.core.loader import LoadPlan, ServedModel, load_ensemble_version, load_version, plan_model
+from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
 from modelhost.store.local import LocalStore, ModelSource
 
 log = logging.getLogger("modelhost.manager")
 
-
-@dataclass(slots=True)
-class VersionStatus:
-    state: ModelState
-    reason: str = ""
-    served: ServedModel | None = None
-
-
-@dataclass(slots=True)
-class ModelRecord:
-    name: str
-    versions: dict[int, VersionStatus] = field(default_factory=dict)
-    # Set when the model failed before any version could be tried (unreadable config, no backend).
-    failure: str = ""
-
-    def ready_versions(self) -> list[int]:
-        return sorted(v for v, status in self.versions.items() if status.state is ModelState.READY)
-
-
-@dataclass(frozen=True, slots=True)
-class IndexEntry:
-    name: str
-    version: str
-    state: str
-    reason: str
+__all__ = ["IndexEntry", "ModelManager"]
 
 
 class ModelManager:
     def __init__(
         self, store: LocalStore | None, cpu_count: int, default_max_batch_size: int, load: ServerLoad | None = None,
-        overrides: ModelOverrides | None = None,
+        overrides: ModelOverrides | None = None, work_dir: Path | None = None,
     ) -> None:
         self._store = store
         self._overrides = overrides
         self._load = load or ServerLoad()
         self._cpu_count = cpu_count
         self._default_max_batch_size = default_max_batch_size
+        self._work_dir = work_dir
         self._records: dict[str, ModelRecord] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._depends: dict[str, set[str]] = {}  # ensemble -> its composing models, as last planned
 
-    async def load_all(self) -> None:
-        """Load every model of the store (none without one: a multi-model endpoint adds its models)."""
+    # loading
+
+    async def load_all(self, names: Iterable[str] | None = None) -> None:
+        """Load the named models of the store, or all of them (none without a store). Models load
+        concurrently and fail alone; an ensemble waits for its composing models (loading them if needed)."""
         if self._store is None:
             return
-        names = await asyncio.to_thread(self._store.list)
-        await asyncio.gather(*(self._load_model(name) for name in names))
+        wanted = list(names) if names is not None else await asyncio.to_thread(self._store.list)
+        results = await asyncio.gather(*(self._load_named(n, None, None) for n in wanted), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result
 
-    async def _load_model(self, name: str) -> None:
+    async def load(self, name: str, override: LoadOverride | None = None) -> None:
+        """Load a model of the store, or reload every version of a loaded one (zero-downtime).
+        Raises when the model or any of its versions fails; a version that was serving keeps serving."""
+        if self._store is None:
+            raise ModelhostError(ErrorKind.UNSUPPORTED, f"cannot load model '{name}': this server has no repository")
+        await self._load_named(name, override, None)
+
+    async def reload_changed(self, name: str, versions: Collection[int] | None) -> None:
+        """Apply a repository change: load new versions, reload `versions` (None: all), unload the
+        versions the policy no longer selects. Raises as `load` does."""
+        await self._load_named(name, None, versions)
+
+    async def _load_named(
+        self, name: str, override: LoadOverride | None, reload: Collection[int] | None, if_needed: bool = False
+    ) -> None:
         record = self._records.setdefault(name, ModelRecord(name))
-        try:
-            assert self._store is not None
-            source = await asyncio.to_thread(self._store.fetch, name)
-        except Exception as exc:
-            record.failure = _reason(exc)
-            log.error("model %s failed to load: %s", name, record.failure)
-            return
-        await self._load_source(record, source)
-
-    async def _load_source(self, record: ModelRecord, source: ModelSource) -> None:
-        name = record.name
-        try:
-            plan = await asyncio.to_thread(plan_model, source, self._overrides)
-        except Exception as exc:
-            record.failure = _reason(exc)
-            log.error("model %s failed to load: %s", name, record.failure)
-            return
-        for version in plan.versions:
-            record.versions[version] = VersionStatus(ModelState.LOADING)
-        for version in plan.versions:
-            status = record.versions[version]
+        async with record.lock:
+            if if_needed and record.ready_versions() and not record.unloaded:
+                return
+            # Read before the files are: a change made while the model loads shows at the next poll.
+            record.fingerprint = await asyncio.to_thread(self._fingerprint, name, override)
             try:
-                status.served = await asyncio.to_thread(
+                source = await asyncio.to_thread(self._source, name, override)
+                config = override.config if override else None
+                plan = await asyncio.to_thread(plan_model, source, self._overrides, config)
+            except FileNotFoundError as exc:
+                if not record.versions and self._records.get(name) is record:
+                    del self._records[name]  # not in the repository: nothing to report in the index
+                raise not_found(f"cannot load model '{name}': {exc}") from exc
+            except Exception as exc:
+                self._fail(record, exc)
+                raise unavailable(f"failed to load model '{name}': {reason_of(exc)}") from exc
+            record.unloaded = False
+            self._depends.pop(name, None)
+            if plan.ensemble is not None:
+                await self._prepare_ensemble(record, plan)
+            await self._load_versions(record, source, plan, reload)
+
+    def _source(self, name: str, override: LoadOverride | None) -> ModelSource:
+        if override is not None and override.files:
+            assert self._work_dir is not None
+            return write_override(name, override.files, self._work_dir / "overrides")
+        assert self._store is not None
+        return self._store.fetch(name)
+
+    def _fingerprint(self, name: str, override: LoadOverride | None):  # type: ignore[no-untyped-def]
+        # A model loaded from an override is not the repository's: polling must not take it back.
+        if override is not None or self._store is None:
+            return None
+        return self._store.fingerprint(name)
+
+    def _fail(self, record: ModelRecord, exc: Exception) -> None:
+        reason = reason_of(exc)
+        if record.ready_versions():
+            log.error("model %s failed to reload, the loaded versions keep serving: %s", record.name, reason)
+            return
+        record.failure = reason
+        log.error("model %s failed to load: %s", record.name, reason)
+
+    async def _prepare_ensemble(self, record: ModelRecord, plan: LoadPlan) -> None:
+        """Load the composing models an ensemble needs (those loaded already stay as they are)."""
+        assert plan.ensemble is not None
+        names = sorted({name for name, _ in plan.ensemble.composing_models()})
+        # Recorded before the first await, so that of two ensembles that need each other (loading at
+        # once, each holding its own lock), the second to get here sees the cycle instead of deadlocking.
+        self._depends[record.name] = set(names)
+        try:
+            cycle = self._cycle(record.name)
+            if cycle:
+                raise invalid(f"ensemble '{record.name}' depends on itself: {' -> '.join(cycle)}")
+            for name in names:
+                await self._load_named(name, None, None, if_needed=True)
+            plan.ensemble.check_models(self.get)
+        except Exception as exc:
+            self._fail(record, exc)
+            raise unavailable(f"failed to load ensemble '{record.name}': {reason_of(exc)}") from exc
+        record.composing = tuple(names)
+
+    def _cycle(self, start: str) -> list[str]:
+        """A path from `start` back to itself through ensembles' composing models, or []."""
+        stack: list[tuple[str, list[str]]] = [(start, [start])]
+        seen: set[str] = set()
+        while stack:
+            name, path = stack.pop()
+            for dependency in self._depends.get(name, ()):
+                if dependency == start:
+                    return [*path, start]
+                if dependency not in seen:
+                    seen.add(dependency)
+                    stack.append((dependency, [*path, dependency]))
+        return []
+
+    async def _load_versions(
+        self, record: ModelRecord, source: ModelSource, plan: LoadPlan, reload: Collection[int] | None
+    ) -> None:
+        record.failure = ""
+        wanted = [v for v in plan.versions if reload is None or v in reload or not record.has_served(v)]
+        failures = await asyncio.gather(*(self._load_version(record, source, plan, v) for v in wanted))
+        for version in [v for v in record.versions if v not in plan.versions]:
+            self._retire(record, version, "no longer selected by the version policy")
+        errors = [f"version {v}: {f}" for v, f in zip(wanted, failures) if f]
+        if errors:
+            raise unavailable(f"failed to load model '{record.name}': {'; '.join(errors)}")
+
+    async def _load_version(self, record: ModelRecord, source: ModelSource, plan: LoadPlan, version: int) -> str:
+        """Load one version beside what serves now and swap it in; returns the failure, or ""."""
+        status = record.versions.get(version)
+        if status is None or status.served is None:
+            status = record.versions[version] = VersionStatus(ModelState.LOADING)
+        try:
+            if plan.ensemble is not None:
+                served = load_ensemble_version(record.name, version, plan, self.get)
+            else:
+                served = await asyncio.to_thread(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size, self._load
                 )
-            except Exception as exc:
-                status.state, status.reason = ModelState.UNAVAILABLE, _reason(exc)
-                log.error("model %s version %d failed to load: %s", name, version, status.reason)
-                continue
-            status.state = ModelState.READY
-            log.info("loaded model %s version %d from %s (%s)", name, version, source.path, plan.backend.name)
+        except Exception as exc:
+            reason = reason_of(exc)
+            if status.served is None:
+                status.state, status.reason = ModelState.UNAVAILABLE, reason
+                log.error("model %s version %d failed to load: %s", record.name, version, reason)
+            else:
+                log.error("model %s version %d failed to reload, the loaded one keeps serving: %s",
+                          record.name, version, reason)
+            return reason
+        previous = status.served
+        status.served, status.state, status.reason = served, ModelState.READY, ""
+        if previous is not None:
+            self._drain(previous)
+        backend = plan.backend.name if plan.backend else "ensemble"
+        log.info("%s model %s version %d from %s (%s)", "reloaded" if previous else "loaded", record.name,
+                 version, source.path, backend)
+        return ""
+
+    # unloading
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Stop routing to every version of a model, and return once they have drained and unloaded.
+        With `unload_dependents`, an ensemble's composing models unload too, unless another loaded
+        ensemble uses them."""
+        record = self._records.get(name)
+        if record is None:
+            raise not_found(f"Request for unknown model: '{name}' is not found")
+        async with record.lock:
+            drained = [self._retire(record, v, "unloaded", keep=True) for v in list(record.versions)]
+            record.failure, record.unloaded, record.fingerprint = "", True, None
+            await asyncio.gather(*(task for task in drained if task is not None))
+        log.info("unloaded model %s", name)
+        if unload_dependents:
+            for composing in record.composing:
+                if not any(composing in r.composing for r in self._records.values() if r.ready_versions()):
+                    await self.unload(composing, unload_dependents=True)
+
+    def _retire(self, record: ModelRecord, version: int, reason: str, keep: bool = False) -> asyncio.Task[None] | None:
+        """Stop routing to a version; its queued requests finish on it, then it unloads."""
+        status = record.versions[version] if keep else record.versions.pop(version)
+        served, status.served = status.served, None
+        status.state, status.reason = ModelState.UNAVAILABLE, reason
+        return self._drain(served) if served is not None else None
+
+    def _drain(self, served: ServedModel) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(served.scheduler.stop())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        return task
+
+    # models that are not the store's (a multi-model endpoint's archives)
 
     async def add(self, source: ModelSource) -> None:
-        """Load a model the store does not list (a multi-model endpoint's archive) under `source.name`.
+        """Load a model the store does not list under `source.name`.
 
         Raises ALREADY_EXISTS for a name in use, and UNAVAILABLE (forgetting the model) when no version loads.
         """
@@ -108,16 +233,16 @@ class ModelManager:
             raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{source.name}' is already loaded")
         record = self._records[source.name] = ModelRecord(source.name)
         try:
-            await self._load_source(record, source)
-        except BaseException:
+            plan = await asyncio.to_thread(plan_model, source, self._overrides)
+            await self._load_versions(record, source, plan, None)
+        except BaseException as exc:
             await self._forget(record)
-            raise
-        if not record.ready_versions():
-            await self._forget(record)
-            raise unavailable(f"model '{source.name}' failed to load: {self._why_not_ready(record)}")
+            if isinstance(exc, ModelhostError) or not isinstance(exc, Exception):
+                raise
+            raise unavailable(f"model '{source.name}' failed to load: {reason_of(exc)}") from exc
 
     async def remove(self, name: str) -> None:
-        """Stop routing to a model at once, then drain its in-flight requests and unload it."""
+        """Stop routing to a model at once, then drain its in-flight requests, unload it and forget it."""
         record = self._records.get(name)
         if record is None:
             raise not_found(f"Request for unknown model: '{name}' is not found")
@@ -126,19 +251,22 @@ class ModelManager:
     async def _forget(self, record: ModelRecord) -> None:
         if self._records.get(record.name) is record:
             del self._records[record.name]
-        for status in record.versions.values():
-            status.state = ModelState.UNLOADING
-        await asyncio.gather(*(s.served.scheduler.stop() for s in record.versions.values() if s.served is not None))
+        drained = [self._retire(record, v, "unloaded") for v in list(record.versions)]
+        await asyncio.gather(*(task for task in drained if task is not None))
+
+    # routing and reporting
 
     def get(self, name: str, version: str = "") -> ServedModel:
         """The ready model a request should use; raises NOT_FOUND or UNAVAILABLE."""
         record = self._records.get(name)
         if record is None:
             raise not_found(f"Request for unknown model: '{name}' is not found")
+        if record.unloaded:
+            raise not_found(f"Request for unknown model: '{name}' has no available versions (it is unloaded)")
         if not version:
             ready = record.ready_versions()
             if not ready:
-                raise unavailable(f"model '{name}' is not ready: {self._why_not_ready(record)}")
+                raise unavailable(f"model '{name}' is not ready: {record.why_not_ready()}")
             served = record.versions[ready[-1]].served
         else:
             if not version.isdigit():
@@ -154,33 +282,27 @@ class ModelManager:
         assert served is not None
         return served
 
-    def _why_not_ready(self, record: ModelRecord) -> str:
-        if record.failure:
-            return record.failure
-        reasons = [f"version {v}: {s.reason or s.state.value}" for v, s in sorted(record.versions.items())]
-        return "; ".join(reasons) or "no version loaded"
-
     def versions(self, name: str) -> list[int]:
         record = self._records.get(name)
         return record.ready_versions() if record else []
 
+    def names(self) -> list[str]:
+        return sorted(self._records)
+
+    def fingerprint(self, name: str):  # type: ignore[no-untyped-def]
+        record = self._records.get(name)
+        return record.fingerprint if record else None
+
     def all_ready(self) -> bool:
-        """Every model and version the repository asked for is READY (Triton's strict readiness)."""
-        return all(
-            not r.failure and all(s.state is ModelState.READY for s in r.versions.values())
-            for r in self._records.values()
-        )
+        """Every model and version the repository asked for is READY (Triton's strict readiness);
+        models unloaded on request are not asked for."""
+        return all(r.unloaded or r.all_ready() for r in self._records.values())
 
     def loading(self) -> bool:
         return any(s.state is ModelState.LOADING for r in self._records.values() for s in r.versions.values())
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        entries = []
-        for record in sorted(self._records.values(), key=lambda r: r.name):
-            if record.failure:
-                entries.append(IndexEntry(record.name, "", ModelState.UNAVAILABLE.value, record.failure))
-            for version, status in sorted(record.versions.items()):
-                entries.append(IndexEntry(record.name, str(version), status.state.value, status.reason))
+        entries = [entry for record in sorted(self._records.values(), key=lambda r: r.name) for entry in record.index()]
         if ready_only:
             entries = [e for e in entries if e.state == ModelState.READY.value]
         return entries
@@ -194,10 +316,4 @@ class ModelManager:
 
     async def stop(self) -> None:
         """Drain every model's in-flight requests, then unload them."""
-        await asyncio.gather(*(served.scheduler.stop() for served in self.served()))
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, ModelhostError):
-        return exc.message
-    return str(exc) or type(exc).__name__
+        await asyncio.gather(*(served.scheduler.stop() for served in self.served()), *self._retiring)

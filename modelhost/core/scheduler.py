@@ -84,31 +84,43 @@ class Scheduler:
                 return result
         split = self._policy.split_size
         if not split or rows <= split:
-            return await self._submit(inputs, outputs, rows, level, timeout)
-        chunks = [
-            asyncio.ensure_future(self._submit(
-                {name: array[start : start + split] for name, array in inputs.items()}, outputs,
-                min(split, rows - start), level, timeout))
-            for start in range(0, rows, split)
-        ]
+            return await self._wait(self._enqueue(inputs, outputs, rows, level), timeout)
+        # Every chunk is queued before the first await: a request that got this scheduler is in its queue
+        # before a reload can stop it, so it drains on this version rather than failing.
+        pendings: list[Pending] = []
         try:
-            parts = await asyncio.gather(*chunks)
+            for start in range(0, rows, split):
+                chunk = {name: array[start : start + split] for name, array in inputs.items()}
+                pendings.append(self._enqueue(chunk, outputs, min(split, rows - start), level))
         except BaseException:
-            for chunk in chunks:  # one chunk failed or the caller left: the others are not wanted
-                chunk.cancel()
+            self._withdraw(pendings)
+            raise
+        waits = [asyncio.ensure_future(self._wait(pending, timeout)) for pending in pendings]
+        try:
+            parts = await asyncio.gather(*waits)
+        except BaseException:
+            for wait in waits:  # one chunk failed or the caller left: the others are not wanted
+                wait.cancel()
             raise
         return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
-    async def _submit(
-        self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, timeout: float
-    ) -> Outputs:
+    def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int) -> Pending:
         loop = asyncio.get_running_loop()
         key = _batch_key(inputs, outputs) if self._policy.batching else None
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), sequence=self._sequence)
         self._queue.put(pending, self._label)
         self._sequence += 1
-        timer = loop.call_later(timeout, self._expire, pending) if timeout else None
         self._inflight += 1
+        return pending
+
+    def _withdraw(self, pendings: list[Pending]) -> None:
+        for pending in pendings:
+            self._inflight -= 1
+            if self._queue.withdraw(pending):
+                self._finish(pending, None, None)
+
+    async def _wait(self, pending: Pending, timeout: float) -> Outputs:
+        timer = asyncio.get_running_loop().call_later(timeout, self._expire, pending) if timeout else None
         try:
             return await pending.future
         except asyncio.CancelledError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,22 @@ class ModelSource:
     name: str
     path: Path
     versions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFingerprint:
+    """What a model directory held when it was read: a digest of its top-level files (config.pbtxt, label
+    files) and one of each version directory's tree, from names, sizes and modification times."""
+
+    config: str
+    versions: dict[int, str]
+
+    def changed_versions(self, newer: ModelFingerprint) -> set[int] | None:
+        """Versions whose files differ in `newer` (new ones included); None when the config changed,
+        which changes every version."""
+        if newer.config != self.config:
+            return None
+        return {v for v, digest in newer.versions.items() if self.versions.get(v) != digest}
 
 
 class LocalStore:
@@ -29,8 +46,44 @@ class LocalStore:
         path = self.root / name
         if not path.is_dir():
             raise FileNotFoundError(f"model directory {path} does not exist")
-        # Triton ignores version directories that are not numbers or that start with "0".
-        versions = sorted(
-            int(p.name) for p in path.iterdir() if p.is_dir() and p.name.isdigit() and not p.name.startswith("0")
-        )
-        return ModelSource(name, path, tuple(versions))
+        return ModelSource(name, path, model_versions(path))
+
+    def fingerprint(self, name: str) -> ModelFingerprint | None:
+        """The model directory's fingerprint (blocking: walks its files), or None when it is gone."""
+        return fingerprint(self.root / name)
+
+
+def model_versions(path: Path) -> tuple[int, ...]:
+    # Triton ignores version directories that are not numbers or that start with "0".
+    return tuple(sorted(
+        int(p.name) for p in path.iterdir() if p.is_dir() and p.name.isdigit() and not p.name.startswith("0")
+    ))
+
+
+def fingerprint(path: Path) -> ModelFingerprint | None:
+    try:
+        top = hashlib.blake2b(digest_size=16)
+        versions: dict[int, str] = {}
+        for entry in sorted(path.iterdir()):
+            if entry.is_dir() and entry.name.isdigit() and not entry.name.startswith("0"):
+                versions[int(entry.name)] = _tree_digest(entry)
+            elif entry.is_dir():
+                top.update(f"{entry.name}/{_tree_digest(entry)}\0".encode())
+            else:
+                top.update(_file_key(entry, entry.name))
+        return ModelFingerprint(top.hexdigest(), versions)
+    except FileNotFoundError:
+        return None
+
+
+def _tree_digest(directory: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for file in sorted(directory.rglob("*")):
+        if not file.is_dir():
+            digest.update(_file_key(file, file.relative_to(directory).as_posix()))
+    return digest.hexdigest()
+
+
+def _file_key(file: Path, name: str) -> bytes:
+    stat = file.stat()
+    return f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode()

@@ -18,8 +18,10 @@ from modelhost.protocols.kserve_v2.grpc_codec import (
     decode_infer_request,
     encode_infer_response,
     index_to_proto,
+    load_request_from_proto,
     metadata_to_proto,
     statistics_to_proto,
+    unload_dependents_from_proto,
 )
 
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -56,14 +58,14 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         return statistics_to_proto(dataplane.statistics(request.name, request.version))
 
     async def repository_index(request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
-        return index_to_proto(control.index(request.ready))
+        return index_to_proto(await control.index(request.ready))
 
     async def load(request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
-        await control.load(request.model_name)
+        await control.load(request.model_name, load_request_from_proto(request))
         return pb.RepositoryModelLoadResponse()
 
     async def unload(request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
-        await control.unload(request.model_name)
+        await control.unload(request.model_name, unload_dependents_from_proto(request))
         return pb.RepositoryModelUnloadResponse()
 
     return Service(SERVICE_NAME, [

@@ -10,6 +10,8 @@ API (messages are grpc_service_pb2 classes):
     config_to_proto(config_json: dict[str, Any]) -> ModelConfigResponse        # DataPlane.model_config() output
     statistics_to_proto(stats_json: list[dict[str, Any]]) -> ModelStatisticsResponse  # DataPlane.statistics()
     index_to_proto(entries: Iterable[IndexEntry]) -> RepositoryIndexResponse    # Control.index()
+    load_request_from_proto(message: RepositoryModelLoadRequest) -> LoadRequest    # Control.load()
+    unload_dependents_from_proto(message: RepositoryModelUnloadRequest) -> bool  # Control.unload()
 Errors are ModelhostError(INVALID_INPUT), worded as the HTTP codec words the same problem (UNSUPPORTED for
 classification). Raw inputs become np.frombuffer views of the message's bytes: no copy in Python.
 The codec only turns data into arrays of the declared datatype and shape; the core checks them against the model.
@@ -25,6 +27,7 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.internal.containers import MessageMap
 
+from modelhost.core.load_override import FILE_PREFIX, LoadRequest
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.protocols.kserve_v2.codec import tensor_from_bytes, tensor_to_bytes
 from modelhost.protocols.kserve_v2.grpc_service_pb2 import (
@@ -37,6 +40,8 @@ from modelhost.protocols.kserve_v2.grpc_service_pb2 import (
     ModelRepositoryParameter,
     ModelStatisticsResponse,
     RepositoryIndexResponse,
+    RepositoryModelLoadRequest,
+    RepositoryModelUnloadRequest,
 )
 from modelhost.types import (
     DATATYPE_DTYPES,
@@ -247,6 +252,40 @@ def statistics_to_proto(stats_json: list[dict[str, Any]]) -> ModelStatisticsResp
     response = ModelStatisticsResponse()
     json_format.ParseDict({"model_stats": stats_json}, response)
     return response
+
+
+def load_request_from_proto(message: RepositoryModelLoadRequest) -> LoadRequest:
+    """`config` as string_param and `file:<version>/<path>` as bytes_param, as tritonclient sends them."""
+    _no_repository(message.repository_name, "load", message.model_name)
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    unknown: list[str] = []
+    for key, value in parameters_from_proto(message.parameters, "load").items():
+        if key == "config":
+            if not isinstance(value, str):
+                raise invalid("load parameter 'config' must be a string_param holding the model configuration in JSON")
+            config = value
+        elif key.startswith(FILE_PREFIX):
+            if not isinstance(value, bytes):
+                raise invalid(f"load parameter '{key}' must be a bytes_param holding the file's content")
+            files[key] = value
+        else:
+            unknown.append(key)
+    return LoadRequest(config, files, tuple(unknown))
+
+
+def unload_dependents_from_proto(message: RepositoryModelUnloadRequest) -> bool:
+    _no_repository(message.repository_name, "unload", message.model_name)
+    value = parameters_from_proto(message.parameters, "unload").get("unload_dependents", False)
+    if not isinstance(value, bool):
+        raise invalid(f"unload parameter 'unload_dependents' must be a bool_param, got {value!r}")
+    return value
+
+
+def _no_repository(repository: str, action: str, model: str) -> None:
+    if repository:
+        raise ModelhostError(ErrorKind.UNSUPPORTED, f"cannot {action} model '{model}' from repository "
+                             f"'{repository}': this server has one repository; leave repository_name empty")
 
 
 def index_to_proto(entries: Iterable[IndexEntry]) -> RepositoryIndexResponse:

@@ -9,6 +9,7 @@ from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
 from modelhost.protocols.http import HttpRequest, HttpResponse, Route, error_response, json_object, json_response
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
+from modelhost.protocols.kserve_v2.repository_codec import decode_load_request, decode_unload_dependents
 from modelhost.types import ModelMetadata, TensorSpec
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
@@ -56,16 +57,16 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         ready_only = body.get("ready", False) is True
         entries = [
             {k: v for k, v in (("name", e.name), ("version", e.version), ("state", e.state), ("reason", e.reason)) if v}
-            for e in control.index(ready_only)
+            for e in await control.index(ready_only)
         ]
         return json_response(entries)
 
     async def load(request: HttpRequest) -> HttpResponse:
-        await control.load(request.params["model"])
+        await control.load(request.params["model"], decode_load_request(json_object(request.body)))
         return HttpResponse(200, (), [])
 
     async def unload(request: HttpRequest) -> HttpResponse:
-        await control.unload(request.params["model"])
+        await control.unload(request.params["model"], decode_unload_dependents(json_object(request.body)))
         return HttpResponse(200, (), [])
 
     return [

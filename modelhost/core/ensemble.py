@@ -1,0 +1,162 @@
+"""Ensembles (platform "ensemble"): a DAG of steps over other models, run per request through their schedulers.
+
+Triton's semantics: each step's input_map maps a composing model's input name to an ensemble tensor,
+its output_map a composing model's output name to an ensemble tensor; model_version -1 is the latest.
+A step starts as soon as the steps that write its inputs are done, so independent steps run concurrently;
+each goes through its model's own scheduler (it queues, batches and splits there like any request).
+Tensors pass between steps as the same numpy arrays: nothing is copied here.
+
+The plan (ensemble_plan.py) is checked when the config is read and against the composing models once they
+are loaded. The executor here runs on the event loop only, called by the data plane, which has already
+checked the ensemble's own inputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from modelhost.core.ensemble_plan import LATEST, EnsemblePlan, EnsembleStep, Resolve
+from modelhost.errors import ErrorKind, ModelhostError, unavailable
+
+if TYPE_CHECKING:
+    from modelhost.core.loader import ServedModel
+
+__all__ = ["LATEST", "EnsemblePlan", "EnsembleScheduler", "EnsembleStep", "Resolve"]
+
+log = logging.getLogger("modelhost.ensemble")
+
+Outputs = dict[str, np.ndarray]
+
+
+class EnsembleScheduler:
+    """Runs requests of one ensemble version; duck-types Scheduler for the data plane.
+
+    submit / inflight / queued / stop, on the event loop. It holds no models: each step finds its
+    composing model through `resolve` when it starts, so a reloaded composing model serves the next step.
+    """
+
+    def __init__(self, label: str, plan: EnsemblePlan, resolve: Resolve) -> None:
+        self._label = label
+        self._plan = plan
+        self._resolve = resolve
+        self._inflight = 0
+        self._stopping = False
+        self._idle: asyncio.Future[None] | None = None
+        self._needed: dict[frozenset[str], frozenset[int]] = {}  # requested outputs -> steps to run
+
+    async def submit(
+        self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
+        timeout_us: int | None = None,
+    ) -> Outputs:
+        """Run the steps the requested `outputs` need; priority and timeout pass to every step's scheduler.
+
+        `inputs` are the ensemble's checked inputs; `rows` is unused (each step counts its own). A failing
+        step cancels the running ones and fails the request with the same ErrorKind, naming the step.
+        """
+        if self._stopping:
+            raise unavailable(f"ensemble {self._label} is stopping")
+        self._inflight += 1
+        try:
+            return await self._execute(inputs, outputs, priority, timeout_us)
+        finally:
+            self._inflight -= 1
+            if not self._inflight and self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
+
+    def inflight(self) -> int:
+        return self._inflight
+
+    def queued(self) -> int:
+        """Always 0: an ensemble has no queue of its own; its requests wait in the composing models' queues."""
+        return 0
+
+    async def stop(self) -> None:
+        """Stop accepting; wait for the requests in flight. The composing models are not stopped."""
+        self._stopping = True
+        if self._inflight:
+            if self._idle is None:
+                self._idle = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._idle)
+
+    async def _execute(
+        self, inputs: dict[str, np.ndarray], outputs: Sequence[str], priority: int, timeout_us: int | None
+    ) -> Outputs:
+        plan = self._plan
+        tensors: dict[str, np.ndarray] = dict(inputs)  # the ensemble's tensor namespace for this request
+        waiting = set(self._steps_for(outputs))
+        done: set[int] = set()
+        running: dict[asyncio.Task[Outputs], int] = {}
+        try:
+            while True:
+                for index in sorted(i for i in waiting if plan.needs[i] <= done):
+                    waiting.discard(index)
+                    task = asyncio.ensure_future(self._run_step(plan.steps[index], tensors, priority, timeout_us))
+                    running[task] = index
+                if not running:
+                    break
+                finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    index = running.pop(task)
+                    try:
+                        tensors.update(task.result())
+                    except Exception as exc:
+                        raise self._failure(plan.steps[index], exc) from exc
+                    done.add(index)
+        finally:
+            await _discard(running)  # a step failed or the caller left: the others are not wanted
+        return {name: tensors[name] for name in outputs}
+
+    def _steps_for(self, outputs: Sequence[str]) -> frozenset[int]:
+        key = frozenset(outputs)
+        needed = self._needed.get(key)
+        if needed is None:
+            needed = self._needed[key] = self._plan.steps_for(outputs)
+        return needed
+
+    async def _run_step(
+        self, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int, timeout_us: int | None
+    ) -> Outputs:
+        """One step as the data plane runs one request: check inputs, submit, shape outputs; mapped back."""
+        try:
+            served: ServedModel = self._resolve(step.model_name, step.version)
+        except ModelhostError as exc:  # the ensemble exists; it cannot serve without this model
+            raise unavailable(exc.message) from None
+        signature = served.signature
+        # An optional ensemble input the request left out stays out; a required model input then fails here.
+        feeds = {name: tensors[tensor] for name, tensor in step.input_map.items() if tensor in tensors}
+        names = list(step.output_map)
+        started = time.monotonic_ns()
+        try:
+            feeds, rows = signature.check_inputs(feeds)
+            results = await served.scheduler.submit(feeds, names, rows, priority, timeout_us)
+        except Exception:
+            served.statistics.record_request(False, time.monotonic_ns() - started)
+            raise
+        served.statistics.record_request(True, time.monotonic_ns() - started)
+        shaped = signature.shape_outputs(results, names)
+        return {step.output_map[name]: shaped[name] for name in names}
+
+    def _failure(self, step: EnsembleStep, exc: Exception) -> ModelhostError:
+        where = f"ensemble '{self._plan.name}' {step.describe()}"
+        if isinstance(exc, ModelhostError):
+            return ModelhostError(exc.kind, f"{where}: {exc.message}", exc.retry_after)
+        log.error("%s failed", where, exc_info=exc)
+        return ModelhostError(ErrorKind.INTERNAL, f"{where}: model '{step.model_name}' failed: {exc}")
+
+
+async def _discard(tasks: Iterable[asyncio.Task[Outputs]]) -> None:
+    """Cancel steps no longer wanted and wait until they are gone; their own errors are not reported."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not log it as never retrieved

@@ -1,0 +1,77 @@
+"""A load request's override (Triton's load parameters): a config in JSON, and files for a model directory.
+
+Front-ends translate their wire form (base64 strings over HTTP, bytes over gRPC) into `LoadRequest`;
+this module checks it and writes the override directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from modelhost.config.loader import ConfigError, config_from_json
+from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.errors import invalid
+from modelhost.store.local import ModelSource, model_versions
+
+FILE_PREFIX = "file:"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRequest:
+    """What a client asked a load for: `config` is a ModelConfig's JSON text, `files` maps
+    "file:<version>/<path>" to the file's content."""
+
+    config: str | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
+    unknown: tuple[str, ...] = ()  # other parameter names, refused
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOverride:
+    config: ModelConfig | None
+    files: dict[PurePosixPath, bytes]  # relative to the model directory: "<version>/<path>"
+
+
+def check_load_request(name: str, request: LoadRequest) -> LoadOverride:
+    """Parse the config and check every file name; raises INVALID_INPUT naming the parameter."""
+    if request.unknown:
+        raise invalid(f"cannot load model '{name}': unknown load parameter '{request.unknown[0]}' "
+                      "(expected 'config' or 'file:<version>/<path>')")
+    config = None
+    if request.config is not None:
+        try:
+            config = config_from_json(request.config, "load parameter 'config'")
+        except ConfigError as exc:
+            raise invalid(f"cannot load model '{name}': {exc}") from None
+    files = {_file_path(name, key): content for key, content in request.files.items()}
+    if files and config is None:
+        raise invalid(f"cannot load model '{name}': file parameters need a 'config' parameter too")
+    return LoadOverride(config, files)
+
+
+def _file_path(name: str, key: str) -> PurePosixPath:
+    path = PurePosixPath(key[len(FILE_PREFIX):])
+    parts = path.parts
+    if path.is_absolute() or not parts or ".." in parts or len(parts) < 2 or not parts[0].isdigit():
+        raise invalid(
+            f"cannot load model '{name}': load parameter '{key}' must name a file as file:<version>/<path> "
+            "inside the model directory"
+        )
+    return path
+
+
+_sequence = itertools.count(1)
+
+
+def write_override(name: str, files: dict[PurePosixPath, bytes], root: Path) -> ModelSource:
+    """Write the override files into a fresh model directory under `root` (blocking)."""
+    directory = root / f"{name}-{next(_sequence)}"
+    shutil.rmtree(directory, ignore_errors=True)
+    for relative, content in files.items():
+        target = directory.joinpath(*relative.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    return ModelSource(name, directory, model_versions(directory))
