@@ -79,7 +79,7 @@ class ServerProcess:
                 url = path if path.startswith("http") else self.base + path
                 if requests.get(url, timeout=1).status_code == 200:
                     return self
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not listening yet, or a busy machine
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"server not ready after {timeout}s:\n{self.stop()}")

@@ -6,7 +6,6 @@ Everything here blocks (file reads, session creation); the manager calls it in a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from modelhost.backends import BackendUnavailableError, backend_for_filename, backend_name, get_backend
 from modelhost.backends.base import Backend, InstanceSettings, Model
@@ -141,7 +140,7 @@ def load_version(
     backend = plan.backend
     assert backend is not None, "an ensemble loads with load_ensemble_version"
     filename = plan.config.default_model_filename or backend.default_filename
-    path: Path = source.path / str(version) / filename
+    path = backend.model_path(source.path / str(version), filename)
     if not path.exists():
         raise ConfigError(f"model file {path} does not exist")
     # The first instance loads before config completion (which needs the model's tensors): its own

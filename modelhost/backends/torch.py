@@ -1,0 +1,270 @@
+"""PyTorch backend on CPU: TorchScript (`model.pt`) or a torch.export program (`*.pt2`), one copy per instance.
+
+Neither file declares its tensors' types and shapes, so config.pbtxt must list every input and output.
+Names follow Triton's pytorch backend. Inputs: when every config input is named like an argument of
+forward(), by that name; else when every one is `<name>__<index>` (INPUT__0), by that position; else in
+config order. A forward() whose one argument is a Dict[str, Tensor] gets every input under its config name.
+Outputs: forward() returns a tensor (position 0), a tuple or list (positions: `<name>__<index>` when every
+output is named so, else config order), or a dict (by config name).
+
+Inputs reach forward() as tensors that share the request's memory (torch.from_numpy, no copy), read-only
+ones included: a model must not write its inputs in place.
+
+Threads: torch's intra-op thread count is process-wide in its API, but with the OpenMP build (the pip CPU
+wheels) it takes effect per calling thread. An instance sets its count on the thread that runs it (its own,
+or the event loop for a cheap request) before each run, so a model's instances together use about the cores
+the core gave them. Other builds keep torch's default. The inter-op pool (only torch.jit.fork uses it) is
+left as torch sets it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
+from modelhost.config.datatypes import config_type_name, v2_datatype
+from modelhost.config.loader import CONFIG_FILENAME, ConfigError
+from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.overrides import INTRA_OP_PARAMETERS
+from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.types import TensorSpec, format_shape
+
+_TORCH_DTYPES = {
+    "BOOL": torch.bool,
+    "UINT8": torch.uint8,
+    "UINT16": torch.uint16,
+    "UINT32": torch.uint32,
+    "UINT64": torch.uint64,
+    "INT8": torch.int8,
+    "INT16": torch.int16,
+    "INT32": torch.int32,
+    "INT64": torch.int64,
+    "FP16": torch.float16,
+    "FP32": torch.float32,
+    "FP64": torch.float64,
+}
+_ERROR_PREFIX = re.compile(r"^\w+(Error|Exception): ")
+_DATATYPES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+_REQUIRED = object()  # a forward() argument without a default value
+_PER_THREAD_COUNTS = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+# Inputs are lent read-only by contract (module docstring), so torch's once-per-process warning that a
+# read-only array (np.frombuffer over a request body) becomes a writable tensor tells nothing new.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+
+
+class TorchBackend(Backend):
+    name = "pytorch"
+    platform = "pytorch_libtorch"
+    default_filename = "model.pt"
+
+    def describe(self, path: Path) -> ModelSignature:
+        raise ConfigError(
+            f"{path.name} does not declare its inputs and outputs: {CONFIG_FILENAME} must list them "
+            "(name, data_type, dims)"
+        )
+
+    def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
+        signature = _config_signature(path, config)
+        module, arguments = _load_module(path)
+        binding = _bind(path, config, arguments)
+        threads = _intra_op_threads(config, instance.threads)
+        return TorchModel(module, binding, signature, threads, f"pytorch model '{config.name or path.name}'")
+
+
+@dataclass(frozen=True, slots=True)
+class _Argument:
+    name: str
+    default: Any  # _REQUIRED when forward() has no default for it
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Binding:
+    """How config inputs become forward()'s arguments and its result becomes config outputs."""
+
+    dict_input: bool
+    positions: dict[str, int]  # config input -> forward() argument position
+    defaults: tuple[Any, ...]  # the arguments passed where an optional input is absent
+    outputs: dict[str, int]  # config output -> position in a tuple result
+    dtypes: dict[str, torch.dtype]  # config output -> the dtype its tensor must have
+
+
+class TorchModel(Model):
+    def __init__(self, module: Any, binding: _Binding, signature: ModelSignature, threads: int, label: str) -> None:
+        self._module: Any = module
+        self._binding = binding
+        self._signature = signature
+        self._threads = threads
+        self._label = label
+
+    def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        module = self._module
+        assert module is not None, "instance used after unload"
+        if _PER_THREAD_COUNTS and torch.get_num_threads() != self._threads:
+            torch.set_num_threads(self._threads)  # this thread's OpenMP team only (module docstring)
+        tensors = {name: _to_torch(array) for name, array in inputs.items()}
+        try:
+            with torch.inference_mode():
+                result = module(tensors) if self._binding.dict_input else module(*self._arguments(tensors))
+        except (RuntimeError, AssertionError, ValueError, TypeError) as exc:  # torch's errors for bad inputs
+            described = ", ".join(f"{n} {a.dtype} {format_shape(list(a.shape))}" for n, a in inputs.items())
+            message = f"{self._label} cannot run inputs {described}: {_last_line(exc)}"
+            raise ModelhostError(ErrorKind.INVALID_INPUT, message) from exc
+        return {name: self._output(result, name) for name in outputs}
+
+    def _arguments(self, tensors: dict[str, torch.Tensor]) -> list[Any]:
+        arguments = list(self._binding.defaults)
+        for name, position in self._binding.positions.items():
+            if name in tensors:
+                arguments[position] = tensors[name]
+        return arguments
+
+    def _output(self, result: Any, name: str) -> np.ndarray:
+        position = self._binding.outputs[name]
+        if isinstance(result, dict):
+            tensor = result.get(name)
+            where = f"its dict result has no key '{name}' (keys: {', '.join(map(str, result))})"
+        elif isinstance(result, (tuple, list)):
+            tensor = result[position] if position < len(result) else None
+            where = f"output '{name}' is position {position} of its result, which has {len(result)}"
+        else:
+            tensor = result if position == 0 else None
+            where = f"output '{name}' is position {position}, but it returned one {type(result).__name__}"
+        if not isinstance(tensor, torch.Tensor):
+            found = "" if tensor is None else f" (found {type(tensor).__name__})"
+            raise ModelhostError(ErrorKind.INTERNAL, f"{self._label}: {where}{found}")
+        expected = self._binding.dtypes[name]
+        if tensor.dtype != expected:
+            declared = _DATATYPES[expected]
+            raise ModelhostError(
+                ErrorKind.INTERNAL,
+                f"{self._label}: output '{name}' is {tensor.dtype}, but {CONFIG_FILENAME} declares {declared}",
+            )
+        return tensor.detach().numpy()
+
+    def signature(self) -> ModelSignature | None:
+        return self._signature
+
+    def unload(self) -> None:
+        self._module = None
+
+
+def _config_signature(path: Path, config: ModelConfig) -> ModelSignature:
+    """The config's tensors as full shapes (the backend's view: reshape where given), checked for torch types."""
+    if not config.input or not config.output:
+        raise ConfigError(
+            f"{CONFIG_FILENAME} must list every input and output of {path.name}: a PyTorch model file does not "
+            "declare their names, data types and shapes"
+        )
+    batch = (-1,) if config.max_batch_size > 0 else ()
+
+    def spec(kind: str, tensor: Any, optional: bool) -> TensorSpec:
+        datatype = v2_datatype(tensor.data_type) if tensor.data_type else "none"
+        if datatype not in _TORCH_DTYPES:
+            raise ConfigError(
+                f"{CONFIG_FILENAME} {kind} '{tensor.name}' has data_type "
+                f"{config_type_name(tensor.data_type)}, which the pytorch backend does not support "
+                f"(supported: {', '.join(_TORCH_DTYPES)})"
+            )
+        body = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else tuple(tensor.dims)
+        return TensorSpec(tensor.name, datatype, batch + body, optional)
+
+    return ModelSignature(
+        inputs=tuple(spec("input", t, t.optional) for t in config.input),
+        outputs=tuple(spec("output", t, False) for t in config.output),
+    )
+
+
+def _load_module(path: Path) -> tuple[Any, list[_Argument]]:
+    """The module (TorchScript in eval mode) and its forward() arguments, self left out."""
+    try:
+        if path.suffix == ".pt2":
+            module = torch.export.load(str(path)).module()
+            parameters = inspect.signature(module.forward).parameters.values()
+            arguments = [_Argument(p.name, _REQUIRED if p.default is p.empty else p.default, "") for p in parameters]
+        else:
+            module = torch.jit.load(str(path), map_location="cpu").eval()  # an exported program has no eval()
+            arguments = [
+                _Argument(a.name, a.default_value if a.has_default_value() else _REQUIRED, str(a.type))
+                for a in module.forward.schema.arguments[1:]
+            ]
+    except Exception as exc:  # torch raises several unrelated types for unreadable archives
+        kind = "a torch.export program (torch.export.save)" if path.suffix == ".pt2" else "TorchScript (torch.jit.save)"
+        raise ConfigError(f"cannot load {path} as {kind}: {_last_line(exc)}") from exc
+    return module, arguments
+
+
+def _bind(path: Path, config: ModelConfig, arguments: list[_Argument]) -> _Binding:
+    outputs = _positions([t.name for t in config.output], [])
+    dtypes = {t.name: _TORCH_DTYPES[v2_datatype(t.data_type)] for t in config.output}
+    if len(arguments) == 1 and arguments[0].type.startswith("Dict[str, Tensor]"):
+        return _Binding(True, {}, (), outputs, dtypes)
+    names = [a.name for a in arguments]
+    positions = _positions([t.name for t in config.input], names)
+    where = f"forward({', '.join(names)}) of {path.name}"
+    for name, position in positions.items():
+        if position >= len(arguments):
+            raise ConfigError(f"{CONFIG_FILENAME} input '{name}' is argument {position} of {where}, which has none")
+    shared = [name for name, position in positions.items() if list(positions.values()).count(position) > 1]
+    if shared:
+        raise ConfigError(f"{CONFIG_FILENAME} inputs {', '.join(shared)} name the same argument of {where}")
+    covered = set(positions.values())
+    missing = [a.name for i, a in enumerate(arguments) if i not in covered and a.default is _REQUIRED]
+    if missing:
+        raise ConfigError(
+            f"{CONFIG_FILENAME} has no input for argument(s) {', '.join(missing)} of {where} (inputs match "
+            "arguments by name, by <name>__<index>, or else in config order)"
+        )
+    defaults = tuple(None if a.default is _REQUIRED else a.default for a in arguments[: max(covered) + 1])
+    return _Binding(False, positions, defaults, outputs, dtypes)
+
+
+def _positions(names: list[str], arguments: list[str]) -> dict[str, int]:
+    """Triton's naming conventions: forward() argument names, then <name>__<index>, then config order."""
+    if arguments and all(name in arguments for name in names):
+        return {name: arguments.index(name) for name in names}
+    indices = [_named_index(name) for name in names]
+    if all(index is not None for index in indices):
+        return dict(zip(names, indices))  # type: ignore[arg-type]
+    return {name: position for position, name in enumerate(names)}
+
+
+def _named_index(name: str) -> int | None:
+    _, separator, index = name.partition("__")
+    return int(index) if separator and index.isascii() and index.isdigit() else None
+
+
+def _intra_op_threads(config: ModelConfig, default: int) -> int:
+    # Triton's pytorch backend spells it INTRA_OP_THREAD_COUNT; 0 leaves the choice to the core.
+    parameters = {key.lower(): value.string_value for key, value in config.parameters.items()}
+    for name in INTRA_OP_PARAMETERS:
+        if name in parameters:
+            try:
+                value = int(parameters[name])
+            except ValueError:
+                raise ConfigError(f"parameter {name} must be an integer, got '{parameters[name]}'") from None
+            if value < 0:
+                raise ConfigError(f"parameter {name} must be >= 0, got {value}")
+            return value or default
+    return default
+
+
+def _to_torch(array: np.ndarray) -> torch.Tensor:
+    if any(stride < 0 for stride in array.strides):  # torch.from_numpy refuses negative strides
+        array = np.ascontiguousarray(array)
+    return torch.from_numpy(array)
+
+
+def _last_line(exc: BaseException) -> str:
+    # TorchScript errors carry the script's traceback; the cause is on the last line ("RuntimeError: ...").
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return _ERROR_PREFIX.sub("", lines[-1]) if lines else type(exc).__name__
