@@ -29,6 +29,7 @@ _FILENAMES = {
     "model.onnx": "onnxruntime",
     "model.pt": "pytorch",
     "model.savedmodel": "tensorflow",
+    "saved_model.pb": "tensorflow",  # TF Serving's layout: the version directory is the SavedModel
     "model.py": "python",
 }
 

@@ -55,6 +55,11 @@ class Backend(abc.ABC):
         """Create the framework's process-wide state (runtime environment, kernel registries) now, so that
         it is not counted against the first model loaded; blocking, called once."""
 
+    def model_path(self, version_dir: Path, filename: str) -> Path:
+        """Where a version's model is: `filename` in the version directory, unless the backend knows
+        another layout for it."""
+        return version_dir / filename
+
     @abc.abstractmethod
     def describe(self, path: Path) -> ModelSignature:
         """Read the model file's inputs and outputs (for config completion and checks)."""
