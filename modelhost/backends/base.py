@@ -32,6 +32,10 @@ class InstanceSettings:
 class Model(abc.ABC):
     """One loaded instance. `infer` is never called concurrently on the same instance."""
 
+    # False for a model whose call may block however cheap it has been (it waits on another process):
+    # the scheduler then never runs it on the event loop, where a hang would stall every request.
+    runs_inline: bool = True
+
     @abc.abstractmethod
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Run one batch; return at least the named outputs."""

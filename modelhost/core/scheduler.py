@@ -58,7 +58,8 @@ class Scheduler:
         self._finished: dict[int, tuple[asyncio.Future[Outputs], Outputs | None, BaseException | None]] = {}
         # Each instance's lock keeps it to one call at a time between its thread and the loop.
         self._instances = [(instance, threading.Lock()) for instance in instances]
-        self._gate = LoopGate(0 if policy.max_queue_delay_s else policy.inline_max_ns)
+        inline = not policy.max_queue_delay_s and all(instance.runs_inline for instance in instances)
+        self._gate = LoopGate(policy.inline_max_ns if inline else 0)
         self._load = load or ServerLoad()
         self._threads = [
             threading.Thread(target=self._serve, args=pair, name=f"{label}#{index}", daemon=True)

@@ -1,0 +1,188 @@
+"""Python backend: a model written in Python, as a `model.py` in the version directory.
+
+model.py defines `class Model` (constructed with no arguments) with:
+
+- `initialize(self, args: dict) -> None`, optional, called once per instance at load, where args is
+  {"model_config": the completed config as JSON (config_to_json), "model_name": str,
+  "model_version": str, "model_instance_index": int, "model_directory": str (the model's directory)};
+- `execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]`, required, called with one batch
+  (first dim of every input and output is the batch when max_batch_size > 0; the scheduler batches,
+  execute just runs what it is given). It returns at least the requested outputs, each with the config's
+  dtype and shape; anything else is an error naming the model and the output (nothing is cast). Inputs
+  may be read-only views of the request: copy one before changing it in place;
+- `finalize(self) -> None`, optional, called once at unload.
+
+A Python file declares no tensors, so config.pbtxt must list every input and output; the model's signature
+is the config's. model.py is imported under a module name of its own per model, version, instance and
+load, with its version directory on sys.path only while it is imported (so model.py imports the modules
+beside it at its top). A model.py that fails to import, or whose Model() or initialize raises, fails the
+load with a ConfigError carrying the traceback's last line (the whole traceback goes to the log).
+
+By default the model runs in the server's process. With parameter `isolation: "process"` each instance runs
+in a worker process of its own (python_process.py): a crash, a hang or a leak there cannot take the server
+down. Parameters: see docs/backends/python.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
+from modelhost.backends.python_code import (
+    ExecuteError,
+    OutputRule,
+    UserCodeError,
+    UserCodeSpec,
+    UserModel,
+    load_user_model,
+)
+from modelhost.backends.python_process import IsolatedModel, IsolationOptions
+from modelhost.config.datatypes import v2_datatype
+from modelhost.config.loader import CONFIG_FILENAME, ConfigError, config_to_json
+from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.types import TensorSpec
+
+log = logging.getLogger("modelhost.backends.python")
+
+ISOLATION_PARAMETER = "isolation"
+ISOLATIONS = ("none", "process")
+EXECUTE_TIMEOUT_PARAMETER = "execute_timeout_seconds"
+INITIALIZE_TIMEOUT_PARAMETER = "initialize_timeout_seconds"
+MAX_RSS_PARAMETER = "worker_max_rss_bytes"
+_loads = itertools.count()  # tells apart the modules of successive loads of the same instance
+
+
+class PythonBackend(Backend):
+    name = "python"
+    platform = ""  # as Triton: a Python model names its backend, not a platform
+    default_filename = "model.py"
+
+    def describe(self, path: Path) -> ModelSignature:
+        raise ConfigError(_no_tensors(path))
+
+    def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
+        isolated, options = read_options(config)
+        if not path.is_file():
+            raise ConfigError(f"{path} is not a file: the Python backend loads a model.py")
+        if not config.input or not config.output:
+            raise ConfigError(_no_tensors(path))
+        signature = config_signature(config)
+        spec = _spec(path, config, instance.index, signature)
+        try:
+            if isolated:
+                return IsolatedModel(spec, options, signature)
+            return InProcessModel(load_user_model(spec), signature)
+        except UserCodeError as exc:
+            if exc.details:
+                log.error("%s\n%s", exc.message, exc.details)
+            raise ConfigError(exc.message) from None
+
+
+class InProcessModel(Model):
+    """A Python model instance whose code runs in the server's own process (and can take it down)."""
+
+    def __init__(self, user: UserModel, signature: ModelSignature) -> None:
+        self._user: UserModel | None = user
+        self._signature = signature
+
+    def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        assert self._user is not None, "instance used after unload"
+        try:
+            return self._user.execute(inputs, list(outputs))
+        except ExecuteError as exc:
+            log.error("%s\n%s", exc.message, exc.details)
+            raise
+        except ModelhostError as exc:
+            if exc.kind is ErrorKind.INTERNAL:  # an output that breaks the config: the operator should see it
+                log.error("%s", exc.message)
+            raise
+
+    def signature(self) -> ModelSignature | None:
+        return self._signature
+
+    def unload(self) -> None:
+        user, self._user = self._user, None
+        if user is None:
+            return
+        try:
+            user.finalize()
+        except UserCodeError as exc:
+            log.warning("%s\n%s", exc.message, exc.details)
+
+
+def read_options(config: ModelConfig) -> tuple[bool, IsolationOptions]:
+    """Whether the model runs isolated, and the limits of its workers, from config `parameters`."""
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    isolation = params.get(ISOLATION_PARAMETER, "none")
+    if isolation not in ISOLATIONS:
+        raise ConfigError(f"parameter {ISOLATION_PARAMETER} must be one of {', '.join(ISOLATIONS)}, got '{isolation}'")
+    defaults = IsolationOptions()
+    options = IsolationOptions(
+        execute_timeout_s=_number(params, EXECUTE_TIMEOUT_PARAMETER, defaults.execute_timeout_s),
+        initialize_timeout_s=_number(params, INITIALIZE_TIMEOUT_PARAMETER, defaults.initialize_timeout_s),
+        max_rss_bytes=int(_number(params, MAX_RSS_PARAMETER, defaults.max_rss_bytes, integer=True)),
+    )
+    return isolation == "process", options
+
+
+def _number(params: dict[str, str], name: str, default: float, integer: bool = False) -> float:
+    if name not in params:
+        return default
+    text = params[name]
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"parameter {name} must be {kind}, got '{text}'") from None
+    if not value >= 0:  # also rejects NaN
+        raise ConfigError(f"parameter {name} must be >= 0 (0 = no limit), got '{text}'")
+    return value
+
+
+def config_signature(config: ModelConfig) -> ModelSignature:
+    """The config's tensors as full shapes: the batch dim (-1) first when max_batch_size > 0, then `reshape`
+    where given (the shape the backend sees), else `dims`; config completion checks them against the config."""
+    batch = (-1,) if config.max_batch_size > 0 else ()
+
+    def spec(tensor) -> TensorSpec:  # type: ignore[no-untyped-def]
+        body = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else tuple(tensor.dims)
+        try:
+            datatype = v2_datatype(tensor.data_type)
+        except KeyError:
+            raise ConfigError(f"{CONFIG_FILENAME} tensor '{tensor.name}' has no data_type") from None
+        return TensorSpec(tensor.name, datatype, batch + body)
+
+    return ModelSignature(tuple(spec(t) for t in config.input), tuple(spec(t) for t in config.output))
+
+
+def _spec(path: Path, config: ModelConfig, index: int, signature: ModelSignature) -> UserCodeSpec:
+    version = path.parent.name
+    label = f"Python model '{config.name}' version {version} instance {index}"
+    safe = re.sub(r"\W", "_", config.name)
+    args = {
+        "model_config": config_to_json(config),
+        "model_name": config.name,
+        "model_version": version,
+        "model_instance_index": index,
+        "model_directory": str(path.parent.parent),
+    }
+    return UserCodeSpec(
+        path=str(path),
+        module_name=f"modelhost_python_model_{safe}_{version}_{index}_{next(_loads)}",
+        label=label,
+        args=args,
+        outputs=tuple(OutputRule(s.name, s.datatype, s.shape) for s in signature.outputs),
+        batching=config.max_batch_size > 0,
+    )
+
+
+def _no_tensors(path: Path) -> str:
+    return (f"{path}: a Python model declares no tensors; {CONFIG_FILENAME} must list all its inputs and "
+            "outputs (input [ { name, data_type, dims } ] and output [ ... ])")

@@ -1,0 +1,250 @@
+"""The server's side of an isolated Python model instance: its worker process, restarted when it fails.
+
+Each instance runs its model.py in a worker process of its own (python_worker.py), started at load with
+subprocess (never fork: the server has threads and an event loop). What the model does there cannot take
+the server down: when the worker crashes (exits, or dies of a signal), does not answer within
+execute_timeout_seconds (it is killed), or after a batch is found above worker_max_rss_bytes, the instance
+logs it and starts a new worker (which runs initialize again). A batch the worker did not answer fails
+with a ModelhostError naming the model, the instance and what happened; one that was answered is delivered.
+
+Concurrency: the scheduler calls infer one batch at a time, then unload once. A restart runs on a thread
+of its own so that the failed batch's error goes back at once; the next infer (or unload) waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import modelhost
+from modelhost.backends.base import Model, ModelSignature
+from modelhost.backends.python_channel import Channel, ChannelClosed
+from modelhost.backends.python_code import UserCodeError, UserCodeSpec
+from modelhost.errors import ErrorKind, ModelhostError
+
+log = logging.getLogger("modelhost.backends.python")
+
+STOP_GRACE_S = 5.0  # after finalize (or a restart's stop request), how long a worker may take to exit
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationOptions:
+    """config.pbtxt parameters of an isolated model (docs/backends/python.md); 0 = no limit."""
+
+    execute_timeout_s: float = 30.0
+    initialize_timeout_s: float = 300.0
+    max_rss_bytes: int = 0
+
+
+class WorkerProcess:
+    """One started worker and the channel to it. Raises UserCodeError when it cannot load model.py."""
+
+    def __init__(self, spec: UserCodeSpec, options: IsolationOptions) -> None:
+        self._spec = spec
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with theirs:
+            try:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "modelhost.backends.python_worker", str(theirs.fileno())],
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=_worker_environment(),
+                )
+            except OSError as exc:
+                ours.close()
+                raise UserCodeError(f"{spec.path}: cannot start a worker process: {exc}") from exc
+        self.channel = Channel(ours)
+        try:
+            reply = self.call(("init", spec), options.initialize_timeout_s)
+        except TimeoutError:
+            self.kill()
+            raise UserCodeError(f"{spec.path}: initialize did not finish within "
+                                f"{options.initialize_timeout_s:g} s (initialize_timeout_seconds)") from None
+        except ChannelClosed:
+            reason = self.exit_reason()
+            self.kill()
+            raise UserCodeError(f"{spec.path}: the worker process {reason} while loading it") from None
+        if reply[0] != "ok":
+            self.kill()
+            raise UserCodeError(reply[2], reply[3])
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def call(self, message: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        """Send one message and wait for its reply; raises TimeoutError or ChannelClosed."""
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        self.channel.send(message, deadline)
+        reply: tuple[Any, ...] = self.channel.receive(deadline)
+        return reply
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the worker now, from /proc/<pid>/statm; 0 where that cannot be read."""
+        try:
+            with open(f"/proc/{self.pid}/statm", "rb") as statm:
+                return int(statm.read().split()[1]) * _PAGE_SIZE
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    def exit_reason(self) -> str:
+        """How the worker ended ("exited with code 3", "was killed by signal 11 (SIGSEGV)"), waiting briefly."""
+        try:
+            code = self.process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "closed its channel but did not exit, so it was killed"
+        return _describe_exit(code)
+
+    def stop(self, timeout_s: float) -> None:
+        """Ask the worker to run finalize and exit; kill it when it does not. Logs a finalize that raised."""
+        try:
+            reply = self.call(("stop",), timeout_s)
+            if reply[0] != "ok":
+                log.warning("%s\n%s", reply[2], reply[3])
+            self.process.wait(timeout=STOP_GRACE_S)
+        except (TimeoutError, ChannelClosed, subprocess.TimeoutExpired):
+            log.warning("%s: its worker process (pid %d) did not stop in time after finalize; killing it",
+                        self._spec.label, self.pid)
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the worker (if it still runs), reap it and close the channel."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.channel.close()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-code} ({name})"
+    return f"exited with code {code}"
+
+
+def _worker_environment() -> dict[str, str]:
+    # The worker imports modelhost from wherever this server does, whatever its working directory or
+    # sys.path; unbuffered output so that what a model prints is in the log before a crash.
+    root = str(Path(modelhost.__file__).resolve().parent.parent)
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{path}" if path else root, "PYTHONUNBUFFERED": "1"}
+
+
+class IsolatedModel(Model):
+    """A Python model instance whose code runs in a worker process; see the module docstring."""
+
+    runs_inline = False  # a hung worker must stall one instance thread, never the event loop
+
+    def __init__(self, spec: UserCodeSpec, options: IsolationOptions, signature: ModelSignature) -> None:
+        self._spec = spec
+        self._options = options
+        self._signature = signature
+        self._worker: WorkerProcess | None = WorkerProcess(spec, options)  # raises UserCodeError
+        self._restarting: threading.Thread | None = None
+        log.info("%s runs in worker process %d", spec.label, self._worker.pid)
+
+    def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        worker = self._ready_worker()
+        timeout = self._options.execute_timeout_s
+        try:
+            reply = worker.call(("execute", inputs, list(outputs)), timeout)
+        except TimeoutError:
+            problem = f"did not answer within {timeout:g} s (execute_timeout_seconds), so it was killed"
+            raise self._fail(worker, problem, ErrorKind.TIMEOUT) from None
+        except ChannelClosed:
+            raise self._fail(worker, f"{worker.exit_reason()} while running this batch", ErrorKind.INTERNAL) from None
+        if reply[0] != "ok":
+            error = ModelhostError(ErrorKind(reply[1]), reply[2])
+            if error.kind is ErrorKind.INTERNAL:  # the model's bug, not the caller's: the operator should see it
+                log.error("%s%s", error.message, f"\n{reply[3]}" if reply[3] else "")
+            raise error
+        self._check_memory(worker)
+        result: dict[str, np.ndarray] = reply[1]
+        return result
+
+    def signature(self) -> ModelSignature | None:
+        return self._signature
+
+    def worker_pid(self) -> int | None:
+        """The pid of the current worker (None while it restarts or after unload): for tests and logs."""
+        self._join_restart()
+        return self._worker.pid if self._worker is not None else None
+
+    def unload(self) -> None:
+        self._join_restart()
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop(self._options.execute_timeout_s)
+
+    def _ready_worker(self) -> WorkerProcess:
+        self._join_restart()
+        if self._worker is not None and self._worker.process.poll() is not None:
+            # It died between batches (a thread of the model's, a signal from outside): no batch was lost.
+            log.error("%s: its worker process (pid %d) %s between batches; restarting it",
+                      self._spec.label, self._worker.pid, self._worker.exit_reason())
+            self._worker.kill()
+            self._worker = None
+        if self._worker is None:  # died, or the last restart failed: start one for this batch
+            try:
+                self._worker = WorkerProcess(self._spec, self._options)
+            except UserCodeError as exc:
+                if exc.details:
+                    log.error("%s\n%s", exc.message, exc.details)
+                raise ModelhostError(ErrorKind.UNAVAILABLE,
+                                     f"{self._spec.label}: its worker process cannot start: {exc.message}") from None
+        return self._worker
+
+    def _fail(self, worker: WorkerProcess, problem: str, kind: ErrorKind) -> ModelhostError:
+        message = f"{self._spec.label}: its worker process (pid {worker.pid}) {problem}; the worker is restarting"
+        log.error("%s", message)
+        self._restart(worker, graceful=False)
+        return ModelhostError(kind, message)
+
+    def _check_memory(self, worker: WorkerProcess) -> None:
+        limit = self._options.max_rss_bytes
+        if not limit:
+            return
+        rss = worker.rss_bytes()
+        if rss > limit:
+            log.warning("%s: its worker process (pid %d) holds %d bytes, above worker_max_rss_bytes %d; "
+                        "restarting it after this batch", self._spec.label, worker.pid, rss, limit)
+            self._restart(worker, graceful=True)
+
+    def _restart(self, old: WorkerProcess, graceful: bool) -> None:
+        self._worker = None
+        self._restarting = threading.Thread(
+            target=self._replace, args=(old, graceful), name=f"{self._spec.label} restart", daemon=True
+        )
+        self._restarting.start()
+
+    def _replace(self, old: WorkerProcess, graceful: bool) -> None:
+        if graceful:
+            old.stop(self._options.execute_timeout_s)
+        else:
+            old.kill()
+        try:
+            self._worker = WorkerProcess(self._spec, self._options)
+        except UserCodeError as exc:  # the next batch tries again, and fails with this reason if it must
+            log.error("%s: its worker process cannot restart: %s\n%s", self._spec.label, exc.message, exc.details)
+            return
+        log.info("%s restarted in worker process %d", self._spec.label, self._worker.pid)
+
+    def _join_restart(self) -> None:
+        if self._restarting is not None:
+            self._restarting.join()
+            self._restarting = None

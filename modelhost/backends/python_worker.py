@@ -1,0 +1,99 @@
+"""The worker process of an isolated Python model instance: `python -m modelhost.backends.python_worker FD`.
+
+Started by python_process.WorkerProcess with one end of a socket pair as FD. It serves one model instance:
+
+    server -> worker                      worker -> server
+    ("init", UserCodeSpec)                ("ok", None) | ("error", None, message, traceback)
+    ("execute", inputs, output names)     ("ok", outputs) | ("error", ErrorKind value, message, traceback)
+    ("stop",)                             ("ok", None) | ("error", None, message, traceback), then exits
+
+The worker exits when the server closes the socket or dies (even while execute hangs). It ignores SIGINT:
+a Ctrl-C on the server's terminal reaches the whole process group, and the server stops its workers
+itself, after finalize. Its stdout and stderr are the server's (inherited, unbuffered): what the model
+prints shows in the server's log as it is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from modelhost.backends.python_channel import Channel, ChannelClosed
+from modelhost.backends.python_code import UserCodeError, UserCodeSpec, UserModel, load_user_model
+from modelhost.errors import ErrorKind, ModelhostError
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_server, args=(os.getppid(),), name="exit with server", daemon=True).start()
+    fd = int(argv[1])
+    os.set_inheritable(fd, False)  # processes the model starts must not hold the channel open
+    channel = Channel(socket.socket(fileno=fd))
+    try:
+        serve(channel)
+    except ChannelClosed:
+        pass  # the server is gone
+    return 0
+
+
+def _exit_with_server(server: int) -> None:
+    # A server killed outright (SIGKILL) cannot stop its workers: one that waits on the channel sees it
+    # close, but one busy in a hung execute would live on. Once a second is cheap and fast enough.
+    while os.getppid() == server:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def serve(channel: Channel) -> None:
+    """Load the model the first message names, then answer messages until "stop"."""
+    kind, spec = channel.receive()
+    assert kind == "init", f"first message must be init, got {kind!r}"
+    try:
+        model = load_user_model(spec)
+    except UserCodeError as exc:
+        channel.send(("error", None, exc.message, exc.details))
+        return
+    channel.send(("ok", None))
+    while True:
+        message = channel.receive()
+        if message[0] == "execute":
+            _reply(channel, spec, _execute(model, message[1], message[2]))
+        elif message[0] == "stop":
+            _reply(channel, spec, _finalize(model))
+            return
+        else:
+            raise ValueError(f"unknown message {message[0]!r}")
+
+
+def _execute(model: UserModel, inputs: dict[str, Any], outputs: list[str]) -> tuple[Any, ...]:
+    try:
+        return "ok", model.execute(inputs, outputs)
+    except ModelhostError as exc:
+        return "error", exc.kind.value, exc.message, getattr(exc, "details", "")
+
+
+def _finalize(model: UserModel) -> tuple[Any, ...]:
+    try:
+        model.finalize()
+    except UserCodeError as exc:
+        return "error", None, exc.message, exc.details
+    return "ok", None
+
+
+def _reply(channel: Channel, spec: UserCodeSpec, reply: tuple[Any, ...]) -> None:
+    try:
+        channel.send(reply)
+    except (ChannelClosed, OSError):
+        raise
+    except Exception as exc:  # outputs that do not pickle (object arrays of odd objects)
+        message = f"{spec.label}: its outputs cannot be sent to the server: {type(exc).__name__}: {exc}"
+        channel.send(("error", ErrorKind.INTERNAL.value, message, ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
