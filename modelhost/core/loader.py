@@ -84,6 +84,9 @@ def _plan_ensemble(source: ModelSource, config: ModelConfig, overrides: ModelOve
         config.version_policy.latest.num_versions = 1
     if not config.input or not config.output:
         raise ConfigError(f"ensemble '{source.name}': config.pbtxt must list the ensemble's input and output")
+    if config.model_warmup:
+        raise ConfigError(f"ensemble '{source.name}': config.pbtxt model_warmup cannot be given for an ensemble "
+                          "(its composing models warm up with their own)")
     check_config(config)
     plan = EnsemblePlan.from_config(config)
     return LoadPlan(config, None, select_versions(config, source), overrides, plan)

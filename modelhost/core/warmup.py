@@ -124,6 +124,8 @@ def _build(config: ModelConfig, signature: Signature, setting: ModelWarmup, titl
         feeds, _ = signature.check_inputs(inputs)
     except ModelhostError as exc:
         raise ConfigError(f"{title}: {exc.message}") from None
+    for array in feeds.values():
+        array.flags.writeable = False  # shared by every instance's runs: a backend writing one would show at once
     return WarmupSample(title, batch_size, max(setting.count, 1), feeds)
 
 

@@ -59,6 +59,7 @@ def test_zero_data_of_every_kind(tmp_path: Path) -> None:
     assert inputs["B"].dtype == np.bool_ and inputs["B"].shape == (3, 64) and not inputs["B"].any()
     assert inputs["S"].dtype == object and inputs["S"].shape == (3, 2)
     assert inputs["S"].tolist() == [[b"", b""]] * 3
+    assert not any(array.flags.writeable for array in inputs.values())  # shared by every instance's runs
 
 
 def test_random_data_is_seeded_and_in_range(tmp_path: Path) -> None:
