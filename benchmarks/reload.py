@@ -1,14 +1,16 @@
 """Reload under constant load: latency before, during and after model reloads, and failed requests.
 
-    python benchmarks/reload.py [--rate 150] [--reloads 5] [--candidates 100] [--json results.json]
+    python benchmarks/reload.py [--model deepfm|rank|tiny|torch_mlp] [--rate 150] [--reloads 5]
+                                [--candidates 100] [--json results.json]
 
-The example `deepfm` model (100,000 x 16 embedding, 39 fields) ranks `--candidates` rows per request,
+A model (by default the example `deepfm`: 100,000 x 16 embedding, 39 fields; `torch_mlp` is a TorchScript
+MLP shaped like `rank`, whose first runs are slow) ranks `--candidates` rows per request,
 sent over HTTP (binary extension) at a constant rate from an open-loop generator: each request has a
 scheduled send time and its latency counts from then, so a stall delays the requests behind it and
 shows in the tail (no coordinated omission). The server runs in explicit mode; every few seconds the
 model is reloaded (POST /v2/repository/models/deepfm/load) while the load goes on, in three ways:
 
-  modelhost reload         the zero-downtime reload, with model_warmup in the config
+  modelhost reload         the zero-downtime reload, with model_warmup (zero data, 2 runs) in the config
   reload, no warmup        the same without model_warmup: the new session's first runs are cold
   unload + load            what a server without reload does: the model is gone while it loads
 
@@ -31,21 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from modelhost.example_repository import DEEPFM_FIELDS, DEEPFM_VOCAB, write_example_repository  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from warmup import request_body, warmup_block, write_model  # noqa: E402
+
 from tests.server import ServerProcess  # noqa: E402
 
-WARMUP = f"""
-model_warmup [ {{ name: "candidates" batch_size: 100 count: 20
-  inputs {{ key: "feat_ids" value: {{ data_type: TYPE_INT64 dims: [ {DEEPFM_FIELDS} ] zero_data: true }} }}
-  inputs {{ key: "feat_vals" value: {{ data_type: TYPE_FP32 dims: [ {DEEPFM_FIELDS} ] random_data: true }} }}
-}} ]
-"""
 SETTLE_SECONDS = 0.5
+WARMUP_RUNS = 2  # TorchScript optimizes a graph on its second run
 
 
 @dataclass
@@ -63,20 +62,7 @@ class Run:
     errors: list[str] = field(default_factory=list)
 
 
-def request_body(candidates: int) -> tuple[bytes, dict[str, str]]:
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, DEEPFM_VOCAB, (candidates, DEEPFM_FIELDS), dtype=np.int64)
-    vals = rng.random((candidates, DEEPFM_FIELDS), dtype=np.float32)
-    tensors = [
-        {"name": name, "datatype": datatype, "shape": list(array.shape),
-         "parameters": {"binary_data_size": array.nbytes}}
-        for name, datatype, array in (("feat_ids", "INT64", ids), ("feat_vals", "FP32", vals))
-    ]
-    header = orjson.dumps({"inputs": tensors, "outputs": [{"name": "prob", "parameters": {"binary_data": True}}]})
-    return header + ids.tobytes() + vals.tobytes(), {"Inference-Header-Content-Length": str(len(header))}
-
-
-def generate(server: ServerProcess, body: bytes, headers: dict[str, str], rate: float, threads: int,
+def generate(server: ServerProcess, path: str, body: bytes, headers: dict[str, str], rate: float, threads: int,
              start: float, stop: float, run: Run) -> None:
     """Open loop: thread i sends the requests scheduled at start + (i + k * threads) / rate."""
     lock = threading.Lock()
@@ -94,7 +80,7 @@ def generate(server: ServerProcess, body: bytes, headers: dict[str, str], rate: 
                 time.sleep(delay)
             ok = False
             try:
-                connection.request("POST", "/v2/models/deepfm/infer", body, headers)
+                connection.request("POST", path, body, headers)
                 response = connection.getresponse()
                 data = response.read()
                 ok = response.status == 200
@@ -118,8 +104,9 @@ def generate(server: ServerProcess, body: bytes, headers: dict[str, str], rate: 
         thread.join()
 
 
-def reloader(server: ServerProcess, how: str, first: float, every: float, count: int, run: Run) -> None:
-    base = "/v2/repository/models/deepfm"
+def reloader(server: ServerProcess, model: str, how: str, first: float, every: float, count: int,
+             run: Run) -> None:
+    base = f"/v2/repository/models/{model}"
     for n in range(count):
         delay = first + n * every - time.monotonic()
         if delay > 0:
@@ -139,26 +126,38 @@ def reloader(server: ServerProcess, how: str, first: float, every: float, count:
 
 
 def measure(how: str, args: argparse.Namespace, work: Path) -> dict:
-    repo = work / how.replace(" ", "_").replace("+", "")
-    write_example_repository(repo)
-    config = repo / "deepfm" / "config.pbtxt"
+    repo = work / how.replace(" ", "_").replace("+", "").replace(",", "")
+    repo.mkdir()
+    inputs = write_model(args.model, repo)
+    config = repo / args.model / "config.pbtxt"
     if how != "reload, no warmup":
-        config.write_text(config.read_text() + WARMUP)
-    server = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "deepfm", "--grpc-port", "0",
+        config.write_text(config.read_text() + warmup_block(inputs, args.candidates, WARMUP_RUNS))
+    server = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", args.model, "--grpc-port", "0",
                            "--metrics-port", "0", "--sagemaker-port", "0").wait_ready()
     try:
-        body, headers = request_body(args.candidates)
+        body, headers = request_body(inputs, args.candidates)
         run = Run()
         start = time.monotonic() + 0.5
         stop = start + args.steady + args.reloads * args.every + args.steady
-        reloads = threading.Thread(target=reloader, args=(server, how, start + args.steady, args.every,
+        reloads = threading.Thread(target=reloader, args=(server, args.model, how, start + args.steady, args.every,
                                                           args.reloads, run), daemon=True)
+        rss_before = rss_mib(server)
         reloads.start()
-        generate(server, body, headers, args.rate, args.threads, start, stop, run)
+        generate(server, f"/v2/models/{args.model}/infer", body, headers, args.rate, args.threads, start, stop, run)
         reloads.join()
+        time.sleep(SETTLE_SECONDS)
+        rss_after = rss_mib(server)
     finally:
         server.stop()
-    return summarize(how, run)
+    return summarize(how, run) | {"rss_before_mib": rss_before, "rss_after_mib": rss_after}
+
+
+def rss_mib(server: ServerProcess) -> float:
+    """The server's resident memory: flat across reloads when each old version's memory is returned."""
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def summarize(how: str, run: Run) -> dict:
@@ -186,6 +185,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["deepfm", "rank", "tiny", "torch_mlp"], default="deepfm")
     parser.add_argument("--rate", type=float, default=150.0, help="requests per second")
     parser.add_argument("--threads", type=int, default=8, help="client threads (connections)")
     parser.add_argument("--candidates", type=int, default=100, help="rows per request")
@@ -204,7 +204,8 @@ def main() -> None:
             print(f"{how:20s} requests {r['requests']:5d} failed {r['failed']:4d} | steady p50 "
                   f"{r['steady_p50_ms']:6.2f} p99 {r['steady_p99_ms']:6.2f} ms | during reload p50 "
                   f"{r['reload_p50_ms']:6.2f} p99 {r['reload_p99_ms']:6.2f} max {r['reload_max_ms']:7.1f}"
-                  f" ms | p99 ratio {r['p99_ratio']:.2f}x | reload {r['reload_seconds_median']:.2f} s", flush=True)
+                  f" ms | p99 ratio {r['p99_ratio']:.2f}x | reload {r['reload_seconds_median']:.2f} s | RSS "
+                  f"{r['rss_before_mib']:.0f} -> {r['rss_after_mib']:.0f} MiB", flush=True)
             for error in result["errors"]:
                 print(f"    e.g. {error}")
     if args.json:
