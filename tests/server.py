@@ -15,7 +15,6 @@ from pathlib import Path
 
 import requests
 
-
 _handed_out: set[int] = set()
 
 

@@ -162,11 +162,13 @@ model_warmup [ { name: "long" batch_size: 8 count: 40000
                                    kwargs={"timeout": 120})
         loading.start()
         wait_for(lambda: index(server)["slow"][0].get("state") == "LOADING", what="slow model loading")
+        ready_while_loading = requests.get(f"{server.base}/v2/health/ready", timeout=10).status_code
         during = []
         while index(server)["slow"][0].get("state") == "LOADING" and len(during) < 200:
             during.append(_timed(lambda: factor(client, "fast")))
         loading.join()
         assert len(during) >= 10, "the slow model loaded too fast to test anything"
+        assert ready_while_loading == 200, "a load after start made the server unready"
         assert np.median(during) < max(10 * np.median(before), 0.05), (np.median(before), np.median(during))
         assert client.is_model_ready("slow")
     finally:

@@ -32,8 +32,9 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
-        """Started and done loading; with strict readiness, also every model READY."""
-        if not self._started or self._manager.loading():
+        """Done with the models to load at start; with strict readiness, also every model READY.
+        A load or reload after start (explicit, poll) leaves the server ready: the others still serve."""
+        if not self._started:
             return False
         return self._manager.all_ready() if self._strict_readiness else True
 

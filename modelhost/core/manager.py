@@ -84,6 +84,7 @@ class ModelManager:
             except FileNotFoundError as exc:
                 if not record.versions and self._records.get(name) is record:
                     del self._records[name]  # not in the repository: nothing to report in the index
+                log.error("cannot load model %s: %s", name, exc)
                 raise not_found(f"cannot load model '{name}': {exc}") from exc
             except Exception as exc:
                 self._fail(record, exc)
@@ -297,9 +298,6 @@ class ModelManager:
         """Every model and version the repository asked for is READY (Triton's strict readiness);
         models unloaded on request are not asked for."""
         return all(r.unloaded or r.all_ready() for r in self._records.values())
-
-    def loading(self) -> bool:
-        return any(s.state is ModelState.LOADING for r in self._records.values() for s in r.versions.values())
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         entries = [entry for record in sorted(self._records.values(), key=lambda r: r.name) for entry in record.index()]
