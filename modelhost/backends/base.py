@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from modelhost.config.datatypes import config_type_name, v2_datatype
+from modelhost.config.loader import ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.types import TensorSpec
 
@@ -71,3 +73,31 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         """Load one instance of the model at `path` (the version's model file or directory)."""
+
+
+def config_signature(
+    config: ModelConfig, where: str, supported: Sequence[str] = (), backend: str = ""
+) -> ModelSignature:
+    """The config's tensors as full shapes, for a backend whose model file declares none: the batch dim (-1)
+    first when max_batch_size > 0, then `reshape` where given (the shape the backend sees), else `dims`.
+
+    Raises ConfigError naming the tensor when one has no data_type, or one not in `supported` (when given,
+    with the `backend`'s name); `where` names the config in the message.
+    """
+    batch = (-1,) if config.max_batch_size > 0 else ()
+
+    def spec(kind: str, tensor, optional: bool) -> TensorSpec:  # type: ignore[no-untyped-def]
+        if not tensor.data_type:
+            raise ConfigError(f"{where} {kind} '{tensor.name}' has no data_type")
+        datatype = v2_datatype(tensor.data_type)
+        if supported and datatype not in supported:
+            raise ConfigError(f"{where} {kind} '{tensor.name}' has data_type {config_type_name(tensor.data_type)}, "
+                             f"which the {backend} backend does not support "
+                             f"(supported: {', '.join(supported)})")
+        body = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else tuple(tensor.dims)
+        return TensorSpec(tensor.name, datatype, batch + body, optional)
+
+    return ModelSignature(
+        inputs=tuple(spec("input", t, t.optional) for t in config.input),
+        outputs=tuple(spec("output", t, False) for t in config.output),
+    )

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
+from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
 from modelhost.backends.python_code import (
     ExecuteError,
     OutputRule,
@@ -43,11 +43,9 @@ from modelhost.backends.python_code import (
     load_user_model,
 )
 from modelhost.backends.python_process import IsolatedModel, IsolationOptions
-from modelhost.config.datatypes import v2_datatype
 from modelhost.config.loader import CONFIG_FILENAME, ConfigError, config_to_json
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.types import TensorSpec
 
 log = logging.getLogger("modelhost.backends.python")
 
@@ -73,7 +71,7 @@ class PythonBackend(Backend):
             raise ConfigError(f"{path} is not a file: the Python backend loads a model.py")
         if not config.input or not config.output:
             raise ConfigError(_no_tensors(path))
-        signature = config_signature(config)
+        signature = config_signature(config, CONFIG_FILENAME)
         spec = _spec(path, config, instance.index, signature)
         try:
             if isolated:
@@ -144,22 +142,6 @@ def _number(params: dict[str, str], name: str, default: float, integer: bool = F
     if not value >= 0:  # also rejects NaN
         raise ConfigError(f"parameter {name} must be >= 0 (0 = no limit), got '{text}'")
     return value
-
-
-def config_signature(config: ModelConfig) -> ModelSignature:
-    """The config's tensors as full shapes: the batch dim (-1) first when max_batch_size > 0, then `reshape`
-    where given (the shape the backend sees), else `dims`; config completion checks them against the config."""
-    batch = (-1,) if config.max_batch_size > 0 else ()
-
-    def spec(tensor) -> TensorSpec:  # type: ignore[no-untyped-def]
-        body = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else tuple(tensor.dims)
-        try:
-            datatype = v2_datatype(tensor.data_type)
-        except KeyError:
-            raise ConfigError(f"{CONFIG_FILENAME} tensor '{tensor.name}' has no data_type") from None
-        return TensorSpec(tensor.name, datatype, batch + body)
-
-    return ModelSignature(tuple(spec(t) for t in config.input), tuple(spec(t) for t in config.output))
 
 
 def _spec(path: Path, config: ModelConfig, index: int, signature: ModelSignature) -> UserCodeSpec:

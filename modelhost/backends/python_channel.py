@@ -11,7 +11,6 @@ Both ends are trusted (the server and the worker it started); one call at a time
 from __future__ import annotations
 
 import pickle
-import select
 import socket
 import struct
 import time
@@ -48,15 +47,6 @@ class Channel:
         data = self._read(length, deadline)
         buffers = [self._read(size, deadline) for size in sizes]
         return pickle.loads(data, buffers=buffers)
-
-    def peer_closed(self) -> bool:
-        """Whether the other end has closed, without reading; for between messages, when none is pending."""
-        try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
-            # Readable with nothing to read is the end of the stream (the peek cannot block: it is readable).
-            return bool(readable) and self._sock.recv(1, socket.MSG_PEEK) == b""
-        except (OSError, ValueError):
-            return True
 
     def close(self) -> None:
         self._sock.close()

@@ -193,13 +193,11 @@ class IsolatedModel(Model):
 
     def _ready_worker(self) -> WorkerProcess:
         self._join_restart()
-        # A killed worker's socket closes as it exits, a moment before the process can be reaped.
-        worker = self._worker
-        if worker is not None and (worker.process.poll() is not None or worker.channel.peer_closed()):
+        if self._worker is not None and self._worker.process.poll() is not None:
             # It died between batches (a thread of the model's, a signal from outside): no batch was lost.
             log.error("%s: its worker process (pid %d) %s between batches; restarting it",
-                      self._spec.label, worker.pid, worker.exit_reason())
-            worker.kill()
+                      self._spec.label, self._worker.pid, self._worker.exit_reason())
+            self._worker.kill()
             self._worker = None
         if self._worker is None:  # died, or the last restart failed: start one for this batch
             try:

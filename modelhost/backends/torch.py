@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
-from modelhost.config.datatypes import config_type_name, v2_datatype
+from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
+from modelhost.config.datatypes import v2_datatype
 from modelhost.config.loader import CONFIG_FILENAME, ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import INTRA_OP_PARAMETERS
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.types import TensorSpec, format_shape
+from modelhost.types import format_shape
 
 _TORCH_DTYPES = {
     "BOOL": torch.bool,
@@ -159,29 +159,13 @@ class TorchModel(Model):
 
 
 def _config_signature(path: Path, config: ModelConfig) -> ModelSignature:
-    """The config's tensors as full shapes (the backend's view: reshape where given), checked for torch types."""
+    """The config's tensors (the backend's view: reshape where given), checked for torch types."""
     if not config.input or not config.output:
         raise ConfigError(
             f"{CONFIG_FILENAME} must list every input and output of {path.name}: a PyTorch model file does not "
             "declare their names, data types and shapes"
         )
-    batch = (-1,) if config.max_batch_size > 0 else ()
-
-    def spec(kind: str, tensor: Any, optional: bool) -> TensorSpec:
-        datatype = v2_datatype(tensor.data_type) if tensor.data_type else "none"
-        if datatype not in _TORCH_DTYPES:
-            raise ConfigError(
-                f"{CONFIG_FILENAME} {kind} '{tensor.name}' has data_type "
-                f"{config_type_name(tensor.data_type)}, which the pytorch backend does not support "
-                f"(supported: {', '.join(_TORCH_DTYPES)})"
-            )
-        body = tuple(tensor.reshape.shape) if tensor.HasField("reshape") else tuple(tensor.dims)
-        return TensorSpec(tensor.name, datatype, batch + body, optional)
-
-    return ModelSignature(
-        inputs=tuple(spec("input", t, t.optional) for t in config.input),
-        outputs=tuple(spec("output", t, False) for t in config.output),
-    )
+    return config_signature(config, CONFIG_FILENAME, tuple(_TORCH_DTYPES), TorchBackend.name)
 
 
 def _load_module(path: Path) -> tuple[Any, list[_Argument]]:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from modelhost.backends.base import InstanceSettings, Model
-from modelhost.backends.python import PythonBackend, config_signature
+from modelhost.backends.base import InstanceSettings, Model, config_signature
+from modelhost.backends.python import PythonBackend
 from modelhost.backends.python_process import IsolatedModel
 from modelhost.config.completion import apply_defaults
 from modelhost.config.loader import ConfigError, parse_config
@@ -120,9 +120,11 @@ def run(model: Model, code: float, rows: int = 2) -> dict[str, np.ndarray]:
 
 
 def exited(pid: int) -> bool:
-    """Whether a process has exited (a zombie not yet reaped counts)."""
+    """Whether a process has exited (a zombie not yet reaped counts). Every thread must be a zombie: the main
+    thread of a killed process shows "Z" while its other threads are still exiting, its files still open."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        return all((task / "stat").read_text().split(")")[-1].split()[0] == "Z" for task in tasks)
     except FileNotFoundError:
         return True
 
@@ -258,11 +260,11 @@ def test_signature_shapes_follow_batching_and_reshape() -> None:
         input [ { name: "x" data_type: TYPE_STRING dims: [ 4 ] reshape: { shape: [ 2, 2 ] } } ]
         output [ { name: "y" data_type: TYPE_UINT8 dims: [ -1 ] } ]
     """)
-    signature = config_signature(config)
+    signature = config_signature(config, "config.pbtxt")
     assert [(s.name, s.datatype, s.shape) for s in (*signature.inputs, *signature.outputs)] == [
         ("x", "BYTES", (2, 2)), ("y", "UINT8", (-1,))]
     config.max_batch_size = 4
-    assert config_signature(config).inputs[0].shape == (-1, 2, 2)
+    assert config_signature(config, "config.pbtxt").inputs[0].shape == (-1, 2, 2)
 
 
 @pytest.mark.parametrize("parameter, value, problem", [
