@@ -21,7 +21,7 @@ from modelhost.core.load_override import LoadOverride, write_override
 from modelhost.core.loader import LoadPlan, ServedModel, load_ensemble_version, load_version, plan_model
 from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
-from modelhost.store.local import LocalStore, ModelSource
+from modelhost.store.local import LocalStore, ModelFingerprint, ModelSource
 
 log = logging.getLogger("modelhost.manager")
 
@@ -102,7 +102,7 @@ class ModelManager:
         assert self._store is not None
         return self._store.fetch(name)
 
-    def _fingerprint(self, name: str, override: LoadOverride | None):  # type: ignore[no-untyped-def]
+    def _fingerprint(self, name: str, override: LoadOverride | None) -> ModelFingerprint | None:
         # A model loaded from an override is not the repository's: polling must not take it back.
         if override is not None or self._store is None:
             return None
@@ -290,7 +290,8 @@ class ModelManager:
     def names(self) -> list[str]:
         return sorted(self._records)
 
-    def fingerprint(self, name: str):  # type: ignore[no-untyped-def]
+    def fingerprint(self, name: str) -> ModelFingerprint | None:
+        """The repository files a model was last loaded from (None: unknown, or loaded from elsewhere)."""
         record = self._records.get(name)
         return record.fingerprint if record else None
 
