@@ -3,6 +3,7 @@ messages without server paths, the client log rate limiter, and the settings and
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 
@@ -16,6 +17,7 @@ from modelhost.client_log import BURST, LogRateLimiter, client_log
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.core.signature import Signature, check_output_bytes
 from modelhost.errors import ErrorKind, ModelhostError, hide_paths_under, public_message
+from modelhost.protocols.http import HttpApp, HttpRequest, HttpResponse, Route
 from modelhost.protocols.json_numbers import json_numbers
 from modelhost.protocols.kserve_v2 import codec, grpc_codec
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
@@ -197,3 +199,26 @@ def test_errors_keep_their_kind() -> None:
     with pytest.raises(ModelhostError) as raised:
         codec.decode_infer_request(v2([1] * 65, [1.0]), None, "m")
     assert raised.value.kind is ErrorKind.INVALID_INPUT
+
+
+def test_http_500_names_the_exception_type_only(caplog: pytest.LogCaptureFixture) -> None:
+    """An unexpected exception's text (paths, internals) goes to the log; the client gets its type."""
+    async def broken(request: HttpRequest) -> HttpResponse:
+        raise RuntimeError("cannot read /srv/secret/models/x/model.py")
+
+    app = HttpApp([Route("GET", "/boom", broken)])
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/boom", "headers": []}
+    with caplog.at_level(logging.ERROR, logger="modelhost.http"):
+        asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 500
+    body = orjson.loads(sent[1]["body"])  # type: ignore[arg-type]
+    assert body == {"error": "internal error (RuntimeError); the server log has the details"}
+    assert "/srv/secret/models/x/model.py" in caplog.text
