@@ -16,7 +16,7 @@ from pathlib import Path
 
 import uvloop
 
-from modelhost import __version__
+from modelhost import __version__, client_log
 from modelhost.backends import warm_up_backends
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
@@ -24,7 +24,7 @@ from modelhost.core.load import ServerLoad
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import ModelCache
 from modelhost.core.repository_poll import RepositoryPoller
-from modelhost.errors import ModelhostError
+from modelhost.errors import ModelhostError, hide_paths_under
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols import prometheus
 from modelhost.protocols.grpc_server import GrpcOptions, GrpcServer, ListenError
@@ -35,7 +35,7 @@ from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.sagemaker.invoke import Invoker
 from modelhost.protocols.sagemaker.site import SingleModelSite, UserCode, local_url, multi_model_routes
 from modelhost.protocols.tfserving import rest as tfserving_rest
-from modelhost.settings import ServerSettings
+from modelhost.settings import ServerSettings, request_limits
 from modelhost.store.archives import open_archive_store
 from modelhost.store.layout import find_layout
 from modelhost.store.local import LocalStore
@@ -51,13 +51,18 @@ class Server:
         settings.cache_dir.mkdir(parents=True, exist_ok=True)
         # This process's own files (generated layouts, unpacked archives), removed at stop.
         self.work_dir = Path(tempfile.mkdtemp(prefix="server-", dir=settings.cache_dir))
+        # What clients may make this process log, and see: errors name files relative to these directories.
+        client_log.configure(settings.client_log_lines_per_second)
+        hide_paths_under(self.work_dir, settings.cache_dir,
+                         *([settings.model_repository] if settings.model_repository and
+                           "://" not in settings.model_repository else []))
         self.load = ServerLoad()
         self.cache: ModelCache | None = None
         self.single: SingleModelSite | None = None
         store = None if settings.multi_model else self._single_model_store()
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.load,
                                     settings.model_overrides, self.work_dir)
-        self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness)
+        self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings))
         self.control = Control(self.manager, settings.model_control_mode, store)
         self.poller = (RepositoryPoller(self.manager, store, settings.repository_poll_seconds)
                        if store is not None and settings.model_control_mode == "poll" else None)

@@ -80,6 +80,16 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help="in explicit mode, a model to load at start (repeatable; '*' loads every model)")
     add("--invocation-timeout-seconds", type=float, help="how long one SageMaker invocation may take "
         f"(default {d.invocation_timeout_seconds:g}, or SAGEMAKER_MODEL_SERVER_TIMEOUT/SAGEMAKER_TS_RESPONSE_TIMEOUT)")
+    # request and log limits (issue 12: codecs)
+    add("--json-max-depth", type=int, help="how deeply a tensor's JSON data may nest lists, 1-64 "
+        f"(default {d.json_max_depth})")
+    add("--max-request-elements", type=int, help="elements one request's input tensors may hold together, "
+        f"checked before they are allocated (default {d.max_request_elements})")
+    add("--max-output-bytes", type=_byte_size, help="the most data one response's outputs may hold, e.g. 256MiB, "
+        f"4GiB (default {d.max_output_bytes // 1024**3}GiB)")
+    add("--client-log-lines-per-second", type=float, help="how often warnings caused by client input (bad "
+        "requests, undecodable gRPC messages, failed invocations) are logged per kind; the rest are counted "
+        f"(default {d.client_log_lines_per_second:g}; 0: none)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import os
+import re
 
 
 class ErrorKind(enum.Enum):
@@ -42,3 +44,34 @@ def not_found(message: str) -> ModelhostError:
 
 def unavailable(message: str) -> ModelhostError:
     return ModelhostError(ErrorKind.UNAVAILABLE, message)
+
+
+# --------------------------------------------------------------------------- client-visible messages
+
+# An absolute path of two or more components, not part of a URL or a word ("s3://b/k", "text/csv" stay).
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/\\-])/(?:[^\s'\"`,;:()\[\]{}<>/]+/)+[^\s'\"`,;:()\[\]{}<>/]*")
+_private_roots: list[str] = []
+
+
+def hide_paths_under(*roots: str | os.PathLike[str]) -> None:
+    """Directories whose paths messages show relative to them (the model repository, the work directory).
+    Called by the composition root at start; process-wide, as the directories are."""
+    for root in roots:
+        for form in {os.path.abspath(root), os.path.realpath(root)}:
+            if form not in _private_roots and form != "/":
+                _private_roots.append(form)
+    _private_roots.sort(key=len, reverse=True)
+
+
+def public_message(text: str) -> str:
+    """`text` without server file paths, for a client: paths under a registered root become relative to it,
+    other absolute paths their last component. Protocols apply it to every error message they send."""
+    if "/" not in text:
+        return text
+    for root in _private_roots:
+        text = text.replace(root + "/", "").replace(root, ".")
+    return _ABSOLUTE_PATH.sub(_last_component, text)
+
+
+def _last_component(match: re.Match[str]) -> str:
+    return match.group(0).rstrip("/").rsplit("/", 1)[-1]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from modelhost.config.overrides import ModelOverrides
+from modelhost.types import MAX_RANK, RequestLimits
 
 GIB = 1024**3
 GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # gRPC's message length options are 32-bit signed
@@ -86,6 +87,21 @@ class ServerSettings:
     model_control_mode: Triton's: "none" loads every model at start; "poll" also applies repository
     changes every `repository_poll_seconds`; "explicit" loads `load_models` at start ("*": all) and
     then what the load/unload API asks for.
+
+    Request and log limits (what one client can make the server spend; each default is far above what
+    legitimate traffic needs, so that only abuse meets it):
+    json_max_depth: how deeply a tensor's JSON data may nest lists (32; at most 64, numpy's limit on
+    dimensions). Models take tensors of rank 1-6; a deeper nesting is a malformed or hostile request.
+    max_request_elements: elements of one request's input tensors together, checked from the declared
+    shapes before anything is allocated (64 Mi = 67,108,864: every element of a 64 MiB body of UINT8, the
+    default body limit's worth; a 500 x 1000 FP32 batch is 500,000). What it stops is a small request
+    declaring a huge tensor (a .npy header or a TensorProto whose one value fills its shape).
+    max_output_bytes: the data of one response's outputs together (1 GiB: 16 times a 64 MB output, which
+    some models produce; JSON text of it would be several times more), checked before they are encoded.
+    client_log_lines_per_second: warnings and errors that client input causes (bad requests, undecodable
+    gRPC messages, failed invocations) are logged at most this often per kind of message, with bursts of
+    up to 10; the rest are counted and reported as "suppressed N similar messages" (1.0: a flood of bad
+    requests costs a few lines a second, not one per request; 0 logs none of them).
     """
 
     model_repository: str | None = None
@@ -118,6 +134,16 @@ class ServerSettings:
     model_control_mode: str = "none"
     repository_poll_seconds: float = 15.0
     load_models: tuple[str, ...] = ()
+    # request and log limits (issue 12: codecs)
+    json_max_depth: int = 32
+    max_request_elements: int = 64 * 1024**2
+    max_output_bytes: int = GIB
+    client_log_lines_per_second: float = 1.0
+
+
+def request_limits(settings: ServerSettings) -> RequestLimits:
+    """The limits the codecs and the data plane check each request against."""
+    return RequestLimits(settings.max_request_elements, settings.json_max_depth, settings.max_output_bytes)
 
 
 def settings_from_environment(base: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:
@@ -164,6 +190,15 @@ def check_settings(settings: ServerSettings) -> None:
     if settings.model_control_mode != "none" and settings.multi_model:
         raise SettingsError("--model-control-mode poll/explicit cannot be combined with multi-model mode, whose "
                             "models load and unload through /models")
+    # request and log limits (issue 12: codecs)
+    if not 1 <= settings.json_max_depth <= MAX_RANK:
+        raise SettingsError(f"--json-max-depth must be between 1 and {MAX_RANK}, got {settings.json_max_depth}")
+    for name in ("max_request_elements", "max_output_bytes"):
+        if getattr(settings, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
+    if not 0 <= settings.client_log_lines_per_second < float("inf"):
+        raise SettingsError(f"--client-log-lines-per-second must be a number >= 0, "
+                            f"got {settings.client_log_lines_per_second}")
     if settings.grpc_max_message_bytes > GRPC_MAX_MESSAGE_BYTES:
         raise SettingsError(f"--grpc-max-message-bytes must be at most {GRPC_MAX_MESSAGE_BYTES} (gRPC's limit), "
                             f"got {settings.grpc_max_message_bytes}")

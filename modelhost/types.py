@@ -5,10 +5,14 @@ A BYTES tensor is a numpy object array whose elements are `bytes`.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from modelhost.errors import invalid
 
 # KServe V2 datatype name -> numpy dtype. BF16 has no numpy dtype and is not served.
 DATATYPE_DTYPES: dict[str, np.dtype] = {
@@ -39,8 +43,74 @@ def datatype_of(array: np.ndarray) -> str:
     return name
 
 
-def format_shape(shape: tuple[int, ...] | list[int]) -> str:
+def format_shape(shape: Sequence[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+MAX_RANK = 64  # numpy's limit on an array's dimensions
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What one request may make the server allocate; ServerSettings documents each default and why.
+
+    max_elements: elements of all of a request's input tensors together.
+    max_json_depth: how deeply a tensor's JSON data may nest lists (at most MAX_RANK).
+    max_output_bytes: the data bytes of a response's outputs together.
+    """
+
+    max_elements: int = 64 * 1024**2
+    max_json_depth: int = 32
+    max_output_bytes: int = 1024**3
+
+    def budget(self) -> ElementBudget:
+        return ElementBudget(self)
+
+
+DEFAULT_LIMITS = RequestLimits()
+
+
+class ElementBudget:
+    """The elements one request's tensors may still take; codecs `take` each tensor's shape before allocating it."""
+
+    __slots__ = ("limits", "left")
+
+    def __init__(self, limits: RequestLimits) -> None:
+        self.limits = limits
+        self.left = limits.max_elements
+
+    def take(self, where: str, shape: Sequence[int]) -> int:
+        """The element count of `shape`; INVALID_INPUT when it is not a shape numpy can hold within the budget.
+
+        `where` names the tensor ("input 'x'"). Dims must be non-negative (callers check their types).
+        A zero dim makes an empty tensor, but numpy still refuses one whose other dims overflow, so those
+        count against the limit too.
+        """
+        if len(shape) > MAX_RANK:
+            raise invalid(f"{where} has {len(shape)} dimensions; at most {MAX_RANK} are supported")
+        count = math.prod(shape)
+        limit = self.limits.max_elements
+        spread = count if count else math.prod(d for d in shape if d)
+        if count > self.left or spread > limit:
+            what = f"{count} elements" if count else f"dimensions whose non-zero sizes multiply to {spread}"
+            raise invalid(f"{where} has shape {format_shape(shape)}: {what}, more than the {limit} elements a "
+                          f"request's tensors may hold together (--max-request-elements)")
+        self.left -= count
+        return count
+
+
+def json_depth(value: Any) -> int:
+    """How deeply nested lists go along their first items: a tensor's rank as its JSON writes it.
+
+    O(depth); a list that is deeper elsewhere is ragged, which the array conversion refuses.
+    """
+    depth = 0
+    while type(value) is list:
+        depth += 1
+        if not value:
+            break
+        value = value[0]
+    return depth
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,3 +161,11 @@ class InferResponse:
     outputs: dict[str, np.ndarray]
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def check_json_depth(value: Any, where: str, max_depth: int) -> None:
+    """INVALID_INPUT when a tensor's JSON data nests lists deeper than `max_depth`."""
+    depth = json_depth(value)
+    if depth > max_depth:
+        raise invalid(f"{where} has JSON data nested {depth} lists deep, more than the limit of {max_depth} "
+                      "(--json-max-depth)")

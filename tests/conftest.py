@@ -30,3 +30,12 @@ def start_server() -> Iterator:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_client_log() -> None:
+    """Each test starts with full log-rate buckets: lines an earlier test caused must not silence its own."""
+    from modelhost import client_log
+    from modelhost.settings import ServerSettings
+
+    client_log.configure(ServerSettings().client_log_lines_per_second)

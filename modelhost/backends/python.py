@@ -43,6 +43,7 @@ from modelhost.backends.python_code import (
     load_user_model,
 )
 from modelhost.backends.python_process import IsolatedModel, IsolationOptions
+from modelhost.client_log import client_log
 from modelhost.config.loader import CONFIG_FILENAME, ConfigError, config_to_json
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.errors import ErrorKind, ModelhostError
@@ -95,11 +96,11 @@ class InProcessModel(Model):
         try:
             return self._user.execute(inputs, list(outputs))
         except ExecuteError as exc:
-            log.error("%s\n%s", exc.message, exc.details)
+            client_log(log, logging.ERROR, "python-model-failed", "%s\n%s", exc.message, exc.details)
             raise
         except ModelhostError as exc:
             if exc.kind is ErrorKind.INTERNAL:  # an output that breaks the config: the operator should see it
-                log.error("%s", exc.message)
+                client_log(log, logging.ERROR, "python-model-failed", "%s", exc.message)
             raise
 
     def signature(self) -> ModelSignature | None:

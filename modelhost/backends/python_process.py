@@ -32,6 +32,7 @@ import modelhost
 from modelhost.backends.base import Model, ModelSignature
 from modelhost.backends.python_channel import Channel, ChannelClosed
 from modelhost.backends.python_code import UserCodeError, UserCodeSpec
+from modelhost.client_log import client_log
 from modelhost.errors import ErrorKind, ModelhostError
 
 log = logging.getLogger("modelhost.backends.python")
@@ -171,7 +172,8 @@ class IsolatedModel(Model):
         if reply[0] != "ok":
             error = ModelhostError(ErrorKind(reply[1]), reply[2])
             if error.kind is ErrorKind.INTERNAL:  # the model's bug, not the caller's: the operator should see it
-                log.error("%s%s", error.message, f"\n{reply[3]}" if reply[3] else "")
+                client_log(log, logging.ERROR, "python-model-failed", "%s%s", error.message,
+                           f"\n{reply[3]}" if reply[3] else "")
             raise error
         self._check_memory(worker)
         result: dict[str, np.ndarray] = reply[1]

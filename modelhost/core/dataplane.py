@@ -6,11 +6,13 @@ import logging
 import time
 from typing import Any
 
+from modelhost.client_log import client_log
 from modelhost.config.loader import config_to_json
 from modelhost.core.loader import ServedModel
 from modelhost.core.manager import ModelManager
+from modelhost.core.signature import check_output_bytes
 from modelhost.errors import ErrorKind, ModelhostError, invalid
-from modelhost.types import InferRequest, InferResponse, ModelMetadata
+from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
 
 log = logging.getLogger("modelhost.dataplane")
 
@@ -19,7 +21,10 @@ EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "
 
 
 class DataPlane:
-    def __init__(self, manager: ModelManager, version: str, strict_readiness: bool) -> None:
+    def __init__(self, manager: ModelManager, version: str, strict_readiness: bool,
+                 limits: RequestLimits = DEFAULT_LIMITS) -> None:
+        # Front-ends pass `limits` to their codecs, which check each tensor before allocating it.
+        self.limits = limits
         self._manager = manager
         self._version = version
         self._strict_readiness = strict_readiness
@@ -90,14 +95,12 @@ class DataPlane:
         except ModelhostError:
             raise
         except Exception as exc:
-            log.exception("model %s version %d failed", served.name, served.version)
+            client_log(log, logging.ERROR, "model-failed", "model %s version %d failed", served.name, served.version,
+                       exc_info=exc)
             raise ModelhostError(ErrorKind.INTERNAL, f"model '{served.name}' failed: {exc}") from exc
-        return InferResponse(
-            model_name=served.name,
-            model_version=str(served.version),
-            outputs=signature.shape_outputs(results, names),
-            id=request.id,
-        )
+        outputs = signature.shape_outputs(results, names)
+        check_output_bytes(outputs, self.limits.max_output_bytes)
+        return InferResponse(model_name=served.name, model_version=str(served.version), outputs=outputs, id=request.id)
 
 
 def _natural_parameter(parameters: dict[str, Any], name: str) -> int:

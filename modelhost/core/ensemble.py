@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from modelhost.client_log import client_log
 from modelhost.core.ensemble_plan import LATEST, EnsemblePlan, EnsembleStep, Resolve
 from modelhost.errors import ErrorKind, ModelhostError, unavailable
 
@@ -146,7 +147,7 @@ class EnsembleScheduler:
         where = f"ensemble '{self._plan.name}' {step.describe()}"
         if isinstance(exc, ModelhostError):
             return ModelhostError(exc.kind, f"{where}: {exc.message}", exc.retry_after)
-        log.error("%s failed", where, exc_info=exc)
+        client_log(log, logging.ERROR, "ensemble-step-failed", "%s failed", where, exc_info=exc)
         return ModelhostError(ErrorKind.INTERNAL, f"{where}: model '{step.model_name}' failed: {exc}")
 
 

@@ -141,13 +141,15 @@ class Signature:
         """Names of the outputs to compute, in response order."""
         if not requested:
             return list(self.outputs)
-        names = []
+        names: list[str] = []
         for output in requested:
             if output.name not in self.outputs:
                 raise invalid(
                     f"unexpected inference output '{output.name}' for model '{self.model}'; "
                     f"its outputs are {', '.join(repr(n) for n in self.outputs)}"
                 )
+            if output.name in names:
+                raise invalid(f"output '{output.name}' is requested twice; request each output once")
             names.append(output.name)
         return names
 
@@ -162,6 +164,32 @@ class Signature:
                 array = array.reshape(lead + _resolve(array.shape[len(lead):], rule.reshape, rule.dims))
             shaped[name] = array
         return shaped
+
+
+def check_output_bytes(outputs: dict[str, np.ndarray], limit: int) -> None:
+    """INVALID_INPUT when the outputs' data (BYTES: their elements' bytes) exceed `limit` bytes together,
+    before any protocol serializes them (JSON text takes several times the data's size)."""
+    total = 0
+    for name, array in outputs.items():
+        total += _data_bytes(array, limit - total)
+        if total > limit:
+            raise invalid(
+                f"output '{name}' ({datatype_of(array)}, shape {format_shape(array.shape)}) takes the response's "
+                f"outputs past {limit} bytes, the limit (--max-output-bytes); send a smaller batch or request "
+                "fewer outputs"
+            )
+
+
+def _data_bytes(array: np.ndarray, room: int) -> int:
+    """nbytes; for BYTES, its elements' lengths, counted only until they pass `room`."""
+    if array.dtype.kind != "O":
+        return array.nbytes
+    total = 0
+    for element in array.reshape(-1):
+        total += len(element) if isinstance(element, (bytes, str)) else 0
+        if total > room:
+            break
+    return total
 
 
 def _resolve(actual: tuple[int, ...], source: tuple[int, ...], target: tuple[int, ...]) -> tuple[int, ...]:

@@ -22,8 +22,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from modelhost.client_log import client_log
 from modelhost.core.load import ServerLoad
-from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
 
 log = logging.getLogger("modelhost.grpc")
 
@@ -160,28 +161,42 @@ def _serialize(message: Message, limit: int) -> bytes:
 
 
 def _generic_handler(service: Service, load: ServerLoad, limit: int) -> grpc.GenericRpcHandler:
+    # Requests arrive as bytes (no request_deserializer): grpc answers a message its deserializer cannot
+    # read with UNKNOWN and logs a traceback per message; _parse answers INVALID_ARGUMENT in one line.
     handlers = {}
     for rpc in service.rpcs:
         if isinstance(rpc, Unary):
-            handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(
-                _unary_behavior(rpc, load, limit), request_deserializer=rpc.request_type.FromString)
+            handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(_unary_behavior(rpc, load, limit))
         else:
-            handlers[rpc.name] = grpc.stream_stream_rpc_method_handler(
-                _stream_behavior(rpc, load, limit), request_deserializer=rpc.request_type.FromString)
+            handlers[rpc.name] = grpc.stream_stream_rpc_method_handler(_stream_behavior(rpc, load, limit))
     return grpc.method_handlers_generic_handler(service.name, handlers)
 
 
-def _unary_behavior(rpc: Unary, load: ServerLoad, limit: int) -> Callable[[Any, Any], Awaitable[bytes]]:
-    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> bytes:
+def _parse(request_type: type[Message], data: bytes) -> Any:
+    """The request message in `data`; INVALID_INPUT, logged at a limited rate, when it does not parse."""
+    try:
+        return request_type.FromString(data)
+    except Exception as exc:  # DecodeError, or what else protobuf raises on bytes it cannot read
+        name = request_type.DESCRIPTOR.full_name
+        client_log(log, logging.WARNING, "grpc-undecodable", "undecodable %s (%d bytes): %s", name, len(data), exc)
+        raise invalid(f"the request is not a valid {name} message ({len(data)} bytes): {exc}") from None
+
+
+def _internal(rpc_name: str, exc: Exception) -> ModelhostError:
+    """The client's error for an unexpected exception; the log (at a limited rate) has its text and traceback."""
+    client_log(log, logging.ERROR, "grpc-internal-error", "%s failed", rpc_name, exc_info=exc)
+    return ModelhostError(ErrorKind.INTERNAL, f"internal error ({type(exc).__name__}); the server log has the details")
+
+
+def _unary_behavior(rpc: Unary, load: ServerLoad, limit: int) -> Callable[[bytes, Any], Awaitable[bytes]]:
+    async def behavior(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         load.in_progress += 1
         try:
-            return _serialize(await rpc.call(request), limit)
-        except ModelhostError as exc:
-            trailers = () if exc.retry_after is None else (("retry-after", str(math.ceil(exc.retry_after))),)
-            await context.abort(STATUS[exc.kind], exc.message, trailers)
+            return _serialize(await rpc.call(_parse(rpc.request_type, data)), limit)
         except Exception as exc:
-            log.exception("%s failed", rpc.name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+            error = exc if isinstance(exc, ModelhostError) else _internal(rpc.name, exc)
+            trailers = () if error.retry_after is None else (("retry-after", str(math.ceil(error.retry_after))),)
+            await context.abort(STATUS[error.kind], public_message(error.message), trailers)
         finally:
             load.in_progress -= 1
         raise AssertionError("unreachable: context.abort raises")
@@ -189,21 +204,22 @@ def _unary_behavior(rpc: Unary, load: ServerLoad, limit: int) -> Callable[[Any, 
     return behavior
 
 
-def _stream_behavior(rpc: Stream, load: ServerLoad, limit: int) -> Callable[[AsyncIterator[Any], Any],
+def _stream_behavior(rpc: Stream, load: ServerLoad, limit: int) -> Callable[[AsyncIterator[bytes], Any],
                                                                            AsyncIterator[bytes]]:
-    async def answer(request: Any) -> bytes:
+    async def answer(data: bytes) -> bytes:
         load.in_progress += 1
+        request = None
         try:
+            request = _parse(rpc.request_type, data)
             return _serialize(await rpc.answer(request), limit)
-        except ModelhostError as exc:
-            return _serialize(rpc.error(request, exc), limit)
         except Exception as exc:
-            log.exception("%s failed", rpc.name)
-            return _serialize(rpc.error(request, ModelhostError(ErrorKind.INTERNAL, f"internal error: {exc}")), limit)
+            error = exc if isinstance(exc, ModelhostError) else _internal(rpc.name, exc)
+            public = ModelhostError(error.kind, public_message(error.message), error.retry_after)
+            return _serialize(rpc.error(request if request is not None else rpc.request_type(), public), limit)
         finally:
             load.in_progress -= 1
 
-    async def behavior(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[bytes]:
+    async def behavior(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         # One reader task starts a task per request; this generator writes answers as they complete.
         # None in `answers` means the client finished sending and every request has been answered.
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()

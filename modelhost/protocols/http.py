@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.client_log import client_log
+from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
 
 log = logging.getLogger("modelhost.http")
 
@@ -66,7 +67,8 @@ def json_response(document: Any, status: int = 200) -> HttpResponse:
 
 
 def error_response(status: int, message: str) -> HttpResponse:
-    return json_response({"error": message}, status)
+    """{"error": message}, with no server file paths in the message (errors.public_message)."""
+    return json_response({"error": public_message(message)}, status)
 
 
 def json_object(body: bytes) -> dict[str, Any]:
@@ -126,8 +128,9 @@ class HttpApp:
                 response.headers.append((b"retry-after", str(math.ceil(exc.retry_after)).encode()))
             return response
         except Exception as exc:
-            log.exception("%s %s failed", method, path)
-            return error_response(500, f"internal error: {exc}")
+            # The exception's text may hold paths and internals: the log has it, the client its type.
+            client_log(log, logging.ERROR, "http-internal-error", "%s %s failed", method, path, exc_info=exc)
+            return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
 
     async def _read_body(self, receive: Any, headers: dict[bytes, bytes]) -> bytes:
         chunks = []

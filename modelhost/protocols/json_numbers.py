@@ -11,22 +11,24 @@ from typing import Any
 import numpy as np
 
 from modelhost.errors import invalid
-from modelhost.types import DATATYPE_DTYPES
+from modelhost.types import DATATYPE_DTYPES, DEFAULT_LIMITS, check_json_depth
 
 # numpy kinds of the parsed values each target kind accepts, and how a message names them.
 _ACCEPTED_KINDS = {"b": "b", "i": "iuO", "u": "iuO", "f": "iuf"}
 _KIND_WORDS = {"b": "true/false", "i": "integers", "u": "integers", "f": "numbers"}
 
 
-def json_numbers(value: Any, datatype: str, where: str) -> np.ndarray:
+def json_numbers(value: Any, datatype: str, where: str, max_depth: int = DEFAULT_LIMITS.max_json_depth) -> np.ndarray:
     """`value` (a JSON number, boolean or nested list of them) as an array of `datatype`.
 
     `datatype` is a V2 name other than BYTES; `where` names the field in error messages ("input 'x'").
-    Raises ModelhostError(INVALID_INPUT) for ragged lists, values of the wrong JSON type and integers out of range.
+    Raises ModelhostError(INVALID_INPUT) for ragged lists, lists nested deeper than `max_depth`, values of the
+    wrong JSON type and integers out of range.
     """
     dtype = DATATYPE_DTYPES[datatype]
     if dtype.kind not in _ACCEPTED_KINDS:
         raise ValueError(f"datatype {datatype} is not numeric")
+    check_json_depth(value, where, max_depth)
     try:
         array = np.asarray(value)
     except ValueError:  # numpy refuses inhomogeneous nesting
@@ -48,6 +50,6 @@ def _exact_integers(value: Any, array: np.ndarray, datatype: str, where: str) ->
     # numpy reads [-1, 2**64 - 1] as float64 and [True, 1] as int64; as Python ints every 64-bit value stays
     # exact, and checking each element's type keeps 1.0 and true out of integer tensors.
     values = np.asarray(value, dtype=object)
-    if values.shape != array.shape or not all(type(v) is int for v in values.flat):
+    if values.shape != array.shape or not all(type(v) is int for v in values.reshape(-1)):
         raise invalid(f"{where} is {datatype}, so its data must be integers")
     return values

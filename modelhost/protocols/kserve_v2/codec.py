@@ -15,16 +15,29 @@ import orjson
 
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.protocols.json_numbers import json_numbers
-from modelhost.types import DATATYPE_DTYPES, InferRequest, InferResponse, RequestedOutput, datatype_of, format_shape
+from modelhost.types import (
+    DATATYPE_DTYPES,
+    DEFAULT_LIMITS,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    RequestLimits,
+    check_json_depth,
+    datatype_of,
+    format_shape,
+)
 
 _JSON_ONLY_BINARY = ("FP16", "BF16")
 _U32 = struct.Struct("<I")
 
 
 def decode_infer_request(
-    body: bytes, header_length: int | None, model_name: str, model_version: str = ""
+    body: bytes, header_length: int | None, model_name: str, model_version: str = "",
+    limits: RequestLimits = DEFAULT_LIMITS,
 ) -> InferRequest:
-    """Parse a V2 infer body; `header_length` is Inference-Header-Content-Length (None: all JSON)."""
+    """Parse a V2 infer body; `header_length` is Inference-Header-Content-Length (None: all JSON).
+
+    Each input's shape is checked against `limits` before its array is made."""
     if header_length is None:
         header_length = len(body)
     elif header_length == 0:
@@ -39,10 +52,12 @@ def decode_infer_request(
     document = _parse_json(view[:header_length])
     offset = header_length
     inputs: dict[str, np.ndarray] = {}
+    budget = limits.budget()
     for index, entry in enumerate(_list_field(document, "inputs", required=True)):
         name, datatype, shape, parameters = _tensor_header(entry, f"inputs[{index}]")
         if name in inputs:
             raise invalid(f"input '{name}' appears twice in the request")
+        budget.take(f"input '{name}'", shape)
         size = parameters.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -55,7 +70,7 @@ def decode_infer_request(
             inputs[name] = tensor_from_bytes(name, datatype, shape, view[offset : offset + size])
             offset += size
         elif "data" in entry:
-            inputs[name] = tensor_from_json(name, datatype, shape, entry["data"])
+            inputs[name] = tensor_from_json(name, datatype, shape, entry["data"], limits.max_json_depth)
         else:
             raise invalid(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
     if offset != len(body):
@@ -125,6 +140,7 @@ def _tensor_header(entry: Any, where: str) -> tuple[str, str, tuple[int, ...], d
 
 
 def tensor_from_bytes(name: str, datatype: str, shape: tuple[int, ...], chunk: memoryview) -> np.ndarray:
+    """The tensor in `chunk`; the caller has checked `shape` (ElementBudget.take)."""
     count = math.prod(shape)
     if datatype == "BYTES":
         return np.array(_split_bytes(name, chunk, count), dtype=object).reshape(shape)
@@ -154,18 +170,22 @@ def _split_bytes(name: str, chunk: memoryview, count: int) -> list[bytes]:
     return elements
 
 
-def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+def tensor_from_json(
+    name: str, datatype: str, shape: tuple[int, ...], data: Any, max_depth: int = DEFAULT_LIMITS.max_json_depth
+) -> np.ndarray:
+    """The tensor in JSON `data`; the caller has checked `shape` (ElementBudget.take)."""
     if datatype in _JSON_ONLY_BINARY:
         raise invalid(f"input '{name}': {datatype} data cannot be sent as JSON; use binary tensor data")
     if not isinstance(data, list):
         data = [data]
     count = math.prod(shape)
     if datatype == "BYTES":
+        check_json_depth(data, f"input '{name}'", max_depth)
         flat = _flatten_strings(name, data)
         if len(flat) != count:
             raise invalid(f"input '{name}' has {len(flat)} elements, but shape {format_shape(shape)} needs {count}")
         return np.array(flat, dtype=object).reshape(shape)
-    array = json_numbers(data, datatype, f"input '{name}'")
+    array = json_numbers(data, datatype, f"input '{name}'", max_depth)
     if array.size != count:
         raise invalid(f"input '{name}' has {array.size} elements, but shape {format_shape(shape)} needs {count}")
     return array.reshape(shape)

@@ -44,7 +44,7 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         return metadata_to_proto(dataplane.metadata(request.name, request.version))
 
     async def model_infer(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        infer_request = decode_infer_request(request)
+        infer_request = decode_infer_request(request, dataplane.limits)
         response = await dataplane.infer(infer_request)
         return encode_infer_response(response, infer_request)
 

@@ -2,7 +2,7 @@
 
 Pure functions with no I/O and no grpc import, shared by the gRPC servicer and (later) the Python client.
 API (messages are grpc_service_pb2 classes):
-    decode_infer_request(message: ModelInferRequest) -> InferRequest
+    decode_infer_request(message: ModelInferRequest, limits: RequestLimits = DEFAULT_LIMITS) -> InferRequest
     encode_infer_response(response: InferResponse, request: InferRequest) -> ModelInferResponse
     parameters_from_proto(params: Mapping[str, InferParameter | ModelRepositoryParameter], where: str) -> dict
     parameters_to_proto(params: Mapping[str, Any], target: MessageMap[str, InferParameter]) -> None
@@ -45,10 +45,12 @@ from modelhost.protocols.kserve_v2.grpc_service_pb2 import (
 )
 from modelhost.types import (
     DATATYPE_DTYPES,
+    DEFAULT_LIMITS,
     InferRequest,
     InferResponse,
     ModelMetadata,
     RequestedOutput,
+    RequestLimits,
     TensorSpec,
     datatype_of,
     format_shape,
@@ -76,8 +78,9 @@ _CONTENTS_FIELDS: dict[str, tuple[str, np.dtype]] = {
 _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 
 
-def decode_infer_request(message: ModelInferRequest) -> InferRequest:
-    """A ModelInferRequest as an InferRequest; raw inputs are read-only views of the message's bytes."""
+def decode_infer_request(message: ModelInferRequest, limits: RequestLimits = DEFAULT_LIMITS) -> InferRequest:
+    """A ModelInferRequest as an InferRequest; raw inputs are read-only views of the message's bytes.
+    Each input's shape is checked against `limits` before its array is made."""
     raw = message.raw_input_contents
     if raw and len(raw) != len(message.inputs):
         raise invalid(
@@ -85,10 +88,12 @@ def decode_infer_request(message: ModelInferRequest) -> InferRequest:
             "when used, raw_input_contents holds the data of every input, in 'inputs' order"
         )
     inputs: dict[str, np.ndarray] = {}
+    budget = limits.budget()
     for index, tensor in enumerate(message.inputs):
         name, datatype, shape = _tensor_header(tensor, index)
         if name in inputs:
             raise invalid(f"input '{name}' appears twice in the request")
+        budget.take(f"input '{name}'", shape)
         if raw:
             if tensor.HasField("contents"):
                 raise invalid(

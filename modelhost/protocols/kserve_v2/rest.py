@@ -20,7 +20,7 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
     async def infer(request: HttpRequest) -> HttpResponse:
         header_length = _header_length(request.headers.get(_HEADER_LENGTH))
         infer_request = decode_infer_request(
-            request.body, header_length, request.params["model"], request.params.get("version", "")
+            request.body, header_length, request.params["model"], request.params.get("version", ""), dataplane.limits
         )
         response = await dataplane.infer(infer_request)
         parts, json_length = encode_infer_response(response, infer_request)

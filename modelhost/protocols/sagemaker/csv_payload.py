@@ -17,13 +17,13 @@ import math
 import numpy as np
 
 from modelhost.errors import invalid
-from modelhost.types import DATATYPE_DTYPES, TensorSpec, format_shape
+from modelhost.types import DATATYPE_DTYPES, DEFAULT_LIMITS, RequestLimits, TensorSpec, format_shape
 
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
 _KIND_WORDS = {"i": "an integer", "u": "an integer", "f": "a number"}
 
 
-def decode_csv(body: bytes, spec: TensorSpec) -> np.ndarray:
+def decode_csv(body: bytes, spec: TensorSpec, limits: RequestLimits = DEFAULT_LIMITS) -> np.ndarray:
     """The batch of `spec`'s input in a CSV body; INVALID_INPUT errors name the line."""
     rows, lines = _read_rows(body)
     width = len(rows[0])
@@ -33,6 +33,7 @@ def decode_csv(body: bytes, spec: TensorSpec) -> np.ndarray:
                 f"line {line} has {len(row)} values, but line {lines[0]} has {width}; every line needs the same number"
             )
     shape = (len(rows), *_row_shape(spec, width, lines[0]))
+    limits.budget().take(f"the CSV body for input '{spec.name}'", shape)
     if spec.datatype == "BYTES":
         flat = np.empty(len(rows) * width, dtype=object)
         flat[:] = [value.encode("utf-8") for row in rows for value in row]

@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any, NamedTuple, Protocol
 from wsgiref.headers import Headers
 
+from modelhost.client_log import client_log
 from modelhost.errors import ModelhostError, unavailable
 from modelhost.protocols.sagemaker import user_code
 
@@ -394,5 +395,5 @@ def _handler_error(name: str, exc: BaseException) -> HandlerError:
     if not isinstance(text, str) or not text:
         text = str(exc) or type(exc).__name__
     if status >= 500:
-        log.warning("%s failed", name, exc_info=exc)
+        client_log(log, logging.WARNING, "sagemaker-handler-failed", "%s failed", name, exc_info=exc)
     return HandlerError(status, f"{name} failed: {text}")

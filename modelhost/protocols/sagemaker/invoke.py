@@ -60,7 +60,7 @@ class Invoker:
             return await self._within_timeout(asyncio.to_thread(self._run_handler, handler, handle, call))
         metadata = self._dataplane.metadata(model, version)
         accept = choose_accept(call.accept, self._default_accept)
-        invocation = decode_invocation(call.body, call.content_type, metadata.inputs)
+        invocation = decode_invocation(call.body, call.content_type, metadata.inputs, self._dataplane.limits)
         request = invocation.request
         request.model_name, request.model_version = model, version
         response = await self._within_timeout(self._dataplane.infer(request))

@@ -13,30 +13,48 @@ from __future__ import annotations
 import io
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 from modelhost.errors import invalid
 from modelhost.protocols.sagemaker.media_types import NPY, MediaTypeError
-from modelhost.types import DATATYPE_DTYPES, TensorSpec
+from modelhost.types import DATATYPE_DTYPES, DEFAULT_LIMITS, RequestLimits, TensorSpec, format_shape
 
 _NPY_MAGIC = b"\x93NUMPY"
+_HEADER_READERS = {(1, 0): npy_format.read_array_header_1_0, (2, 0): npy_format.read_array_header_2_0}
 
 
-def decode_npy(body: bytes, spec: TensorSpec) -> np.ndarray:
-    """The array in a .npy body as `spec`'s datatype; INVALID_INPUT when it is not one safe .npy array."""
+def decode_npy(body: bytes, spec: TensorSpec, limits: RequestLimits = DEFAULT_LIMITS) -> np.ndarray:
+    """The array in a .npy body as `spec`'s datatype; INVALID_INPUT when it is not one safe .npy array.
+
+    The header is read and its shape checked against `limits` before anything is allocated: the data then
+    is a view of `body` (numpy's own loader allocates the shape the header declares before reading).
+    """
     if not body.startswith(_NPY_MAGIC):
         raise invalid("request body is not a .npy array (it does not start with the \\x93NUMPY magic)")
+    stream = io.BytesIO(body)
     try:
-        array = np.load(io.BytesIO(body), allow_pickle=False)
+        version = npy_format.read_magic(stream)
+        if version not in _HEADER_READERS:
+            raise ValueError(f".npy format version {version[0]}.{version[1]} is not supported (1.0 and 2.0 are)")
+        shape, fortran_order, dtype = _HEADER_READERS[version](stream)
     except ValueError as error:
-        if "Object arrays" in str(error):
-            raise invalid(
-                "the .npy body holds Python objects, which are only readable by unpickling, and modelhost "
-                "does not unpickle requests; send numbers or fixed-width strings"
-            ) from None
         raise invalid(f"request body is not a valid .npy array: {error}") from None
-    except (OSError, EOFError) as error:
-        raise invalid(f"request body is not a valid .npy array: {error}") from None
-    return _as_input(array, spec)
+    if dtype.hasobject:
+        raise invalid(
+            "the .npy body holds Python objects, which are only readable by unpickling, and modelhost "
+            "does not unpickle requests; send numbers or fixed-width strings"
+        )
+    if dtype.names is not None or dtype.shape or dtype.itemsize == 0:
+        raise invalid(f"the .npy array has dtype {dtype}; send an array of numbers or fixed-width strings")
+    count = limits.budget().take(f"the .npy array for input '{spec.name}'", shape)
+    offset = stream.tell()
+    if len(body) - offset != count * dtype.itemsize:
+        raise invalid(
+            f"the .npy array has {len(body) - offset} bytes of data, but its header's shape {format_shape(shape)} "
+            f"of {dtype} needs {count * dtype.itemsize}"
+        )
+    array = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
+    return _as_input(array.reshape(shape, order="F" if fortran_order else "C"), spec)
 
 
 def _as_input(array: np.ndarray, spec: TensorSpec) -> np.ndarray:

@@ -68,7 +68,7 @@ from modelhost.protocols.tfserving.json_codec import (
     row_predictions,
 )
 from modelhost.protocols.tfserving.tensor_proto import decode_predict_request, encode_predict_response
-from modelhost.types import InferRequest, InferResponse, RequestedOutput, TensorSpec
+from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, RequestedOutput, RequestLimits, TensorSpec
 
 __all__ = [
     "CSV", "JSON", "JSONLINES", "NPY", "PROTOBUF", "REQUEST_TYPES", "RESPONSE_TYPES", "Invocation", "MediaTypeError",
@@ -84,45 +84,47 @@ class Invocation:
     form: str
 
 
-def decode_invocation(body: bytes, content_type: str | None, inputs: Sequence[TensorSpec]) -> Invocation:
-    """The request in an /invocations body; `inputs` are the model's input specs."""
+def decode_invocation(
+    body: bytes, content_type: str | None, inputs: Sequence[TensorSpec], limits: RequestLimits = DEFAULT_LIMITS
+) -> Invocation:
+    """The request in an /invocations body; `inputs` are the model's input specs, `limits` bound its tensors."""
     kind = format_of(media_type(content_type) or JSON)
     if kind == JSON:
-        return _decode_json(body, inputs)
+        return _decode_json(body, inputs, limits)
     if kind == JSONLINES:
-        return _decode_json_lines(body, inputs)
+        return _decode_json_lines(body, inputs, limits)
     if kind == CSV:
         spec = _only_input(inputs, CSV)
-        return Invocation(InferRequest("", {spec.name: decode_csv(body, spec)}), "csv")
+        return Invocation(InferRequest("", {spec.name: decode_csv(body, spec, limits)}), "csv")
     if kind == NPY:
         spec = _only_input(inputs, NPY)
-        return Invocation(InferRequest("", {spec.name: decode_npy(body, spec)}), "npy")
+        return Invocation(InferRequest("", {spec.name: decode_npy(body, spec, limits)}), "npy")
     if kind == PROTOBUF:
-        return _decode_protobuf(body, inputs)
+        return _decode_protobuf(body, inputs, limits)
     raise MediaTypeError(415, f"Content-Type '{content_type}' is not supported; supported: {', '.join(REQUEST_TYPES)}")
 
 
-def _decode_json(body: bytes, inputs: Sequence[TensorSpec]) -> Invocation:
+def _decode_json(body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits) -> Invocation:
     try:
         document = parse_json(body)
     except ModelhostError:
         lines = _json_lines(body)
         if lines is None:
             raise
-        return _rows(lines, inputs, "jsonlines")
+        return _rows(lines, inputs, "jsonlines", limits)
     if isinstance(document, dict) and ("instances" in document or "inputs" in document):
         if _is_v2(document):
-            return Invocation(decode_infer_request(body, None, ""), "v2")
-        arrays, form = decode_predict_document(document, inputs)
+            return Invocation(decode_infer_request(body, None, "", limits=limits), "v2")
+        arrays, form = decode_predict_document(document, inputs, limits)
         return Invocation(InferRequest("", arrays), form)
-    return _rows(_instances(document, inputs), inputs, ROW)
+    return _rows(_instances(document, inputs), inputs, ROW, limits)
 
 
-def _decode_json_lines(body: bytes, inputs: Sequence[TensorSpec]) -> Invocation:
+def _decode_json_lines(body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits) -> Invocation:
     numbered = [(number, line) for number, line in enumerate(body.splitlines(), 1) if line.strip()]
     if not numbered:
         raise invalid("JSON Lines body has no lines with data; send one instance per line")
-    return _rows([parse_json(line, f"line {number}") for number, line in numbered], inputs, "jsonlines")
+    return _rows([parse_json(line, f"line {number}") for number, line in numbered], inputs, "jsonlines", limits)
 
 
 def _json_lines(body: bytes) -> list[Any] | None:
@@ -164,8 +166,8 @@ def _is_named(value: Any) -> bool:
     return isinstance(value, dict) and not (len(value) == 1 and "b64" in value)
 
 
-def _rows(instances: list[Any], inputs: Sequence[TensorSpec], form: str) -> Invocation:
-    arrays, _ = decode_predict_document({"instances": instances}, inputs)
+def _rows(instances: list[Any], inputs: Sequence[TensorSpec], form: str, limits: RequestLimits) -> Invocation:
+    arrays, _ = decode_predict_document({"instances": instances}, inputs, limits)
     return Invocation(InferRequest("", arrays), form)
 
 
@@ -182,8 +184,8 @@ def _only_input(inputs: Sequence[TensorSpec], content_type: str) -> TensorSpec:
     return candidates[0]
 
 
-def _decode_protobuf(body: bytes, inputs: Sequence[TensorSpec]) -> Invocation:
-    arrays, spec, output_filter = decode_predict_request(body, inputs)
+def _decode_protobuf(body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits) -> Invocation:
+    arrays, spec, output_filter = decode_predict_request(body, inputs, limits)
     if spec.version_label:
         raise invalid(f"model_spec.version_label '{spec.version_label}' is not supported; name a version number")
     outputs = [RequestedOutput(name) for name in output_filter] or None

@@ -16,7 +16,16 @@ import orjson
 
 from modelhost.errors import invalid
 from modelhost.protocols.json_numbers import json_numbers
-from modelhost.types import DATATYPE_DTYPES, TensorSpec, format_shape
+from modelhost.types import (
+    DATATYPE_DTYPES,
+    DEFAULT_LIMITS,
+    MAX_RANK,
+    ElementBudget,
+    RequestLimits,
+    TensorSpec,
+    check_json_depth,
+    format_shape,
+)
 
 ROW = "row"
 COLUMNAR = "columnar"
@@ -24,20 +33,24 @@ COLUMNAR = "columnar"
 _JSON_TYPES = {
     dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number",
 }
-_MAX_RANK = 64  # numpy's own limit on dimensions
 _BYTES_SUFFIX = "_bytes"  # TF Serving always answers string outputs named like this in base64
 
 
-def decode_predict(body: bytes, inputs: Sequence[TensorSpec]) -> tuple[dict[str, np.ndarray], str]:
-    """Input arrays by name from a :predict body, and the format it used (ROW or COLUMNAR)."""
+def decode_predict(
+    body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits = DEFAULT_LIMITS
+) -> tuple[dict[str, np.ndarray], str]:
+    """Input arrays by name from a :predict body, and the format it used (ROW or COLUMNAR).
+
+    Each value's nesting is checked against `limits` before it becomes an array, and the arrays' sizes after
+    (they hold no more elements than the body has values)."""
     document = parse_json(body)
     if not isinstance(document, dict):
         raise invalid("request body must be a JSON object with 'instances' or 'inputs'")
-    return decode_predict_document(document, inputs)
+    return decode_predict_document(document, inputs, limits)
 
 
 def decode_predict_document(
-    document: dict[str, Any], inputs: Sequence[TensorSpec]
+    document: dict[str, Any], inputs: Sequence[TensorSpec], limits: RequestLimits = DEFAULT_LIMITS
 ) -> tuple[dict[str, np.ndarray], str]:
     """decode_predict for a body already parsed (by parse_json)."""
     signature = document.get("signature_name", "")
@@ -46,9 +59,10 @@ def decode_predict_document(
     if ("instances" in document) == ("inputs" in document):
         raise invalid("request must have exactly one of 'instances' (row format) and 'inputs' (columnar format)")
     specs = {spec.name: spec for spec in inputs}
+    budget = limits.budget()
     if "instances" in document:
-        return _decode_rows(document["instances"], specs), ROW
-    return _decode_columns(document["inputs"], specs), COLUMNAR
+        return _decode_rows(document["instances"], specs, budget), ROW
+    return _decode_columns(document["inputs"], specs, budget), COLUMNAR
 
 
 def encode_predict(outputs: dict[str, np.ndarray], form: str) -> bytes:
@@ -79,7 +93,7 @@ def parse_json(body: bytes, what: str = "request body") -> Any:
             raise invalid(f"{what} is not valid JSON: {error}") from None
 
 
-def _decode_rows(instances: Any, specs: dict[str, TensorSpec]) -> dict[str, np.ndarray]:
+def _decode_rows(instances: Any, specs: dict[str, TensorSpec], budget: ElementBudget) -> dict[str, np.ndarray]:
     if not isinstance(instances, list):
         raise invalid(f"'instances' must be a list, got {_json_type(instances)}")
     if not instances:
@@ -88,7 +102,11 @@ def _decode_rows(instances: Any, specs: dict[str, TensorSpec]) -> dict[str, np.n
         columns = {next(iter(specs)): instances}
     else:
         columns = _split_named_instances(instances, specs)
-    return {name: _stack_instances(specs[name], values) for name, values in columns.items()}
+    arrays = {name: _stack_instances(specs[name], values, budget.limits.max_json_depth)
+              for name, values in columns.items()}
+    for name, array in arrays.items():
+        budget.take(f"'instances': input '{name}'", array.shape)
+    return arrays
 
 
 def _split_named_instances(instances: list[Any], specs: dict[str, TensorSpec]) -> dict[str, list[Any]]:
@@ -111,7 +129,7 @@ def _split_named_instances(instances: list[Any], specs: dict[str, TensorSpec]) -
     return columns
 
 
-def _stack_instances(spec: TensorSpec, values: list[Any]) -> np.ndarray:
+def _stack_instances(spec: TensorSpec, values: list[Any], max_depth: int) -> np.ndarray:
     if not spec.shape:
         raise invalid(f"input '{spec.name}' is a scalar, so it cannot be sent in 'instances'; use 'inputs'")
     if spec.shape[0] not in (-1, len(values)):
@@ -120,7 +138,7 @@ def _stack_instances(spec: TensorSpec, values: list[Any]) -> np.ndarray:
     arrays: list[np.ndarray] = []
     for index, value in enumerate(values):
         where = f"instances[{index}]: input '{spec.name}'"
-        array = _to_array(spec, value, where)
+        array = _to_array(spec, value, where, max_depth)
         _check_shape(array, instance_shape, where)
         if arrays and array.shape != arrays[0].shape:
             raise invalid(
@@ -131,7 +149,7 @@ def _stack_instances(spec: TensorSpec, values: list[Any]) -> np.ndarray:
     return np.stack(arrays)
 
 
-def _decode_columns(value: Any, specs: dict[str, TensorSpec]) -> dict[str, np.ndarray]:
+def _decode_columns(value: Any, specs: dict[str, TensorSpec], budget: ElementBudget) -> dict[str, np.ndarray]:
     if _is_named(value):
         check_input_names(value.keys(), specs, "'inputs'")
         named = value
@@ -143,8 +161,9 @@ def _decode_columns(value: Any, specs: dict[str, TensorSpec]) -> dict[str, np.nd
     for name, tensor in named.items():
         spec = specs[name]
         where = f"'inputs': input '{name}'"
-        array = _to_array(spec, tensor, where)
+        array = _to_array(spec, tensor, where, budget.limits.max_json_depth)
         _check_shape(array, spec.shape, where)
+        budget.take(where, array.shape)
         arrays[name] = array
     return arrays
 
@@ -164,12 +183,13 @@ def _check_shape(array: np.ndarray, expected: tuple[int, ...], where: str) -> No
         raise invalid(f"{where} has shape {format_shape(array.shape)}, but the model expects {format_shape(expected)}")
 
 
-def _to_array(spec: TensorSpec, value: Any, where: str) -> np.ndarray:
+def _to_array(spec: TensorSpec, value: Any, where: str, max_depth: int) -> np.ndarray:
     if spec.datatype not in DATATYPE_DTYPES:
         raise invalid(f"{where} is {spec.datatype}, which cannot be sent as JSON")
     if spec.datatype == "BYTES":
+        check_json_depth(value, where, max_depth)
         return _bytes_array(value, where)
-    return json_numbers(value, spec.datatype, where)
+    return json_numbers(value, spec.datatype, where, max_depth)
 
 
 def _bytes_array(value: Any, where: str) -> np.ndarray:
@@ -185,8 +205,8 @@ def _collect_bytes(value: Any, where: str, elements: list[bytes], depth: int) ->
     if not isinstance(value, list):
         elements.append(_binary_string(value, where))
         return ()
-    if depth == _MAX_RANK:
-        raise invalid(f"{where} is nested deeper than {_MAX_RANK} lists")
+    if depth == MAX_RANK:  # deeper elsewhere than along the first items, which check_json_depth measured
+        raise invalid(f"{where} is nested deeper than {MAX_RANK} lists")
     shapes = {_collect_bytes(item, where, elements, depth + 1) for item in value}
     if len(shapes) > 1:
         raise invalid(f"{where} is a ragged list; lists at the same depth must have the same length")

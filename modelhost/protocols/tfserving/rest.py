@@ -28,6 +28,6 @@ def routes(dataplane: DataPlane) -> list[Route]:
 async def predict_response(dataplane: DataPlane, model: str, version: str, body: bytes) -> HttpResponse:
     """One TF Serving predict call, answered in the format (row or columnar) the body used."""
     metadata = dataplane.metadata(model, version)
-    inputs, form = decode_predict(body, metadata.inputs)
+    inputs, form = decode_predict(body, metadata.inputs, dataplane.limits)
     response = await dataplane.infer(InferRequest(model, inputs, version))
     return HttpResponse(200, [encode_predict(response.outputs, form)], [(b"content-type", b"application/json")])

@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from modelhost.errors import invalid
 from modelhost.protocols.tfserving import predict_pb2 as pb
 from modelhost.protocols.tfserving.json_codec import check_input_names
-from modelhost.types import DATATYPE_DTYPES, TensorSpec, format_shape
+from modelhost.types import DATATYPE_DTYPES, DEFAULT_LIMITS, ElementBudget, RequestLimits, TensorSpec, format_shape
 
 # DataType -> (numpy dtype, the typed field that holds its values). DT_STRING's dtype is object (bytes elements).
 _SUPPORTED: dict[pb.DataType, tuple[np.dtype, str]] = {
@@ -64,13 +64,17 @@ def dtype_name(data_type: int) -> str:
         return str(data_type)
 
 
-def tensor_to_array(proto: pb.TensorProto, where: str) -> np.ndarray:
-    """The array a TensorProto holds; errors are INVALID_INPUT and start with `where` (e.g. "inputs['x']")."""
+def tensor_to_array(proto: pb.TensorProto, where: str, budget: ElementBudget | None = None) -> np.ndarray:
+    """The array a TensorProto holds; errors are INVALID_INPUT and start with `where` (e.g. "inputs['x']").
+
+    Its shape is taken from `budget` (the request's; by default one of the default limits) before any allocation:
+    a typed field with one value fills the whole shape, however large it says it is."""
     if proto.dtype not in _SUPPORTED:
         supported = ", ".join(dtype_name(d) for d in _SUPPORTED)
         raise invalid(f"{where} has dtype {dtype_name(proto.dtype)}, which is not supported; supported: {supported}")
     dtype, field = _SUPPORTED[proto.dtype]
     shape = _shape(proto.tensor_shape, where)
+    (budget or DEFAULT_LIMITS.budget()).take(where, shape)
     for other in _TYPED_FIELDS:
         if other != field and len(getattr(proto, other)):
             raise invalid(
@@ -161,7 +165,7 @@ def _fill(proto: pb.TensorProto, array: np.ndarray, typed: bool) -> None:
 
 
 def decode_predict_request(
-    body: bytes, inputs: Sequence[TensorSpec]
+    body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits = DEFAULT_LIMITS
 ) -> tuple[dict[str, np.ndarray], ModelSpecInfo, list[str]]:
     """Input arrays by name (in the model's input order), the ModelSpec and the output_filter of a PredictRequest.
 
@@ -176,10 +180,11 @@ def decode_predict_request(
     specs = {spec.name: spec for spec in inputs}
     check_input_names(request.inputs.keys(), specs, "PredictRequest.inputs")
     arrays = {}
+    budget = limits.budget()
     for name, spec in specs.items():
         if name in request.inputs:
             where = f"inputs['{name}']"
-            array = tensor_to_array(request.inputs[name], where)
+            array = tensor_to_array(request.inputs[name], where, budget)
             _check_dtype(array, request.inputs[name].dtype, spec, where)
             arrays[name] = array
     model_spec = request.model_spec
