@@ -64,6 +64,7 @@ def parse_byte_size(text: str) -> int:
 
 
 CONTROL_MODES = ("none", "poll", "explicit")
+USER_CODE_MODES = ("all", "repository", "none")  # --user-code; core/code_policy.py says what each allows
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,15 @@ class ServerSettings:
     model_control_mode: Triton's: "none" loads every model at start; "poll" also applies repository
     changes every `repository_poll_seconds`; "explicit" loads `load_models` at start ("*": all) and
     then what the load/unload API asks for.
+
+    Model locations and user code (docs/model_management.md "Names and paths", docs/sagemaker.md):
+    allow_model_load_from: directories (besides `sagemaker_models_dir` and a local `model_repository`)
+    that SageMaker's `POST /models` may load a `url` from; a url outside all of them is refused (400).
+    sagemaker_models_dir: where SageMaker places multi-model endpoints' models,
+    <SAGEMAKER_BASE_DIR or /opt/ml>/models; only the environment sets it.
+    user_code: which models may run code they bring (Python backend model.py, SageMaker code/):
+    "all"; "repository" (default: those from the operator's own locations, not files a load request
+    uploads); "none".
     """
 
     model_repository: str | None = None
@@ -118,6 +128,10 @@ class ServerSettings:
     model_control_mode: str = "none"
     repository_poll_seconds: float = 15.0
     load_models: tuple[str, ...] = ()
+    # model locations and user code (issue 12: code execution from outside the repository)
+    allow_model_load_from: tuple[str, ...] = ()
+    sagemaker_models_dir: str = "/opt/ml/models"
+    user_code: str = "repository"
 
 
 def settings_from_environment(base: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:
@@ -164,6 +178,11 @@ def check_settings(settings: ServerSettings) -> None:
     if settings.model_control_mode != "none" and settings.multi_model:
         raise SettingsError("--model-control-mode poll/explicit cannot be combined with multi-model mode, whose "
                             "models load and unload through /models")
+    if settings.user_code not in USER_CODE_MODES:
+        raise SettingsError(f"--user-code must be one of {', '.join(USER_CODE_MODES)}, got '{settings.user_code}'")
+    for directory in settings.allow_model_load_from:
+        if not Path(directory).is_absolute():
+            raise SettingsError(f"--allow-model-load-from must be an absolute directory, got '{directory}'")
     if settings.grpc_max_message_bytes > GRPC_MAX_MESSAGE_BYTES:
         raise SettingsError(f"--grpc-max-message-bytes must be at most {GRPC_MAX_MESSAGE_BYTES} (gRPC's limit), "
                             f"got {settings.grpc_max_message_bytes}")
@@ -174,6 +193,15 @@ def resolve_settings(base: ServerSettings, environ: Mapping[str, str], flags: Ma
     settings = replace(settings_from_environment(base, environ), **flags)
     check_settings(settings)
     return settings
+
+
+def model_load_roots(settings: ServerSettings) -> tuple[Path, ...]:
+    """Where SageMaker's `POST /models` may load from: the SageMaker models directory, the model repository
+    when it is a local directory, and every --allow-model-load-from directory."""
+    roots = [Path(settings.sagemaker_models_dir)]
+    if settings.model_repository is not None and "://" not in settings.model_repository:
+        roots.append(Path(settings.model_repository))
+    return tuple(roots) + tuple(Path(directory) for directory in settings.allow_model_load_from)
 
 
 def sagemaker_repository(environ: Mapping[str, str], multi_model: bool) -> str | None:
@@ -271,6 +299,7 @@ def _server_values(env: _Variables) -> dict[str, Any]:
         "default_accept": env.text("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"),
         "sagemaker_program": env.text("SAGEMAKER_PROGRAM"),
         "default_model_name": env.text("SAGEMAKER_TFS_DEFAULT_MODEL_NAME"),
+        "sagemaker_models_dir": str(Path(env.text("SAGEMAKER_BASE_DIR") or "/opt/ml") / "models"),
     }
     accept = values["default_accept"]
     if isinstance(accept, str) and "/" not in accept:

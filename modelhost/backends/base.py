@@ -56,6 +56,8 @@ class Backend(abc.ABC):
     name: str
     platform: str
     default_filename: str
+    # Whether loading a model runs code it brings (the Python backend's model.py): --user-code decides.
+    runs_code: bool = False
 
     def warm_up(self) -> None:  # noqa: B027 - optional hook
         """Create the framework's process-wide state (runtime environment, kernel registries) now, so that

@@ -61,6 +61,7 @@ class PythonBackend(Backend):
     name = "python"
     platform = ""  # as Triton: a Python model names its backend, not a platform
     default_filename = "model.py"
+    runs_code = True
 
     def describe(self, path: Path) -> ModelSignature:
         raise ConfigError(_no_tensors(path))
