@@ -56,15 +56,14 @@ def check_load_request(name: str, request: LoadRequest) -> LoadOverride:
 
 
 def _file_path(name: str, key: str) -> PurePosixPath:
+    expected = (f"cannot load model '{name}': load parameter '{key}' must name a file as file:<version>/<path> "
+                "inside the model directory")
     try:
-        path = check_relative(key[len(FILE_PREFIX):], f"load parameter {key!r}")
+        path = check_relative(key[len(FILE_PREFIX):], "the path")
     except ModelhostError as exc:
-        raise invalid(f"cannot load model '{name}': {exc.message}") from None
+        raise invalid(f"{expected} ({exc.message})") from None
     if len(path.parts) < 2 or not path.parts[0].isdigit():
-        raise invalid(
-            f"cannot load model '{name}': load parameter '{key}' must name a file as file:<version>/<path> "
-            "inside the model directory"
-        )
+        raise invalid(expected)
     return path
 
 
