@@ -55,9 +55,11 @@ class ModelManager:
             return
         wanted = list(names) if names is not None else await asyncio.to_thread(self._store.list)
         results = await asyncio.gather(*(self._load_named(n, None, None) for n in wanted), return_exceptions=True)
-        for result in results:
+        for name, result in zip(wanted, results):
             if isinstance(result, BaseException) and not isinstance(result, Exception):
                 raise result
+            if isinstance(result, ModelhostError) and name not in self._records:  # refused before it had a record
+                log.error("cannot load model %r: %s", name, result.message)
 
     async def load(self, name: str, override: LoadOverride | None = None) -> None:
         """Load a model of the store, or reload every version of a loaded one (zero-downtime).
