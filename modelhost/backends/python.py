@@ -61,7 +61,9 @@ class PythonBackend(Backend):
     name = "python"
     platform = ""  # as Triton: a Python model names its backend, not a platform
     default_filename = "model.py"
-    runs_code = True
+
+    def code_in(self, filename: str) -> str | None:
+        return f"{filename} (the Python backend imports it)"
 
     def describe(self, path: Path) -> ModelSignature:
         raise ConfigError(_no_tensors(path))

@@ -113,9 +113,10 @@ class ModelManager:
         return self._store.fetch(name)
 
     def _check_code(self, name: str, plan: LoadPlan, uploaded: bool) -> None:
-        if plan.backend is not None and plan.backend.runs_code:
-            filename = plan.config.default_model_filename or plan.backend.default_filename
-            self._code_policy.check(name, f"{filename} ({plan.backend.name} backend)", uploaded)
+        if plan.backend is not None:
+            code = plan.backend.code_in(plan.config.default_model_filename or plan.backend.default_filename)
+            if code is not None:
+                self._code_policy.check(name, code, uploaded)
 
     def _fingerprint(self, name: str, override: LoadOverride | None) -> ModelFingerprint | None:
         # A model loaded from an override is not the repository's: polling must not take it back.
