@@ -23,7 +23,7 @@ from modelhost.core.loader import LoadPlan, ServedModel, load_ensemble_version, 
 from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
 from modelhost.store.local import LocalStore, ModelFingerprint, ModelSource
-from modelhost.store.paths import NAME_RULE, check_model_name, name_problem
+from modelhost.store.paths import check_model_name
 
 log = logging.getLogger("modelhost.manager")
 
@@ -338,7 +338,8 @@ class ModelManager:
 def _unknown(name: str) -> ModelhostError:
     """NOT_FOUND for a name the manager does not hold; INVALID_INPUT when it is not a model name at all.
     (Checked on a miss only: names held, such as a multi-model archive's "dir/m.tar.gz", are never checked.)"""
-    problem = name_problem(name)
-    if problem is not None:
-        return invalid(f"model name {name!r} {problem}: {NAME_RULE}")
+    try:
+        check_model_name(name)
+    except ModelhostError as exc:
+        return exc
     return not_found(f"Request for unknown model: '{name}' is not found")
