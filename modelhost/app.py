@@ -18,6 +18,7 @@ import uvloop
 
 from modelhost import __version__, client_log
 from modelhost.backends import warm_up_backends
+from modelhost.core.code_policy import CodePolicy
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.load import ServerLoad
@@ -35,7 +36,7 @@ from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.sagemaker.invoke import Invoker
 from modelhost.protocols.sagemaker.site import SingleModelSite, UserCode, local_url, multi_model_routes
 from modelhost.protocols.tfserving import rest as tfserving_rest
-from modelhost.settings import ServerSettings, request_limits
+from modelhost.settings import ServerSettings, model_load_roots, request_limits
 from modelhost.store.archives import open_archive_store
 from modelhost.store.layout import find_layout
 from modelhost.store.local import LocalStore
@@ -60,15 +61,16 @@ class Server:
         self.cache: ModelCache | None = None
         self.single: SingleModelSite | None = None
         store = None if settings.multi_model else self._single_model_store()
+        self.code_policy = CodePolicy(settings.user_code)
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.load,
-                                    settings.model_overrides, self.work_dir)
+                                    settings.model_overrides, self.work_dir, self.code_policy)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings))
         self.control = Control(self.manager, settings.model_control_mode, store)
         self.poller = (RepositoryPoller(self.manager, store, settings.repository_poll_seconds)
                        if store is not None and settings.model_control_mode == "poll" else None)
         self.invoker = Invoker(self.dataplane, settings.default_accept, settings.invocation_timeout_seconds,
                                local_url(settings.host, settings.sagemaker_port))
-        user_code = UserCode(self.invoker, settings.sagemaker_program, settings.default_model_name)
+        user_code = UserCode(self.invoker, settings.sagemaker_program, settings.default_model_name, self.code_policy)
         if settings.multi_model:
             self.cache = self._model_cache(user_code)
         else:
@@ -109,7 +111,7 @@ class Server:
         return ModelCache(
             self.manager, archives, self.work_dir / "cache", s.model_cache_bytes, s.max_unpacked_bytes,
             s.default_model_name, on_load=user_code.on_cache_load, on_unload=user_code.on_cache_unload,
-            warm_up=warm_up_backends,
+            warm_up=warm_up_backends, load_roots=model_load_roots(s),
         )
 
     def _grpc_server(self) -> GrpcServer:

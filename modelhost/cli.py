@@ -12,9 +12,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from modelhost import __version__
 from modelhost.settings import (
+    USER_CODE_MODES,
     ServerSettings,
     SettingsError,
     parse_byte_size,
@@ -78,6 +80,14 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help=f"how often poll mode reads the repository (default {d.repository_poll_seconds:g})")
     add("--load-model", dest="load_models", action="append", metavar="NAME",
         help="in explicit mode, a model to load at start (repeatable; '*' loads every model)")
+    # model locations and user code (issue 12: code execution from outside the repository)
+    add("--allow-model-load-from", dest="allow_model_load_from", action="append", metavar="DIR",
+        help="a directory SageMaker's POST /models may load a url from, besides the SageMaker models directory "
+        "(<SAGEMAKER_BASE_DIR or /opt/ml>/models) and a local --model-repository (repeatable)")
+    add("--user-code", choices=list(USER_CODE_MODES),
+        help="which models may run code they bring (Python backend model.py, SageMaker code/inference.py): all; "
+        "repository: those from the server's own model locations, not files a load request uploads; none "
+        f"(default {d.user_code})")
     add("--invocation-timeout-seconds", type=float, help="how long one SageMaker invocation may take "
         f"(default {d.invocation_timeout_seconds:g}, or SAGEMAKER_MODEL_SERVER_TIMEOUT/SAGEMAKER_TS_RESPONSE_TIMEOUT)")
     # request and log limits (issue 12: codecs)
@@ -111,13 +121,19 @@ def build_container_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tuples(flags: dict[str, Any]) -> None:
+    """Repeatable flags (lists from argparse) become the tuples ServerSettings holds."""
+    for name in ("load_models", "allow_model_load_from"):
+        if name in flags:
+            flags[name] = tuple(flags[name])
+
+
 def modelhost_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ServerSettings:
     """Settings of `modelhost <argv>`; a bad flag or variable exits 2 with the message on stderr."""
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     args.pop("command")
-    if "load_models" in args:
-        args["load_models"] = tuple(args["load_models"])
+    _tuples(args)
     try:
         return resolve_settings(ServerSettings(), environ, args)
     except SettingsError as exc:
@@ -133,8 +149,7 @@ def serve_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Se
         argv = argv[1:]
     parser = build_container_parser()
     flags = vars(parser.parse_args(argv))
-    if "load_models" in flags:
-        flags["load_models"] = tuple(flags["load_models"])
+    _tuples(flags)
     try:
         settings = resolve_settings(CONTAINER_DEFAULTS, environ, flags)
     except SettingsError as exc:

@@ -65,6 +65,7 @@ def parse_byte_size(text: str) -> int:
 
 
 CONTROL_MODES = ("none", "poll", "explicit")
+USER_CODE_MODES = ("all", "repository", "none")  # --user-code; core/code_policy.py says what each allows
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,14 @@ class ServerSettings:
     gRPC messages, failed invocations) are logged at most this often per kind of message, with bursts of
     up to 10; the rest are counted and reported as "suppressed N similar messages" (1.0: a flood of bad
     requests costs a few lines a second, not one per request; 0 logs none of them).
+    Model locations and user code (docs/model_management.md "Names and paths", docs/sagemaker.md):
+    allow_model_load_from: directories (besides `sagemaker_models_dir` and a local `model_repository`)
+    that SageMaker's `POST /models` may load a `url` from; a url outside all of them is refused (400).
+    sagemaker_models_dir: where SageMaker places multi-model endpoints' models,
+    <SAGEMAKER_BASE_DIR or /opt/ml>/models; only the environment sets it.
+    user_code: which models may run code they bring (Python backend model.py, SageMaker code/):
+    "all"; "repository" (default: those from the operator's own locations, not files a load request
+    uploads); "none".
     """
 
     model_repository: str | None = None
@@ -134,6 +143,10 @@ class ServerSettings:
     model_control_mode: str = "none"
     repository_poll_seconds: float = 15.0
     load_models: tuple[str, ...] = ()
+    # model locations and user code (issue 12: code execution from outside the repository)
+    allow_model_load_from: tuple[str, ...] = ()
+    sagemaker_models_dir: str = "/opt/ml/models"
+    user_code: str = "repository"
     # request and log limits (issue 12: codecs)
     json_max_depth: int = 32
     max_request_elements: int = 64 * 1024**2
@@ -199,6 +212,11 @@ def check_settings(settings: ServerSettings) -> None:
     if not 0 <= settings.client_log_lines_per_second < float("inf"):
         raise SettingsError(f"--client-log-lines-per-second must be a number >= 0, "
                             f"got {settings.client_log_lines_per_second}")
+    if settings.user_code not in USER_CODE_MODES:
+        raise SettingsError(f"--user-code must be one of {', '.join(USER_CODE_MODES)}, got '{settings.user_code}'")
+    for directory in settings.allow_model_load_from:
+        if not Path(directory).is_absolute():
+            raise SettingsError(f"--allow-model-load-from must be an absolute directory, got '{directory}'")
     if settings.grpc_max_message_bytes > GRPC_MAX_MESSAGE_BYTES:
         raise SettingsError(f"--grpc-max-message-bytes must be at most {GRPC_MAX_MESSAGE_BYTES} (gRPC's limit), "
                             f"got {settings.grpc_max_message_bytes}")
@@ -209,6 +227,15 @@ def resolve_settings(base: ServerSettings, environ: Mapping[str, str], flags: Ma
     settings = replace(settings_from_environment(base, environ), **flags)
     check_settings(settings)
     return settings
+
+
+def model_load_roots(settings: ServerSettings) -> tuple[Path, ...]:
+    """Where SageMaker's `POST /models` may load from: the SageMaker models directory, the model repository
+    when it is a local directory, and every --allow-model-load-from directory."""
+    roots = [Path(settings.sagemaker_models_dir)]
+    if settings.model_repository is not None and "://" not in settings.model_repository:
+        roots.append(Path(settings.model_repository))
+    return tuple(roots) + tuple(Path(directory) for directory in settings.allow_model_load_from)
 
 
 def sagemaker_repository(environ: Mapping[str, str], multi_model: bool) -> str | None:
@@ -306,6 +333,7 @@ def _server_values(env: _Variables) -> dict[str, Any]:
         "default_accept": env.text("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"),
         "sagemaker_program": env.text("SAGEMAKER_PROGRAM"),
         "default_model_name": env.text("SAGEMAKER_TFS_DEFAULT_MODEL_NAME"),
+        "sagemaker_models_dir": str(Path(env.text("SAGEMAKER_BASE_DIR") or "/opt/ml") / "models"),
     }
     accept = values["default_accept"]
     if isinstance(accept, str) and "/" not in accept:

@@ -10,7 +10,7 @@ import pytest
 
 from modelhost.cli import modelhost_settings, serve_settings
 from modelhost.config.overrides import ModelOverrides
-from modelhost.settings import GIB, ServerSettings
+from modelhost.settings import GIB, ServerSettings, model_load_roots
 
 
 def serve_error(capsys: pytest.CaptureFixture[str], argv: list[str], environ: dict[str, str],
@@ -136,3 +136,23 @@ def test_serve_main_exits_2_before_starting(tmp_path: Path) -> None:
     )
     assert result.returncode == 2, result.stderr
     assert "SAGEMAKER_BIND_TO_PORT='eighty'" in result.stderr
+
+
+class TestModelLocationsAndUserCode:
+    def test_defaults(self) -> None:
+        settings = modelhost_settings(["serve"], {})
+        assert (settings.user_code, settings.allow_model_load_from) == ("repository", ())
+        assert model_load_roots(settings) == (Path("/opt/ml/models"),)
+
+    def test_flags_and_environment(self, tmp_path: Path) -> None:
+        argv = ["serve", "--user-code", "none", "--allow-model-load-from", "/srv/a",
+                "--allow-model-load-from", "/srv/b", "--model-repository", str(tmp_path)]
+        settings = modelhost_settings(argv, {"SAGEMAKER_BASE_DIR": "/data/ml"})
+        assert settings.user_code == "none" and settings.allow_model_load_from == ("/srv/a", "/srv/b")
+        assert model_load_roots(settings) == (Path("/data/ml/models"), tmp_path, Path("/srv/a"), Path("/srv/b"))
+        s3 = modelhost_settings(["serve", "--multi-model", "--model-repository", "s3://bucket/models"], {})
+        assert model_load_roots(s3) == (Path("/opt/ml/models"),)  # an S3 prefix is no local directory
+
+    def test_invalid(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert "--user-code" in serve_error(capsys, ["serve", "--user-code", "some"], {})
+        assert "absolute directory" in serve_error(capsys, ["serve", "--allow-model-load-from", "rel/dir"], {})

@@ -61,6 +61,11 @@ class Backend(abc.ABC):
         """Create the framework's process-wide state (runtime environment, kernel registries) now, so that
         it is not counted against the first model loaded; blocking, called once."""
 
+    def code_in(self, filename: str) -> str | None:
+        """What Python code loading the model file `filename` runs, in words for an error ("model.py"), or
+        None when it runs none; core/code_policy.py decides whether it may (--user-code)."""
+        return None
+
     def model_path(self, version_dir: Path, filename: str) -> Path:
         """Where a version's model is: `filename` in the version directory, unless the backend knows
         another layout for it."""

@@ -63,6 +63,9 @@ class PythonBackend(Backend):
     platform = ""  # as Triton: a Python model names its backend, not a platform
     default_filename = "model.py"
 
+    def code_in(self, filename: str) -> str | None:
+        return f"{filename} (the Python backend imports it)"
+
     def describe(self, path: Path) -> ModelSignature:
         raise ConfigError(_no_tensors(path))
 

@@ -66,6 +66,13 @@ class TorchBackend(Backend):
     platform = "pytorch_libtorch"
     default_filename = "model.pt"
 
+    def code_in(self, filename: str) -> str | None:
+        # torch.export.load unpickles the program's constants with weights_only=False: a pickle runs code.
+        # TorchScript (torch.jit.load) runs no Python, though its ops can read files (torch.from_file).
+        if filename.endswith(".pt2"):
+            return f"{filename} (torch.export.load unpickles it, and a pickle can run any code)"
+        return None
+
     def describe(self, path: Path) -> ModelSignature:
         raise ConfigError(
             f"{path.name} does not declare its inputs and outputs: {CONFIG_FILENAME} must list them "

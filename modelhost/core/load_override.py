@@ -13,8 +13,9 @@ from pathlib import Path, PurePosixPath
 
 from modelhost.config.loader import ConfigError, config_from_json
 from modelhost.config.model_config_pb2 import ModelConfig
-from modelhost.errors import invalid
+from modelhost.errors import ModelhostError, invalid
 from modelhost.store.local import ModelSource, model_versions
+from modelhost.store.paths import check_model_name, check_relative, inside
 
 FILE_PREFIX = "file:"
 
@@ -46,6 +47,8 @@ def check_load_request(name: str, request: LoadRequest) -> LoadOverride:
             config = config_from_json(request.config, "load parameter 'config'")
         except ConfigError as exc:
             raise invalid(f"cannot load model '{name}': {exc}") from None
+        if config.default_model_filename:
+            check_model_filename(name, config.default_model_filename)
     files = {_file_path(name, key): content for key, content in request.files.items()}
     if files and config is None:
         raise invalid(f"cannot load model '{name}': file parameters need a 'config' parameter too")
@@ -53,14 +56,24 @@ def check_load_request(name: str, request: LoadRequest) -> LoadOverride:
 
 
 def _file_path(name: str, key: str) -> PurePosixPath:
-    path = PurePosixPath(key[len(FILE_PREFIX):])
-    parts = path.parts
-    if path.is_absolute() or not parts or ".." in parts or len(parts) < 2 or not parts[0].isdigit():
-        raise invalid(
-            f"cannot load model '{name}': load parameter '{key}' must name a file as file:<version>/<path> "
-            "inside the model directory"
-        )
+    expected = (f"cannot load model '{name}': load parameter '{key}' must name a file as file:<version>/<path> "
+                "inside the model directory")
+    try:
+        path = check_relative(key[len(FILE_PREFIX):], "the path")
+    except ModelhostError as exc:
+        raise invalid(f"{expected} ({exc.message})") from None
+    if len(path.parts) < 2 or not path.parts[0].isdigit():
+        raise invalid(expected)
     return path
+
+
+def check_model_filename(name: str, filename: str) -> None:
+    """A config's default_model_filename names a file inside the version directory; INVALID_INPUT otherwise."""
+    try:
+        check_relative(filename, "default_model_filename")
+    except ModelhostError as exc:
+        raise invalid(f"cannot load model '{name}': {exc.message}; it names the model file inside the "
+                      "version directory") from None
 
 
 _sequence = itertools.count(1)
@@ -68,10 +81,10 @@ _sequence = itertools.count(1)
 
 def write_override(name: str, files: dict[PurePosixPath, bytes], root: Path) -> ModelSource:
     """Write the override files into a fresh model directory under `root` (blocking)."""
-    directory = root / f"{name}-{next(_sequence)}"
+    directory = root / f"{check_model_name(name)}-{next(_sequence)}"
     shutil.rmtree(directory, ignore_errors=True)
     for relative, content in files.items():
-        target = directory.joinpath(*relative.parts)
+        target = inside(directory, relative.as_posix(), "load file")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     return ModelSource(name, directory, model_versions(directory))

@@ -21,6 +21,7 @@ from modelhost.core.signature import Signature
 from modelhost.core.statistics import ModelStatistics
 from modelhost.core.warmup import run_warmup, warmup_samples
 from modelhost.store.local import ModelSource
+from modelhost.store.paths import check_relative
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,8 @@ def plan_model(
         # Served under another name than its directory's (a multi-model archive's target, a single model
         # under its default name): the name in config.pbtxt names the directory, not what clients use.
         config.name = source.name
+    if config.default_model_filename:
+        check_relative(config.default_model_filename, f"model '{source.name}': default_model_filename")
     if config.platform == ENSEMBLE_PLATFORM:
         return _plan_ensemble(source, config, overrides)
     try:
@@ -143,6 +146,7 @@ def load_version(
     backend = plan.backend
     assert backend is not None, "an ensemble loads with load_ensemble_version"
     filename = plan.config.default_model_filename or backend.default_filename
+    check_relative(filename, f"model '{source.name}': default_model_filename")  # never outside the version dir
     path = backend.model_path(source.path / str(version), filename)
     if not path.exists():
         raise ConfigError(f"model file {path} does not exist")

@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from modelhost.config.overrides import ModelOverrides
+from modelhost.core.code_policy import CodePolicy
 from modelhost.core.lifecycle import ModelState
 from modelhost.core.load import ServerLoad
 from modelhost.core.load_override import LoadOverride, write_override
@@ -22,6 +23,7 @@ from modelhost.core.loader import LoadPlan, ServedModel, load_ensemble_version, 
 from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
 from modelhost.store.local import LocalStore, ModelFingerprint, ModelSource
+from modelhost.store.paths import check_model_name
 
 log = logging.getLogger("modelhost.manager")
 
@@ -31,9 +33,10 @@ __all__ = ["IndexEntry", "ModelManager"]
 class ModelManager:
     def __init__(
         self, store: LocalStore | None, cpu_count: int, default_max_batch_size: int, load: ServerLoad | None = None,
-        overrides: ModelOverrides | None = None, work_dir: Path | None = None,
+        overrides: ModelOverrides | None = None, work_dir: Path | None = None, code_policy: CodePolicy | None = None,
     ) -> None:
         self._store = store
+        self._code_policy = code_policy or CodePolicy()
         self._overrides = overrides
         self._load = load or ServerLoad()
         self._cpu_count = cpu_count
@@ -52,9 +55,11 @@ class ModelManager:
             return
         wanted = list(names) if names is not None else await asyncio.to_thread(self._store.list)
         results = await asyncio.gather(*(self._load_named(n, None, None) for n in wanted), return_exceptions=True)
-        for result in results:
+        for name, result in zip(wanted, results):
             if isinstance(result, BaseException) and not isinstance(result, Exception):
                 raise result
+            if isinstance(result, ModelhostError) and name not in self._records:  # refused before it had a record
+                log.error("cannot load model %r: %s", name, result.message)
 
     async def load(self, name: str, override: LoadOverride | None = None) -> None:
         """Load a model of the store, or reload every version of a loaded one (zero-downtime).
@@ -71,6 +76,7 @@ class ModelManager:
     async def _load_named(
         self, name: str, override: LoadOverride | None, reload: Collection[int] | None, if_needed: bool = False
     ) -> None:
+        check_model_name(name)  # before any record or path: a name from a client or a config is just a name
         record = self._records.setdefault(name, ModelRecord(name))
         async with record.lock:
             if if_needed and record.ready_versions() and not record.unloaded:
@@ -81,11 +87,15 @@ class ModelManager:
                 source = await asyncio.to_thread(self._source, name, override)
                 config = override.config if override else None
                 plan = await asyncio.to_thread(plan_model, source, self._overrides, config)
+                self._check_code(name, plan, uploaded=override is not None and bool(override.files))
             except FileNotFoundError as exc:
                 if not record.versions and self._records.get(name) is record:
                     del self._records[name]  # not in the repository: nothing to report in the index
                 log.error("cannot load model %s: %s", name, exc)
                 raise not_found(f"cannot load model '{name}': {exc}") from exc
+            except ModelhostError as exc:  # the request's own fault (a bad name or path, refused code): its kind
+                self._fail(record, exc)
+                raise
             except Exception as exc:
                 self._fail(record, exc)
                 raise unavailable(f"failed to load model '{name}': {reason_of(exc)}") from exc
@@ -101,6 +111,12 @@ class ModelManager:
             return write_override(name, override.files, self._work_dir / "overrides")
         assert self._store is not None
         return self._store.fetch(name)
+
+    def _check_code(self, name: str, plan: LoadPlan, uploaded: bool) -> None:
+        if plan.backend is not None:
+            code = plan.backend.code_in(plan.config.default_model_filename or plan.backend.default_filename)
+            if code is not None:
+                self._code_policy.check(name, code, uploaded)
 
     def _fingerprint(self, name: str, override: LoadOverride | None) -> ModelFingerprint | None:
         # A model loaded from an override is not the repository's: polling must not take it back.
@@ -199,7 +215,7 @@ class ModelManager:
         ensemble uses them."""
         record = self._records.get(name)
         if record is None:
-            raise not_found(f"Request for unknown model: '{name}' is not found")
+            raise _unknown(name)
         async with record.lock:
             drained = [self._retire(record, v, "unloaded", keep=True) for v in list(record.versions)]
             record.failure, record.unloaded, record.fingerprint = "", True, None
@@ -235,6 +251,7 @@ class ModelManager:
         record = self._records[source.name] = ModelRecord(source.name)
         try:
             plan = await asyncio.to_thread(plan_model, source, self._overrides)
+            self._check_code(source.name, plan, uploaded=False)
             await self._load_versions(record, source, plan, None)
         except BaseException as exc:
             await self._forget(record)
@@ -261,7 +278,7 @@ class ModelManager:
         """The ready model a request should use; raises NOT_FOUND or UNAVAILABLE."""
         record = self._records.get(name)
         if record is None:
-            raise not_found(f"Request for unknown model: '{name}' is not found")
+            raise _unknown(name)
         if record.unloaded:
             raise not_found(f"Request for unknown model: '{name}' has no available versions (it is unloaded)")
         if not version:
@@ -309,10 +326,20 @@ class ModelManager:
     def served(self, name: str = "") -> list[ServedModel]:
         """Loaded versions, of every model or of the one named (NOT_FOUND when it is unknown)."""
         if name and name not in self._records:
-            raise not_found(f"Request for unknown model: '{name}' is not found")
+            raise _unknown(name)
         records = [self._records[name]] if name else list(self._records.values())
         return [s.served for r in records for s in r.versions.values() if s.served is not None]
 
     async def stop(self) -> None:
         """Drain every model's in-flight requests, then unload them."""
         await asyncio.gather(*(served.scheduler.stop() for served in self.served()), *self._retiring)
+
+
+def _unknown(name: str) -> ModelhostError:
+    """NOT_FOUND for a name the manager does not hold; INVALID_INPUT when it is not a model name at all.
+    (Checked on a miss only: names held, such as a multi-model archive's "dir/m.tar.gz", are never checked.)"""
+    try:
+        check_model_name(name)
+    except ModelhostError as exc:
+        return exc
+    return not_found(f"Request for unknown model: '{name}' is not found")

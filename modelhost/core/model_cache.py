@@ -22,7 +22,7 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -32,11 +32,12 @@ from typing import Any
 from modelhost.core.manager import ModelManager
 from modelhost.core.memory import COUNTS_FREES, held_bytes
 from modelhost.core.statistics import Histogram
-from modelhost.errors import ErrorKind, ModelhostError, not_found
+from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.store.archive import unpack_archive
 from modelhost.store.archives import ArchiveStore, check_target
 from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.local import LocalStore, ModelSource
+from modelhost.store.paths import check_model_name, within
 
 log = logging.getLogger("modelhost.model_cache")
 
@@ -90,8 +91,10 @@ class ModelCache:
         on_load: Hook | None = None,
         on_unload: Hook | None = None,
         warm_up: Callable[[], None] | None = None,
+        load_roots: Sequence[Path] = (),
     ) -> None:
         self._manager = manager
+        self._load_roots = tuple(load_roots)
         self._archives = archives
         self._work_dir = work_dir
         self.budget_bytes = budget_bytes
@@ -123,6 +126,7 @@ class ModelCache:
     def get(self, key: str) -> CachedModel:
         model = self._models.get(key)
         if model is None:
+            check_model_name(key)
             raise not_found(f"model '{key}' is not loaded")
         return model
 
@@ -166,9 +170,17 @@ class ModelCache:
                 return model
 
     async def load(self, key: str, url: str) -> CachedModel:
-        """The management API's load: `url` is a local directory holding the model (ALREADY_EXISTS if loaded)."""
+        """The management API's load: `url` is a local directory holding the model (ALREADY_EXISTS if loaded).
+
+        `key` must be a model name (store/paths.py), and `url`, resolved with its symlinks, must lie in one of
+        the load roots (INVALID_INPUT otherwise, whether or not it exists: no probing outside them)."""
+        check_model_name(key, "model_name")
         if key in self._models or key in self._loading:
             raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{key}' is already loaded")
+        if "\x00" in url or not await asyncio.to_thread(within, url, self._load_roots):
+            raise invalid(f"model '{key}': url {url!r} is outside the directories models may be loaded from "
+                          "(SageMaker's models directory, <SAGEMAKER_BASE_DIR or /opt/ml>/models, and a local "
+                          "--model-repository); the server's operator can allow another with --allow-model-load-from")
         path = Path(url)
         if not path.is_dir():
             raise not_found(f"model '{key}': url '{url}' is not a directory")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from modelhost.errors import invalid, not_found
+from modelhost.store.paths import check_relative
 
 ARCHIVE_SUFFIX = ".tar.gz"
 MAX_TARGET_LENGTH = 1024
@@ -45,21 +46,7 @@ def check_target(target: str) -> str:
     """
     if not 1 <= len(target) <= MAX_TARGET_LENGTH:
         raise invalid(f"target model must be 1 to {MAX_TARGET_LENGTH} characters, got {len(target)}")
-    if any(ord(char) < 32 or ord(char) == 127 for char in target):
-        raise invalid(f"target model {target!r} contains control characters")
-    if "\\" in target:
-        raise invalid(f"target model '{target}' contains a backslash; use '/' between path components")
-    if target.startswith("/"):
-        raise invalid(f"target model '{target}' must be a relative path (no leading '/')")
-    parts = target.split("/")
-    if ".." in parts:
-        raise invalid(f"target model '{target}' must not contain '..' components")
-    if "" in parts:
-        raise invalid(f"target model '{target}' has an empty path component")
-    normalized = "/".join(part for part in parts if part != ".")
-    if not normalized:
-        raise invalid(f"target model '{target}' names no file")
-    return normalized
+    return check_relative(target, "target model").as_posix()
 
 
 class LocalArchiveStore:

@@ -35,6 +35,7 @@ from pathlib import Path
 from modelhost.backends import backend_for_filename
 from modelhost.config.loader import CONFIG_FILENAME, ConfigError, read_config
 from modelhost.errors import invalid
+from modelhost.store.paths import check_model_name
 
 CODE_DIR = "code"
 MAX_WRAPPING = 3
@@ -161,8 +162,10 @@ def _configured_name(directory: Path) -> str | None:
 
 
 def _check_model_name(name: str) -> None:
-    if not name or name in (".", "..") or "/" in name or "\x00" in name or name.startswith("."):
-        raise invalid(f"model name '{name}' cannot be a directory name")
+    check_model_name(name)
+    if name.startswith("."):  # hidden entries are never models here
+        raise invalid(f"model name '{name}' cannot be a directory name here: hidden entries ('.' first) "
+                      "are never models")
 
 
 def _reset_work_dir(work_dir: Path) -> None:

@@ -6,6 +6,8 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelhost.store.paths import check_model_name
+
 
 @dataclass(frozen=True, slots=True)
 class ModelSource:
@@ -43,14 +45,20 @@ class LocalStore:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
     def fetch(self, name: str) -> ModelSource:
-        path = self.root / name
+        """The model directory `name`; INVALID_INPUT when `name` is not a model name (store/paths.py),
+        FileNotFoundError (naming the model, not the server's path) when the repository has no such model."""
+        path = self.path(name)
         if not path.is_dir():
-            raise FileNotFoundError(f"model directory {path} does not exist")
+            raise FileNotFoundError(f"the repository has no model directory '{name}'")
         return ModelSource(name, path, model_versions(path))
+
+    def path(self, name: str) -> Path:
+        """`<root>/<name>`, for a checked model name only: one entry of the root, never outside it."""
+        return self.root / check_model_name(name)
 
     def fingerprint(self, name: str) -> ModelFingerprint | None:
         """The model directory's fingerprint (blocking: walks its files), or None when it is gone."""
-        return fingerprint(self.root / name)
+        return fingerprint(self.path(name))
 
 
 def model_versions(path: Path) -> tuple[int, ...]:

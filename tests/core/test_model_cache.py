@@ -27,7 +27,7 @@ class Harness:
         write_archives(tmp_path / "archives", count)
         self.manager = ModelManager(None, cpu_count=1, default_max_batch_size=4)
         self.cache = ModelCache(self.manager, LocalArchiveStore(tmp_path / "archives"), tmp_path / "work",
-                                budget, 1 << 30, on_load=on_load, warm_up=warm_up_backends)
+                                budget, 1 << 30, on_load=on_load, warm_up=warm_up_backends, load_roots=[tmp_path])
         self.work = tmp_path / "work"
 
     async def infer(self, target: str) -> float:
@@ -169,6 +169,29 @@ def test_management_load_unload_and_conflicts(tmp_path: Path) -> None:
             with pytest.raises(ModelhostError) as missing:
                 await call
             assert missing.value.kind is ErrorKind.NOT_FOUND
+
+    asyncio.run(scenario())
+
+
+def test_management_load_refuses_names_and_urls_outside_the_load_roots(tmp_path: Path) -> None:
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (tmp_path / "link").symlink_to(outside, target_is_directory=True)
+
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        for name, url in [("m", str(outside)), ("m", str(tmp_path / "link")), ("m", f"{tmp_path}/../{outside.name}"),
+                          ("m", "/"), ("m", "relative/dir"), ("m", "a\x00b"), ("../m", str(tmp_path)),
+                          ("a/b", str(tmp_path)), ("", str(tmp_path)), ("m\x00", str(tmp_path))]:
+            with pytest.raises(ModelhostError) as refused:
+                await h.cache.load(name, url)
+            assert refused.value.kind is ErrorKind.INVALID_INPUT, (name, url)
+            assert ("--allow-model-load-from" if name == "m" else "model_name") in refused.value.message
+            assert str(outside) not in refused.value.message or str(outside) in url  # only what the client sent
+        assert h.loaded() == []
+        with pytest.raises(ModelhostError) as bad_name:
+            h.cache.get("..")
+        assert bad_name.value.kind is ErrorKind.INVALID_INPUT
 
     asyncio.run(scenario())
 

@@ -127,3 +127,38 @@ def test_inference_py_inside_a_multi_model_archive(tmp_path: Path, start_server:
                     **{"X-Amzn-SageMaker-Target-Model": "with-code.tar.gz"})
     assert response.status_code == 200, response.text
     assert response.json() == {"scores": [11.0, 12.0, 13.0, 14.0]}
+
+
+MARKING = "open({marker!r}, 'w').write('ran')\n\ndef model_warmup_fn(model_dir, model):\n    pass\n"
+
+
+def test_user_code_none_refuses_inference_py_and_keeps_ping_unready(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    (tmp_path / "model").mkdir()
+    root = opt_ml_model(tmp_path / "model", MARKING.format(marker=str(marker)))
+    server = ServerProcess(root, "--user-code", "none")
+    try:
+        server.wait_ready()
+        assert requests.get(server.sagemaker + "/ping", timeout=5).status_code == 503
+    finally:
+        output = server.stop()
+    assert "code/inference.py" in output and "--user-code none" in output
+    assert not marker.exists()
+
+
+def test_user_code_none_refuses_an_archive_with_code(tmp_path: Path, start_server: Any) -> None:
+    marker = tmp_path / "marker"
+    model_path = tmp_path / "weighted.onnx"
+    onnx.save_model(weighted_model(10.0, 4), str(model_path))
+    code = MARKING.format(marker=str(marker)).encode()
+    write_archive(tmp_path / "with-code.tar.gz", {"model.onnx": model_path.read_bytes(), "code/inference.py": code,
+                                                  "code/requirements.txt": b"nothing-to-install\n"})
+    write_archive(tmp_path / "plain.tar.gz", {"model.onnx": model_path.read_bytes()})
+    server = start(start_server, tmp_path, "--multi-model", "--user-code", "none")
+    refused = post(server, b"1,2,3,4", "text/csv", **{"X-Amzn-SageMaker-Target-Model": "with-code.tar.gz"})
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["error"]
+    assert "--user-code none" in message and "code/inference.py" in message and "code/requirements.txt" in message
+    assert not marker.exists()
+    served = post(server, b"1,2,3,4", "text/csv", **{"X-Amzn-SageMaker-Target-Model": "plain.tar.gz"})
+    assert served.status_code == 200, served.text

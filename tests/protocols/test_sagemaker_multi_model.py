@@ -4,6 +4,7 @@ S3 (moto's server), boto3 invoke_endpoint, the management API, cache metrics, un
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -113,18 +114,21 @@ def test_unsafe_archive_is_rejected_and_leaves_nothing_behind(tmp_path: Path, st
 
 
 def test_management_api(tmp_path: Path, start_server: Any) -> None:
+    # As SageMaker's agent does it: each model unpacked to <SAGEMAKER_BASE_DIR>/models/<name>/model.
     write_archives(tmp_path / "archives", 3, width=4)
+    models = tmp_path / "opt-ml" / "models"
     for i in range(3):
         with tarfile.open(tmp_path / "archives" / f"model-{i}.tar.gz") as archive:
-            archive.extractall(tmp_path / f"opt-ml-models-{i}")
-    server = start_server(None, "--multi-model", ready_path="/v2/health/live")
+            archive.extractall(models / f"h{i}" / "model")
+    server = start_server(None, "--multi-model", ready_path="/v2/health/live",
+                          env={"SAGEMAKER_BASE_DIR": str(tmp_path / "opt-ml")})
     base = server.sagemaker
     assert requests.get(base + "/ping", timeout=5).status_code == 200
     for i in range(3):
-        url = str(tmp_path / f"opt-ml-models-{i}")
+        url = str(models / f"h{i}" / "model")
         load = requests.post(base + "/models", json={"model_name": f"h{i}", "url": url}, timeout=30)
         assert load.status_code == 200, load.text
-    again = requests.post(base + "/models", json={"model_name": "h0", "url": str(tmp_path / "opt-ml-models-0")},
+    again = requests.post(base + "/models", json={"model_name": "h0", "url": str(models / "h0" / "model")},
                           timeout=30)
     assert again.status_code == 409 and "h0" in again.json()["error"]
     page = requests.get(base + "/models", params={"limit": 2}, timeout=5).json()
@@ -133,7 +137,7 @@ def test_management_api(tmp_path: Path, start_server: Any) -> None:
                         timeout=5).json()
     assert [m["modelName"] for m in rest["models"]] == ["h2"] and "nextPageToken" not in rest
     described = requests.get(base + "/models/h1", timeout=5).json()
-    assert described == {"modelName": "h1", "modelUrl": str(tmp_path / "opt-ml-models-1")}
+    assert described == {"modelName": "h1", "modelUrl": str(models / "h1" / "model")}
     invoked = requests.post(base + "/models/h2/invoke", data=ROW,
                             headers={"Content-Type": "text/csv", "X-Amzn-SageMaker-Target-Model": "m.tar.gz"},
                             timeout=30)
@@ -144,6 +148,51 @@ def test_management_api(tmp_path: Path, start_server: Any) -> None:
         assert gone.status_code == 404
     bad = requests.post(base + "/models", json={"model_name": "x"}, timeout=5)
     assert bad.status_code == 400 and "url" in bad.json()["error"]
+
+
+def model_with_code(directory: Path, marker: Path) -> Path:
+    """A model directory (model.onnx at its top) whose code/inference.py writes `marker` when imported."""
+    (directory / "code").mkdir(parents=True)
+    onnx.save_model(weighted_model(7.0, 4), str(directory / "model.onnx"))
+    (directory / "code" / "inference.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n\ndef model_warmup_fn(model_dir, model):\n    pass\n")
+    return directory
+
+
+def test_management_load_is_confined_to_the_allowed_directories(tmp_path: Path, start_server: Any) -> None:
+    marker = tmp_path / "marker"
+    base, extra, outside = tmp_path / "opt-ml", tmp_path / "extra", tmp_path / "outside"
+    model_with_code(outside / "m", marker)
+    (base / "models").mkdir(parents=True)
+    (base / "models" / "link").symlink_to(outside / "m", target_is_directory=True)
+    server = start_server(None, "--multi-model", "--allow-model-load-from", str(extra), ready_path="/v2/health/live",
+                          env={"SAGEMAKER_BASE_DIR": str(base)})
+
+    def load(name: str, url: str) -> requests.Response:
+        return requests.post(server.sagemaker + "/models", json={"model_name": name, "url": url}, timeout=30)
+
+    for url in (str(outside / "m"), str(base / "models" / "link"), f"{base}/models/../../outside/m", "/",
+                str(outside / "missing")):
+        refused = load("m", url)
+        assert refused.status_code == 400, (url, refused.text)
+        message = refused.json()["error"]
+        assert "--allow-model-load-from" in message and url in message
+        assert str(outside / "m") not in message.replace(url, "")  # no resolved path beyond what was sent
+    for name in ("..", "a/b", "m\x00", ""):
+        refused = load(name, str(base / "models"))
+        assert refused.status_code == 400 and "model_name" in refused.json()["error"], refused.text
+    assert not marker.exists(), "code from outside the allowed directories ran"
+    assert requests.get(server.sagemaker + "/models", timeout=5).json()["models"] == []
+
+    # Inside: SageMaker's models directory, and a directory the operator allowed (their code runs).
+    loaded = model_with_code(base / "models" / "inside" / "model", tmp_path / "inside-marker")
+    assert load("inside", str(loaded)).status_code == 200
+    assert (tmp_path / "inside-marker").exists()
+    shutil.copytree(outside / "m", extra / "e")
+    assert load("e", str(extra / "e")).status_code == 200
+    invoked = requests.post(server.sagemaker + "/models/e/invoke", data=ROW, headers={"Content-Type": "text/csv"},
+                            timeout=30)
+    assert invoked.status_code == 200 and orjson.loads(invoked.content) == [[8.0] * 4]  # the toolkit's default output
 
 
 def test_a_model_that_cannot_fit_is_507(tmp_path: Path, start_server: Any) -> None:

@@ -80,8 +80,9 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         Route("GET", _MODEL + "/ready", model_ready),
         Route("GET", _MODEL + "/config", model_config),
         Route("POST", "/v2/repository/index", index),
-        Route("POST", r"/v2/repository/models/(?P<model>[^/]+)/load", load),
-        Route("POST", r"/v2/repository/models/(?P<model>[^/]+)/unload", unload),
+        # Any name reaches the core (the path is unquoted: %2F is "/"), whose name rule answers 400.
+        Route("POST", r"/v2/repository/models/(?P<model>.+)/load", load),
+        Route("POST", r"/v2/repository/models/(?P<model>.+)/unload", unload),
     ]
 
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from modelhost.core.code_policy import CodePolicy
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.model_cache import CachedModel, ModelCache
 from modelhost.errors import ModelhostError
@@ -16,7 +17,7 @@ from modelhost.protocols.http import Route
 from modelhost.protocols.sagemaker import rest
 from modelhost.protocols.sagemaker.handlers import Handler, load_handler
 from modelhost.protocols.sagemaker.invoke import Invoker
-from modelhost.protocols.sagemaker.user_code import install_requirements
+from modelhost.protocols.sagemaker.user_code import REQUIREMENTS, find_program, install_requirements
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.store.layout import ModelLayout
 
@@ -29,18 +30,22 @@ def local_url(host: str, port: int) -> str:
 
 
 class UserCode:
-    """Loads a model's `code/` (requirements, inference.py, model_fn) off the event loop."""
+    """Loads a model's `code/` (requirements, inference.py, model_fn) off the event loop, where `policy` allows."""
 
-    def __init__(self, invoker: Invoker, program: str, default_name: str) -> None:
+    def __init__(self, invoker: Invoker, program: str, default_name: str, policy: CodePolicy | None = None) -> None:
         self._invoker = invoker
         self._program = program
         self._default_name = default_name
+        self._policy = policy or CodePolicy()
 
     async def load(self, layout: ModelLayout, model_dir: Path, served: dict[str, str], tag: str,
                    packages: Path) -> Handler | None:
         code_dir = layout.code_dir
         if code_dir is None:
             return None
+        runs = await asyncio.to_thread(self._code_files, code_dir)
+        if runs:
+            self._policy.check(", ".join(sorted(served.values())), " and ".join(runs))
         await asyncio.to_thread(install_requirements, code_dir, packages)
         handler = await asyncio.to_thread(load_handler, code_dir, self._program, tag)
         if handler is None:
@@ -50,6 +55,12 @@ class UserCode:
         await asyncio.to_thread(handler.load_model, model_dir, handle, target.model, target.version)
         log.info("loaded %s (%s convention) for %s", code_dir / self._program, handler.convention, target.model)
         return handler
+
+    def _code_files(self, code_dir: Path) -> list[str]:
+        """What of code/ would run: the handler module, and requirements.txt (pip runs packages' setup code)."""
+        found = [f"code/{REQUIREMENTS}"] if (code_dir / REQUIREMENTS).is_file() else []
+        program = find_program(code_dir, self._program)
+        return ([f"code/{program.name}"] if program is not None else []) + found
 
     async def on_cache_load(self, model: CachedModel) -> Handler | None:
         return await self.load(model.layout, model.root, model.served, f"mme_{model.work_dir.name}",
