@@ -27,7 +27,7 @@ from modelhost.core.model_cache import ModelCache
 from modelhost.core.repository_poll import RepositoryPoller
 from modelhost.errors import ModelhostError, hide_paths_under
 from modelhost.metrics import MetricsExporter
-from modelhost.protocols import prometheus
+from modelhost.protocols import openapi, prometheus
 from modelhost.protocols.grpc_server import GrpcOptions, GrpcServer, ListenError
 from modelhost.protocols.http import HttpApp, Route
 from modelhost.protocols.http_server import HttpServer, Site
@@ -123,7 +123,8 @@ class Server:
 
     def build_asgi(self) -> HttpApp:
         return HttpApp(
-            kserve_v2_rest.routes(self.dataplane, self.control) + tfserving_rest.routes(self.dataplane),
+            kserve_v2_rest.routes(self.dataplane, self.control) + tfserving_rest.routes(self.dataplane)
+            + openapi.routes(),
             startup=self._start,
             shutdown=self._stop,
             max_body_bytes=self.settings.http_max_body_bytes,

@@ -94,6 +94,7 @@ class HttpApp:
         shutdown: Callable[[], Awaitable[None]] | None = None,
         max_body_bytes: int = 64 * 1024 * 1024,
     ) -> None:
+        self.routes = tuple(routes)  # what this app serves, as given (the OpenAPI documents are checked against it)
         self._routes = [(r.method, re.compile(r.pattern), r.handler) for r in routes]
         self._startup = startup
         self._shutdown = shutdown
