@@ -5,25 +5,20 @@ derandomized so that a failure reproduces), and every answer must be: no 5xx but
 "not supported"), a documented status, a documented content type, a body its schema allows. One server
 (the example repository: rank, deepfm, tiny) answers the HTTP, metrics and single-model SageMaker routes;
 a multi-model one the /models management routes.
-
-Defects found and not yet fixed are in KNOWN_FAILURES: each exact request is a strict xfail (so it is
-noticed when it starts passing), and only requests of that exact kind are set aside while fuzzing.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import requests
 import schemathesis
 import yaml
-from hypothesis import HealthCheck, reject, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from schemathesis.checks import (
     CheckContext,
@@ -109,52 +104,6 @@ for _schema in (HTTP, SAGEMAKER):
 SAGEMAKER.hook("before_generate_headers")(_served_attributes)
 
 
-@dataclass(frozen=True)
-class KnownFailure:
-    """A request that breaks a document's contract, fixed in another branch: its exact reproduction, and
-    which generated requests are of its kind (set aside while fuzzing until it is fixed)."""
-
-    name: str
-    port: str  # "http" or "sagemaker"
-    method: str
-    path: str
-    body: Any
-    matches: Callable[[schemathesis.Case], bool]
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-def _shapes(case: schemathesis.Case) -> list[Any]:
-    body = case.body if isinstance(case.body, dict) else {}
-    inputs = body.get("inputs")
-    return [i.get("shape") for i in inputs if isinstance(i, dict)] if isinstance(inputs, list) else []
-
-
-def _over_64_dims(case: schemathesis.Case) -> bool:
-    return case.path.endswith("/infer") and any(isinstance(s, list) and len(s) > 64 for s in _shapes(case))
-
-
-# Each one is a 500 today, to become a 400 in the codec (issue 12, item 4: another branch fixes it).
-# The document says a shape has at most 64 dimensions (numpy's limit); 65 reaches numpy and fails there.
-KNOWN_FAILURES = [
-    KnownFailure("v2-shape-over-64-dims", "http", "POST", "/v2/models/tiny/infer",
-                 {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * 65, "data": [1]}]}, _over_64_dims),
-]
-
-
-def _names_a_directory(case: schemathesis.Case) -> bool:
-    """A multi-model load whose url is a directory here: the server would load (and walk) it, `/` included.
-    Loading from outside the configured stores is issue 12 item 1, fixed in another branch; until then
-    `POST /models {"model_name": "m", "url": "/"}` walks the whole filesystem and answers 500."""
-    body = case.body if isinstance(case.body, dict) else {}
-    url = body.get("url")
-    return case.path == "/models" and case.method.upper() == "POST" and isinstance(url, str) and os.path.isdir(url)
-
-
-def _set_aside_known(case: schemathesis.Case) -> None:
-    if any(known.matches(case) for known in KNOWN_FAILURES) or _names_a_directory(case):
-        reject()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     process = ServerProcess(None, cache_dir=tmp_path_factory.mktemp("cache")).wait_ready()
@@ -177,7 +126,6 @@ def session() -> Iterator[requests.Session]:
 
 
 def _run(case: schemathesis.Case, base_url: str, session: requests.Session) -> None:
-    _set_aside_known(case)
     case.call_and_validate(base_url=base_url, session=session, checks=CHECKS, timeout=30)
 
 
@@ -207,29 +155,6 @@ def test_sagemaker_port_answers_as_documented(case: schemathesis.Case, server: S
 def test_sagemaker_management_answers_as_documented(case: schemathesis.Case, multi_model_server: ServerProcess,
                                                     session: requests.Session) -> None:
     _run(case, multi_model_server.sagemaker, session)
-
-
-@pytest.mark.parametrize("known", [pytest.param(k, id=k.name, marks=pytest.mark.xfail(strict=True, reason=k.name))
-                                   for k in KNOWN_FAILURES])
-def test_known_failure_is_fixed(known: KnownFailure, server: ServerProcess) -> None:
-    schema = {"http": HTTP, "sagemaker": SAGEMAKER}[known.port]
-    base_url = {"http": server.base, "sagemaker": server.sagemaker}[known.port]
-    operation, parameters = _operation(schema, known.method, known.path)
-    case = operation.Case(path_parameters=parameters, body=known.body, headers=known.headers,
-                          media_type="application/json")
-    assert known.matches(case), f"{known.name}: its reproduction is not of its own kind"
-    case.call_and_validate(base_url=base_url, checks=CHECKS, timeout=30)
-
-
-def _operation(schema: Any, method: str, path: str) -> tuple[Any, dict[str, str]]:
-    """The documented operation `method path` calls, and its path parameters."""
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(operation.path))
-        match = re.fullmatch(pattern, path)
-        if operation.method.upper() == method and match:
-            return operation, match.groupdict()
-    raise LookupError(f"{method} {path} is not a documented operation")
 
 
 def test_the_http_port_serves_its_document(server: ServerProcess) -> None:
