@@ -179,8 +179,7 @@ class ModelCache:
             raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{key}' is already loaded")
         if "\x00" in url or not await asyncio.to_thread(within, url, self._load_roots):
             raise invalid(f"model '{key}': url {url!r} is outside the directories models may be loaded from "
-                          "(SageMaker's models directory, <SAGEMAKER_BASE_DIR or /opt/ml>/models, and a local "
-                          "--model-repository); the server's operator can allow another with --allow-model-load-from")
+                          "(the models directory under SAGEMAKER_BASE_DIR, and a local --model-repository); the server's operator can allow another with --allow-model-load-from")
         path = Path(url)
         if not path.is_dir():
             raise not_found(f"model '{key}': url '{url}' is not a directory")

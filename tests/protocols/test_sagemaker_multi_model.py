@@ -176,8 +176,9 @@ def test_management_load_is_confined_to_the_allowed_directories(tmp_path: Path, 
         refused = load("m", url)
         assert refused.status_code == 400, (url, refused.text)
         message = refused.json()["error"]
-        assert "--allow-model-load-from" in message and url in message
-        assert str(outside / "m") not in message.replace(url, "")  # no resolved path beyond what was sent
+        # Error bodies show no server paths, the client's own included: only the url's last part is echoed.
+        assert "--allow-model-load-from" in message and url.rstrip("/").rsplit("/", 1)[-1] in message
+        assert str(outside) not in message
     for name in ("..", "a/b", "m\x00", ""):
         refused = load(name, str(base / "models"))
         assert refused.status_code == 400 and "model_name" in refused.json()["error"], refused.text
