@@ -17,7 +17,6 @@ from pathlib import Path
 import uvloop
 
 from modelhost import __version__
-from modelhost.backends import warm_up_backends
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.load import ServerLoad
@@ -104,7 +103,6 @@ class Server:
         return ModelCache(
             self.manager, archives, self.work_dir / "cache", s.model_cache_bytes, s.max_unpacked_bytes,
             s.default_model_name, on_load=user_code.on_cache_load, on_unload=user_code.on_cache_unload,
-            warm_up=warm_up_backends,
         )
 
     def _grpc_server(self) -> GrpcServer:
