@@ -235,3 +235,36 @@ def test_serve_entry_runs_a_container_style_server(tmp_path: Path) -> None:
         process.terminate()
         output = process.communicate(timeout=30)[0]
     assert process.returncode == 0, output
+
+
+def test_ping_is_503_while_a_model_is_unavailable(tmp_path: Path, start_server: Any) -> None:
+    """A model that failed to load can only fail: /ping says so (as Triton's SageMaker entry and the TF Serving
+    container do), so SageMaker does not route traffic here; in a repository, one failed model is enough."""
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "model.onnx").write_bytes(b"not an onnx model")
+    server = start_server(single, ready_path="/v2/health/live")
+    wait_for_state(server, "model", "UNAVAILABLE")
+    ping = requests.get(server.sagemaker + "/ping", timeout=5)
+    assert ping.status_code == 503
+    assert invoke(server, b"1,2,3,4\n", "text/csv").status_code == 503
+
+    repository = tmp_path / "repository"
+    write_model(repository, "good", scale_model(2.0), None)
+    (repository / "bad" / "1").mkdir(parents=True)
+    (repository / "bad" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    server = start_server(repository, ready_path="/v2/health/live")
+    wait_for_state(server, "bad", "UNAVAILABLE")
+    assert requests.get(server.sagemaker + "/ping", timeout=5).status_code == 503
+    pick_good = {"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=good"}
+    good = invoke(server, b"1,2,3,4\n", "text/csv", None, **pick_good)
+    assert good.json() == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
+
+
+def wait_for_state(server: ServerProcess, model: str, state: str) -> None:
+    for _ in range(600):
+        index = requests.post(server.base + "/v2/repository/index", json={}, timeout=5).json()
+        if any(entry["name"] == model and entry.get("state") == state for entry in index):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"model {model} never became {state}: {index}")
