@@ -32,6 +32,7 @@ from modelhost.protocols.http_server import HttpServer, Site
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.sagemaker.invoke import Invoker
+from modelhost.protocols.sagemaker.runtime_errors import RuntimeErrors
 from modelhost.protocols.sagemaker.site import SingleModelSite, UserCode, local_url, multi_model_routes
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.settings import ServerSettings
@@ -120,14 +121,14 @@ class Server:
             max_body_bytes=self.settings.http_max_body_bytes,
         )
 
-    def build_sagemaker_asgi(self) -> HttpApp:
+    def build_sagemaker_asgi(self) -> RuntimeErrors:
         routes: list[Route]
         if self.cache is not None:
             routes = multi_model_routes(self.dataplane, self.invoker, self.cache, self.settings.default_model_name)
         else:
             assert self.single is not None
             routes = self.single.routes
-        return HttpApp(routes, max_body_bytes=self.settings.http_max_body_bytes)
+        return RuntimeErrors(HttpApp(routes, max_body_bytes=self.settings.http_max_body_bytes), routes)
 
     def build_metrics_asgi(self) -> HttpApp:
         return HttpApp(prometheus.routes(MetricsExporter(self.manager.served, self.load, self.cache)))

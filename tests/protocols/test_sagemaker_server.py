@@ -268,3 +268,45 @@ def wait_for_state(server: ServerProcess, model: str, state: str) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"model {model} never became {state}: {index}")
+
+
+def test_runtime_api_errors_carry_botocore_error_shape(single: ServerProcess) -> None:
+    """Whatever the Runtime API paths answer as an error names its code (x-amzn-ErrorType) and a message, so a
+    boto3 ClientError says what went wrong; before, calls modelhost lacks were a bare 404 and an empty error."""
+    client = runtime_client(single)
+    with pytest.raises(client.exceptions.ValidationError) as asynchronous:
+        client.invoke_endpoint_async(EndpointName="local-endpoint", InputLocation="s3://bucket/input.csv")
+    error = asynchronous.value.response["Error"]
+    assert error["Code"] == "ValidationError"
+    assert "InvokeEndpointAsync" in error["Message"] and "not supported" in error["Message"]
+    with pytest.raises(client.exceptions.ValidationError) as streaming:
+        client.invoke_endpoint_with_response_stream(EndpointName="local-endpoint", Body=b"1,2,3,4\n",
+                                                    ContentType="text/csv")
+    error = streaming.value.response["Error"]
+    assert "InvokeEndpointWithResponseStream" in error["Message"] and "not supported" in error["Message"]
+
+    # A client whose endpoint_url has a path modelhost does not serve reaches unknown paths.
+    misplaced = boto3.client("sagemaker-runtime", endpoint_url=single.sagemaker + "/prefix", region_name="us-east-1",
+                             aws_access_key_id="local", aws_secret_access_key="local",
+                             config=Config(retries={"max_attempts": 0}))
+    with pytest.raises(misplaced.exceptions.ClientError) as unknown:
+        misplaced.invoke_endpoint(EndpointName="local-endpoint", Body=b"1,2,3,4\n", ContentType="text/csv")
+    error = unknown.value.response["Error"]
+    assert unknown.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    assert error["Code"] == "UnknownOperationException"
+    assert "/prefix/endpoints/local-endpoint/invocations" in error["Message"]
+    assert "POST /endpoints/{EndpointName}/invocations" in error["Message"]
+
+    # Errors the HTTP layer raises on a Runtime path (here: a body that is not the gzip it says) too.
+    broken = requests.post(single.sagemaker + "/endpoints/local-endpoint/invocations", data=b"not gzip",
+                           headers={"Content-Type": "text/csv", "Content-Encoding": "gzip"}, timeout=10)
+    assert broken.status_code == 400 and broken.headers["x-amzn-ErrorType"] == "ValidationError"
+    assert "gzip" in broken.json()["message"] and broken.headers["x-amzn-RequestId"]
+    wrong_method = requests.get(single.sagemaker + "/endpoints/local-endpoint/invocations", timeout=10)
+    assert wrong_method.status_code == 405 and wrong_method.headers["x-amzn-ErrorType"] == "UnknownOperationException"
+    assert "GET" in wrong_method.json()["message"]
+
+    # The container contract's own routes keep their {"error": ...} answers.
+    container = invoke(single, b"1,2\n", "text/csv")
+    assert container.status_code == 400 and "error" in container.json()
+    assert "x-amzn-ErrorType" not in container.headers
