@@ -80,10 +80,11 @@ def warm_up_backend(name: str) -> None:
     """Import backend `name`'s framework and create its process-wide state, once per process (blocking).
 
     The multi-model cache calls it before it measures a load, so that the first model of a framework is
-    not charged for the framework (importing torch alone holds about 85 MB). Raises as get_backend does.
+    not charged for the framework (importing torch alone holds about 85 MB). Raises as get_backend does,
+    the first time only: what failed once would fail again, and the model's load reports it.
     """
     with _warm:
         if name in _warmed:
             return
-        get_backend(name).warm_up()
         _warmed.add(name)
+        get_backend(name).warm_up()

@@ -317,7 +317,7 @@ class ModelCache:
             if victim.pins == 0:
                 await self._evict(victim)
         if self.used_bytes + needed > self.budget_bytes:
-            raise self._no_memory(key, needed)
+            raise self._no_memory(key, f"about {needed} bytes to load")
 
     async def _fit(self, model: CachedModel) -> None:
         """After a load: evict others until the measured size fits, or unload this one (NO_MEMORY)."""
@@ -327,14 +327,14 @@ class ModelCache:
         except ModelhostError:
             model.pins -= 1
             await self._evict(model)
-            raise self._no_memory(model.key, model.size) from None
+            raise self._no_memory(model.key, f"{model.size} bytes") from None
         model.pins -= 1
 
-    def _no_memory(self, key: str, needed: int) -> ModelhostError:
+    def _no_memory(self, key: str, needed: str) -> ModelhostError:
         held = sum(m.size for m in self._models.values() if m.pins and m.key != key)
         return ModelhostError(
             ErrorKind.NO_MEMORY,
-            f"model '{key}' needs {needed} bytes: the model cache holds at most {self.budget_bytes} bytes "
+            f"model '{key}' needs {needed}: the model cache holds at most {self.budget_bytes} bytes "
             f"(--model-cache-bytes) and models in use hold {held}",
         )
 
