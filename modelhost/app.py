@@ -17,7 +17,6 @@ from pathlib import Path
 import uvloop
 
 from modelhost import __version__, client_log
-from modelhost.backends import warm_up_backends
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
@@ -34,6 +33,7 @@ from modelhost.protocols.http_server import HttpServer, Site
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.sagemaker.invoke import Invoker
+from modelhost.protocols.sagemaker.runtime_errors import RuntimeErrors
 from modelhost.protocols.sagemaker.site import SingleModelSite, UserCode, local_url, multi_model_routes
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.settings import ServerSettings, model_load_roots, request_limits
@@ -111,7 +111,7 @@ class Server:
         return ModelCache(
             self.manager, archives, self.work_dir / "cache", s.model_cache_bytes, s.max_unpacked_bytes,
             s.default_model_name, on_load=user_code.on_cache_load, on_unload=user_code.on_cache_unload,
-            warm_up=warm_up_backends, load_roots=model_load_roots(s),
+            load_roots=model_load_roots(s),
         )
 
     def _grpc_server(self) -> GrpcServer:
@@ -130,14 +130,14 @@ class Server:
             max_body_bytes=self.settings.http_max_body_bytes,
         )
 
-    def build_sagemaker_asgi(self) -> HttpApp:
+    def build_sagemaker_asgi(self) -> RuntimeErrors:
         routes: list[Route]
         if self.cache is not None:
             routes = multi_model_routes(self.dataplane, self.invoker, self.cache, self.settings.default_model_name)
         else:
             assert self.single is not None
             routes = self.single.routes
-        return HttpApp(routes, max_body_bytes=self.settings.http_max_body_bytes)
+        return RuntimeErrors(HttpApp(routes, max_body_bytes=self.settings.http_max_body_bytes), routes)
 
     def build_metrics_asgi(self) -> HttpApp:
         return HttpApp(prometheus.routes(MetricsExporter(self.manager.served, self.load, self.cache)))

@@ -4,6 +4,7 @@ so optional frameworks stay optional."""
 from __future__ import annotations
 
 import importlib
+import threading
 from functools import cache
 
 from modelhost.backends.base import Backend
@@ -71,16 +72,19 @@ def get_backend(name: str) -> Backend:
     return backend
 
 
-# Backends warmed up before a multi-model endpoint's first load. torch and tensorflow are left out: importing
-# either costs seconds and hundreds of MiB, which only an endpoint that serves such models should pay.
-_WARM_UP = ("onnxruntime",)
+_warm = threading.Lock()
+_warmed: set[str] = set()
 
 
-def warm_up_backends() -> None:
-    """Warm up the backends every endpoint is likely to use (blocking)."""
-    for name in _WARM_UP:
-        try:
-            backend = get_backend(name)
-        except ImportError:
-            continue
-        backend.warm_up()
+def warm_up_backend(name: str) -> None:
+    """Import backend `name`'s framework and create its process-wide state, once per process (blocking).
+
+    The multi-model cache calls it before it measures a load, so that the first model of a framework is
+    not charged for the framework (importing torch alone holds about 85 MB). Raises as get_backend does,
+    the first time only: what failed once would fail again, and the model's load reports it.
+    """
+    with _warm:
+        if name in _warmed:
+            return
+        _warmed.add(name)
+        get_backend(name).warm_up()

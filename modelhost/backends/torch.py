@@ -20,6 +20,7 @@ left as torch sets it.
 from __future__ import annotations
 
 import inspect
+import io
 import re
 import warnings
 from collections.abc import Sequence
@@ -61,6 +62,11 @@ _PER_THREAD_COUNTS = "parallel backend: OpenMP" in torch.__config__.parallel_inf
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 
 
+class _WarmUp(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
 class TorchBackend(Backend):
     name = "pytorch"
     platform = "pytorch_libtorch"
@@ -78,6 +84,14 @@ class TorchBackend(Backend):
             f"{path.name} does not declare its inputs and outputs: {CONFIG_FILENAME} must list them "
             "(name, data_type, dims)"
         )
+
+    def warm_up(self) -> None:
+        # Importing torch (this module) is most of it; the first TorchScript load sets up the JIT's registries.
+        buffer = io.BytesIO()
+        torch.jit.save(torch.jit.script(_WarmUp()), buffer)
+        buffer.seek(0)
+        with torch.inference_mode():
+            torch.jit.load(buffer, map_location="cpu")(torch.zeros(1))
 
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         signature = _config_signature(path, config)

@@ -43,6 +43,11 @@ class DataPlane:
             return False
         return self._manager.all_ready() if self._strict_readiness else True
 
+    def serving(self) -> bool:
+        """Done with the models to load at start, and every model can answer a request now: what a
+        single-model endpoint's health check means (SageMaker's /ping), whatever --strict-readiness says."""
+        return self._started and self._manager.all_serving()
+
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": self._version, "extensions": list(EXTENSIONS)}
 

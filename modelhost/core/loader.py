@@ -5,9 +5,16 @@ Everything here blocks (file reads, session creation); the manager calls it in a
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from modelhost.backends import BackendUnavailableError, backend_for_filename, backend_name, get_backend
+from modelhost.backends import (
+    BackendUnavailableError,
+    backend_for_filename,
+    backend_name,
+    get_backend,
+    warm_up_backend,
+)
 from modelhost.backends.base import Backend, InstanceSettings, Model
 from modelhost.config.completion import apply_defaults, check_config, complete_config
 from modelhost.config.loader import ConfigError, read_config
@@ -22,6 +29,8 @@ from modelhost.core.statistics import ModelStatistics
 from modelhost.core.warmup import run_warmup, warmup_samples
 from modelhost.store.local import ModelSource
 from modelhost.store.paths import check_relative
+
+log = logging.getLogger("modelhost.loader")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +86,18 @@ def plan_model(
         raise ConfigError(str(exc)) from None
     apply_defaults(config, source.name, backend.platform, backend.name)
     return LoadPlan(config, backend, select_versions(config, source), overrides)
+
+
+def warm_up_backend_of(source: ModelSource) -> None:
+    """Create the process-wide state of the backend that will load `source` (its framework's import and
+    runtime), so that a measured load is charged for the model alone; blocking. Whatever keeps the backend
+    from being found or warmed is left for the load itself to report."""
+    try:
+        config = read_config(source.path) or ModelConfig()
+        if config.platform != ENSEMBLE_PLATFORM:
+            warm_up_backend(_resolve_backend(config, source))
+    except Exception as exc:  # noqa: BLE001 - the load reports it, with the model's name
+        log.debug("no backend warmed up for %s: %s", source.name, exc)
 
 
 def _plan_ensemble(source: ModelSource, config: ModelConfig, overrides: ModelOverrides) -> LoadPlan:

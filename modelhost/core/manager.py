@@ -317,6 +317,12 @@ class ModelManager:
         models unloaded on request are not asked for."""
         return all(r.unloaded or r.all_ready() for r in self._records.values())
 
+    def all_serving(self) -> bool:
+        """At least one model, and every model the repository asked for has a READY version (a reload in
+        progress still serves the old one); models unloaded on request are not asked for."""
+        asked = [r for r in self._records.values() if not r.unloaded]
+        return bool(asked) and all(r.ready_versions() for r in asked)
+
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         entries = [entry for record in sorted(self._records.values(), key=lambda r: r.name) for entry in record.index()]
         if ready_only:

@@ -5,13 +5,18 @@ several models. Each is known by a key: the TargetModel (`X-Amzn-SageMaker-Targe
 `model_name` of `POST /models`. Concurrency contract (everything runs on the event loop):
 - concurrent first requests for a key share one load;
 - a request pins its model (`use`), and a pinned model is never evicted;
-- the budget is compared with the memory the process holds beyond what it held before the first
-  model (core/memory.py: malloc's bytes in use, which drop as soon as an unloaded model is freed),
-  so it bounds real memory whatever each load's share of it; where that count is not available,
-  with the sum of each model's resident-memory growth at its load;
-- loads run one at a time, and each model's own growth is kept as its `size`; downloads and
-  unpacking run concurrently in threads;
-- before the first load, `warm_up` creates the backends' process-wide state, which is no model's.
+- the budget is compared with the memory the process holds beyond its baseline (core/memory.py:
+  malloc's bytes in use, which drop as soon as an unloaded model is freed), so it bounds real memory
+  whatever each load's share of it; where that count is not available, with the sum of each model's
+  growth at its load;
+- an empty cache holds 0 bytes by definition: the baseline is taken again whenever a load starts with
+  no model held, so memory the process kept since (a refused load's imports) never counts against
+  later models;
+- a framework's process-wide state (importing torch alone holds about 85 MB) is no model's: the backends
+  a load needs are warmed up before it is measured, and what that warm-up holds joins the baseline;
+- loads run one at a time. Before one starts, idle models are evicted until its expected peak fits
+  (`_estimate`), so memory stays within the budget during the load too, not only after it; each
+  model's own growth is kept as its `size`. Downloads and unpacking run concurrently in threads.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from modelhost.core.loader import warm_up_backend_of
 from modelhost.core.manager import ModelManager
-from modelhost.core.memory import COUNTS_FREES, held_bytes
+from modelhost.core.memory import COUNTS_FREES, PeakMeter, held_bytes
 from modelhost.core.statistics import Histogram
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.store.archive import unpack_archive
@@ -43,6 +49,12 @@ log = logging.getLogger("modelhost.model_cache")
 
 # Seconds; cold loads run from tens of milliseconds to minutes.
 CACHE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# A first load's expected peak: a backend reads the model's files and builds tensors from them, and holds
+# both at once (measured: ONNX Runtime 2.0x its file, TorchScript 1.0x, a TF SavedModel 2.7x), plus a fixed
+# part for sessions, configs and schedulers. A key loaded before is expected to take what it took then.
+PEAK_PER_FILE_BYTE = 2
+PEAK_OVERHEAD_BYTES = 1 << 20
+_REMEMBERED_PEAKS = 10_000
 
 
 @dataclass(slots=True)
@@ -90,7 +102,6 @@ class ModelCache:
         single_model_name: str = "model",
         on_load: Hook | None = None,
         on_unload: Hook | None = None,
-        warm_up: Callable[[], None] | None = None,
         load_roots: Sequence[Path] = (),
     ) -> None:
         self._manager = manager
@@ -102,8 +113,9 @@ class ModelCache:
         self._single_model_name = single_model_name
         self._on_load = on_load
         self._on_unload = on_unload
-        self._warm_up = warm_up
-        self._baseline: int | None = None  # held bytes before the first model, after warm-up
+        self._baseline: int | None = None  # held bytes when the cache last held nothing, plus warm-ups since
+        self._holding = 0  # loads whose memory is held: measured or measuring, not yet released
+        self._peaks: dict[str, int] = {}  # key -> the most its last load held at once
         self._sizes = 0
         self._models: dict[str, CachedModel] = {}
         self._loading: dict[str, asyncio.Task[CachedModel]] = {}
@@ -118,7 +130,9 @@ class ModelCache:
         """Memory the loaded models hold, as the budget counts it."""
         if not COUNTS_FREES:
             return self._sizes
-        return 0 if self._baseline is None else max(0, held_bytes() - self._baseline)
+        if self._holding == 0 or self._baseline is None:
+            return 0  # whatever the process holds, no model holds it
+        return max(0, held_bytes() - self._baseline)
 
     def models(self) -> list[CachedModel]:
         return sorted(self._models.values(), key=lambda m: m.key)
@@ -179,7 +193,8 @@ class ModelCache:
             raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{key}' is already loaded")
         if "\x00" in url or not await asyncio.to_thread(within, url, self._load_roots):
             raise invalid(f"model '{key}': url {url!r} is outside the directories models may be loaded from "
-                          "(the models directory under SAGEMAKER_BASE_DIR, and a local --model-repository); the server's operator can allow another with --allow-model-load-from")
+                          "(the models directory under SAGEMAKER_BASE_DIR, and a local --model-repository); "
+                          "the server's operator can allow another with --allow-model-load-from")
         path = Path(url)
         if not path.is_dir():
             raise not_found(f"model '{key}': url '{url}' is not a directory")
@@ -227,16 +242,12 @@ class ModelCache:
         try:
             model_dir, layout, on_disk = await asyncio.to_thread(self._prepare, prepare, key, work)
             self._record_downloads()
-            await self._make_room(on_disk, key)
             async with self._measure:
-                if self._baseline is None:
-                    if self._warm_up is not None:
-                        await asyncio.to_thread(self._warm_up)
+                await self._warm_up(layout)
+                await self._make_room(self._estimate(key, on_disk), key)
+                if self._holding == 0:
                     self._baseline = held_bytes()
-                started, before = time.monotonic(), held_bytes()
-                served = await self._add_models(key, layout)
-                size = max(held_bytes() - before, on_disk)
-                self.statistics.load.observe(time.monotonic() - started)
+                served, size = await self._measured_load(key, layout, on_disk)
         except BaseException:
             self._record_downloads()
             self._remove_files(work)
@@ -260,6 +271,34 @@ class ModelCache:
         on_disk = _disk_bytes(model_dir)
         work.mkdir(parents=True, exist_ok=True)
         return model_dir, find_layout(model_dir, self._single_model_name, work / ".layout"), on_disk
+
+    async def _warm_up(self, layout: ModelLayout) -> None:
+        """Warm up the backends the layout's models need (under the measure lock): their state is the process's."""
+        before = held_bytes()
+        await asyncio.to_thread(_warm_up_backends, layout)
+        if self._baseline is not None:
+            self._baseline += max(0, held_bytes() - before)
+
+    def _estimate(self, key: str, on_disk: int) -> int:
+        """The most a load of `key` is expected to hold at once (see PEAK_PER_FILE_BYTE)."""
+        return max(on_disk * PEAK_PER_FILE_BYTE + PEAK_OVERHEAD_BYTES, self._peaks.get(key, 0))
+
+    async def _measured_load(self, key: str, layout: ModelLayout, on_disk: int) -> tuple[dict[str, str], int]:
+        """Load the models (under the measure lock): the manager's names for them, and what they hold."""
+        self._holding += 1
+        started = time.monotonic()
+        try:
+            with PeakMeter() as meter:
+                served = await self._add_models(key, layout)
+        except BaseException:
+            self._holding -= 1
+            raise
+        self.statistics.load.observe(time.monotonic() - started)
+        self._peaks.pop(key, None)
+        self._peaks[key] = meter.peak_growth
+        if len(self._peaks) > _REMEMBERED_PEAKS:
+            del self._peaks[next(iter(self._peaks))]
+        return served, max(meter.growth, on_disk)
 
     def _record_downloads(self) -> None:
         # Threads append their timings; the statistics are updated on the loop only.
@@ -290,7 +329,7 @@ class ModelCache:
             if victim.pins == 0:
                 await self._evict(victim)
         if self.used_bytes + needed > self.budget_bytes:
-            raise self._no_memory(key, needed)
+            raise self._no_memory(key, f"about {needed} bytes to load")
 
     async def _fit(self, model: CachedModel) -> None:
         """After a load: evict others until the measured size fits, or unload this one (NO_MEMORY)."""
@@ -300,14 +339,14 @@ class ModelCache:
         except ModelhostError:
             model.pins -= 1
             await self._evict(model)
-            raise self._no_memory(model.key, model.size) from None
+            raise self._no_memory(model.key, f"{model.size} bytes") from None
         model.pins -= 1
 
-    def _no_memory(self, key: str, needed: int) -> ModelhostError:
+    def _no_memory(self, key: str, needed: str) -> ModelhostError:
         held = sum(m.size for m in self._models.values() if m.pins and m.key != key)
         return ModelhostError(
             ErrorKind.NO_MEMORY,
-            f"model '{key}' needs {needed} bytes: the model cache holds at most {self.budget_bytes} bytes "
+            f"model '{key}' needs {needed}: the model cache holds at most {self.budget_bytes} bytes "
             f"(--model-cache-bytes) and models in use hold {held}",
         )
 
@@ -323,10 +362,13 @@ class ModelCache:
         log.info("unloaded model %s (%d bytes)", model.key, model.size)
 
     async def _release(self, model: CachedModel) -> None:
-        await asyncio.gather(*(self._manager.remove(n) for n in model.served.values()), return_exceptions=True)
-        if self._on_unload is not None:
-            await self._on_unload(model)
-        self._remove_files(model.work_dir)
+        try:
+            await asyncio.gather(*(self._manager.remove(n) for n in model.served.values()), return_exceptions=True)
+            if self._on_unload is not None:
+                await self._on_unload(model)
+        finally:
+            self._holding -= 1
+            self._remove_files(model.work_dir)
 
     def _remove_files(self, work: Path) -> None:
         """Delete a model's files in the background: its memory is what a waiting load needs, not its disk."""
@@ -337,6 +379,16 @@ class ModelCache:
     def _slot(self, key: str) -> str:
         """A directory name for one load of a key: readable, and never used twice."""
         return f"{next(self._slots)}-" + re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100]
+
+
+def _warm_up_backends(layout: ModelLayout) -> None:
+    store = LocalStore(layout.repository)
+    for name in layout.models:
+        try:
+            source = store.fetch(name)
+        except (ModelhostError, OSError):
+            continue  # the load reports it
+        warm_up_backend_of(source)
 
 
 def _in_place(path: Path, key: str, work: Path) -> Path:

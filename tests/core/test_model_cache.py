@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import tarfile
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,6 @@ import numpy as np
 import onnx
 import pytest
 
-from modelhost.backends import warm_up_backends
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import CachedModel, ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
@@ -23,17 +24,18 @@ from tests.archives import WIDTH, write_archives
 
 class Harness:
     def __init__(self, tmp_path: Path, count: int = 4, budget: int = 1 << 40,
-                 on_load: Callable[[CachedModel], Awaitable[Any]] | None = None) -> None:
-        write_archives(tmp_path / "archives", count)
+                 on_load: Callable[[CachedModel], Awaitable[Any]] | None = None, width: int = WIDTH) -> None:
+        write_archives(tmp_path / "archives", count, width)
+        self.width = width
         self.manager = ModelManager(None, cpu_count=1, default_max_batch_size=4)
         self.cache = ModelCache(self.manager, LocalArchiveStore(tmp_path / "archives"), tmp_path / "work",
-                                budget, 1 << 30, on_load=on_load, warm_up=warm_up_backends, load_roots=[tmp_path])
+                                budget, 1 << 30, on_load=on_load, load_roots=[tmp_path])
         self.work = tmp_path / "work"
 
     async def infer(self, target: str) -> float:
         async with self.cache.use_target(target) as model:
             served = self.manager.get(model.served["model"])
-            inputs = {"INPUT0": np.zeros((1, WIDTH), np.float32)}
+            inputs = {"INPUT0": np.zeros((1, self.width), np.float32)}
             request = InferRequest(served.name, inputs)
             outputs = await served.scheduler.submit(request.inputs, ["OUTPUT0"], 1, 0, 0)
             return float(outputs["OUTPUT0"][0, 0])
@@ -94,8 +96,8 @@ def test_least_recently_used_idle_model_is_evicted_first(tmp_path: Path) -> None
         # Room for three models and half a fourth.
         h.cache.budget_bytes = h.cache.used_bytes + per_model // 2
         await h.infer("model-0.tar.gz")  # model-1 is now the least recently used
-        await h.infer("model-3.tar.gz")  # fits at load; its first run takes it over the budget
-        await h.infer("model-4.tar.gz")  # so this load makes room first
+        await h.infer("model-3.tar.gz")  # its load's expected peak does not fit: the least recently used goes
+        await h.infer("model-4.tar.gz")
         assert "model-1.tar.gz" not in h.loaded()
         assert {"model-0.tar.gz", "model-4.tar.gz"} <= set(h.loaded())
         assert h.cache.statistics.evictions >= 1
@@ -228,3 +230,66 @@ def test_an_archive_holding_a_named_model_directory_serves_it_under_the_target(t
         await h.cache.stop()
 
     asyncio.run(scenario())
+
+
+_PROCESS_STATE: list[bytearray] = []  # what a load's hook leaves behind for the whole process
+
+
+def test_a_refused_load_does_not_poison_later_loads(tmp_path: Path) -> None:
+    """A load that leaves process-wide state (a framework import in user code) is refused; the cache is
+    then empty, uses 0 bytes, and the next load fits (it used to stay charged and refuse every later load)."""
+    async def import_a_framework_once(model: CachedModel) -> None:
+        if not _PROCESS_STATE:
+            _PROCESS_STATE.append(bytearray(8 << 20))
+
+    async def scenario() -> None:
+        _PROCESS_STATE.clear()
+        h = Harness(tmp_path, budget=4 << 20, on_load=import_a_framework_once)
+        with pytest.raises(ModelhostError) as refused:
+            await h.infer("model-0.tar.gz")
+        assert refused.value.kind is ErrorKind.NO_MEMORY
+        assert h.loaded() == [] and h.cache.used_bytes == 0
+        assert await h.infer("model-0.tar.gz") == 0.0
+        assert await h.infer("model-1.tar.gz") == 1.0
+        assert h.loaded() == ["model-0.tar.gz", "model-1.tar.gz"]
+        assert 0 < h.cache.used_bytes <= h.cache.budget_bytes
+        await h.cache.stop()
+        assert h.cache.used_bytes == 0
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        _PROCESS_STATE.clear()
+
+
+def test_memory_stays_within_the_budget_during_loads(tmp_path: Path) -> None:
+    """Models of 4 MiB files (about 8 MiB at the peak of a load) through a 20 MiB budget, more than the budget
+    in total: the cache makes room for a load's peak before it starts, so held bytes never pass the budget."""
+    width = 1 << 20
+    budget = 20 << 20
+    highest = 0
+    sampling = True
+
+    def sample(cache: ModelCache) -> None:
+        nonlocal highest
+        while sampling:
+            highest = max(highest, cache.used_bytes)
+            time.sleep(0.0005)
+
+    async def scenario() -> None:
+        nonlocal sampling
+        h = Harness(tmp_path, count=6, budget=budget, width=width)
+        await h.infer("model-5.tar.gz")  # the first load sets the baseline
+        sampler = threading.Thread(target=sample, args=(h.cache,))
+        sampler.start()
+        try:
+            for i in (0, 1, 2, 3, 4, 0, 1, 5, 2):
+                assert await h.infer(f"model-{i}.tar.gz") == float(i)
+        finally:
+            sampling = False
+            sampler.join()
+        assert h.cache.statistics.evictions >= 5
+        await h.cache.stop()
+
+    asyncio.run(scenario())
+    assert 0 < highest <= budget, f"held {highest / 2**20:.2f} MiB with a {budget / 2**20:.0f} MiB budget"

@@ -243,3 +243,48 @@ def test_custom_attributes_pick_a_model_inside_a_multi_model_archive(tmp_path: P
     assert csv_prediction(ask("tfs-model-name=low")) == 2.0
     unnamed = ask("")
     assert unnamed.status_code == 400 and "high, low" in unnamed.json()["error"]
+
+
+TORCH_CONFIG = b"""platform: "pytorch_libtorch"
+max_batch_size: 8
+input [ { name: "INPUT__0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUTPUT__0", data_type: TYPE_FP32, dims: [ 4 ] } ]
+"""
+
+
+def torch_archive(path: Path) -> Path:
+    """An archive holding a TorchScript model that doubles its input: config.pbtxt and 1/model.pt."""
+    import torch
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(Double()), buffer)
+    return write_archive(path, {"config.pbtxt": TORCH_CONFIG, "1/model.pt": buffer.getvalue()})
+
+
+def test_a_torch_model_is_not_charged_for_importing_torch(tmp_path: Path, start_server: Any) -> None:
+    """Importing torch holds about 85 MB; a 40 MB budget holds a small torch model and onnx models beside it,
+    and a refused load leaves the cache usable (it used to be 507 for every load after it)."""
+    write_archives(tmp_path, 1, width=4)
+    torch_archive(tmp_path / "double.tar.gz")
+    write_archive(tmp_path / "huge.tar.gz", {"model.onnx": _onnx_bytes(tmp_path, 12 << 20)})
+    server = start_server(tmp_path, "--multi-model", "--model-cache-bytes", str(40 << 20),
+                          ready_path="/v2/health/live")
+    assert csv_prediction(invoke(server, "double.tar.gz")) == 2.0
+    assert csv_prediction(invoke(server, "model-0.tar.gz")) == 1.0
+    refused = invoke(server, "huge.tar.gz", b"1\n")
+    assert refused.status_code == 507, refused.text
+    assert csv_prediction(invoke(server, "model-0.tar.gz")) == 1.0
+    assert csv_prediction(invoke(server, "double.tar.gz")) == 2.0
+    assert 0 < metric(server, "modelhost_model_cache_bytes") <= 40 << 20
+
+
+def _onnx_bytes(tmp_path: Path, width: int) -> bytes:
+    path = tmp_path / "big.onnx"
+    onnx.save_model(weighted_model(0.0, width), str(path))
+    data = path.read_bytes()
+    path.unlink()
+    return data

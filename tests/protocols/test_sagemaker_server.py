@@ -235,3 +235,78 @@ def test_serve_entry_runs_a_container_style_server(tmp_path: Path) -> None:
         process.terminate()
         output = process.communicate(timeout=30)[0]
     assert process.returncode == 0, output
+
+
+def test_ping_is_503_while_a_model_is_unavailable(tmp_path: Path, start_server: Any) -> None:
+    """A model that failed to load can only fail: /ping says so (as Triton's SageMaker entry and the TF Serving
+    container do), so SageMaker does not route traffic here; in a repository, one failed model is enough."""
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "model.onnx").write_bytes(b"not an onnx model")
+    server = start_server(single, ready_path="/v2/health/live")
+    wait_for_state(server, "model", "UNAVAILABLE")
+    ping = requests.get(server.sagemaker + "/ping", timeout=5)
+    assert ping.status_code == 503
+    assert invoke(server, b"1,2,3,4\n", "text/csv").status_code == 503
+
+    repository = tmp_path / "repository"
+    write_model(repository, "good", scale_model(2.0), None)
+    (repository / "bad" / "1").mkdir(parents=True)
+    (repository / "bad" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    server = start_server(repository, ready_path="/v2/health/live")
+    wait_for_state(server, "bad", "UNAVAILABLE")
+    assert requests.get(server.sagemaker + "/ping", timeout=5).status_code == 503
+    pick_good = {"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=good"}
+    good = invoke(server, b"1,2,3,4\n", "text/csv", None, **pick_good)
+    assert good.json() == {"predictions": [[2.0, 4.0, 6.0, 8.0]]}
+
+
+def wait_for_state(server: ServerProcess, model: str, state: str) -> None:
+    for _ in range(600):
+        index = requests.post(server.base + "/v2/repository/index", json={}, timeout=5).json()
+        if any(entry["name"] == model and entry.get("state") == state for entry in index):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"model {model} never became {state}: {index}")
+
+
+def test_runtime_api_errors_carry_botocore_error_shape(single: ServerProcess) -> None:
+    """Whatever the Runtime API paths answer as an error names its code (x-amzn-ErrorType) and a message, so a
+    boto3 ClientError says what went wrong; before, calls modelhost lacks were a bare 404 and an empty error."""
+    client = runtime_client(single)
+    with pytest.raises(client.exceptions.ValidationError) as asynchronous:
+        client.invoke_endpoint_async(EndpointName="local-endpoint", InputLocation="s3://bucket/input.csv")
+    error = asynchronous.value.response["Error"]
+    assert error["Code"] == "ValidationError"
+    assert "InvokeEndpointAsync" in error["Message"] and "not supported" in error["Message"]
+    with pytest.raises(client.exceptions.ValidationError) as streaming:
+        client.invoke_endpoint_with_response_stream(EndpointName="local-endpoint", Body=b"1,2,3,4\n",
+                                                    ContentType="text/csv")
+    error = streaming.value.response["Error"]
+    assert "InvokeEndpointWithResponseStream" in error["Message"] and "not supported" in error["Message"]
+
+    # A client whose endpoint_url has a path modelhost does not serve reaches unknown paths.
+    misplaced = boto3.client("sagemaker-runtime", endpoint_url=single.sagemaker + "/prefix", region_name="us-east-1",
+                             aws_access_key_id="local", aws_secret_access_key="local",
+                             config=Config(retries={"max_attempts": 0}))
+    with pytest.raises(misplaced.exceptions.ClientError) as unknown:
+        misplaced.invoke_endpoint(EndpointName="local-endpoint", Body=b"1,2,3,4\n", ContentType="text/csv")
+    error = unknown.value.response["Error"]
+    assert unknown.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+    assert error["Code"] == "UnknownOperationException"
+    assert "/prefix/endpoints/local-endpoint/invocations" in error["Message"]
+    assert "POST /endpoints/{EndpointName}/invocations" in error["Message"]
+
+    # Errors the HTTP layer raises on a Runtime path (here: a body that is not the gzip it says) too.
+    broken = requests.post(single.sagemaker + "/endpoints/local-endpoint/invocations", data=b"not gzip",
+                           headers={"Content-Type": "text/csv", "Content-Encoding": "gzip"}, timeout=10)
+    assert broken.status_code == 400 and broken.headers["x-amzn-ErrorType"] == "ValidationError"
+    assert "gzip" in broken.json()["message"] and broken.headers["x-amzn-RequestId"]
+    wrong_method = requests.get(single.sagemaker + "/endpoints/local-endpoint/invocations", timeout=10)
+    assert wrong_method.status_code == 405 and wrong_method.headers["x-amzn-ErrorType"] == "UnknownOperationException"
+    assert "GET" in wrong_method.json()["message"]
+
+    # The container contract's own routes keep their {"error": ...} answers.
+    container = invoke(single, b"1,2\n", "text/csv")
+    assert container.status_code == 400 and "error" in container.json()
+    assert "x-amzn-ErrorType" not in container.headers

@@ -1,5 +1,6 @@
 """SageMaker's container contract over HTTP: `/ping`, `/invocations`, the multi-model management API
-(`/models`...), and the Runtime API's `POST /endpoints/{name}/invocations` (protocols §6).
+(`/models`...), and the Runtime API's `POST /endpoints/{name}/invocations` (protocols §6); its
+asynchronous and streaming invocations answer a ValidationError saying they are not supported.
 
 Translation only: which model a call means comes from `Targets`; running it from `Invoker`.
 """
@@ -27,15 +28,25 @@ from modelhost.protocols.http import (
     json_object,
     json_response,
 )
+from modelhost.protocols.http import Handler as RouteHandler
 from modelhost.protocols.sagemaker.handlers import Handler, HandlerError
 from modelhost.protocols.sagemaker.invoke import Call, Invoker
 from modelhost.protocols.sagemaker.payloads import MediaTypeError
+from modelhost.protocols.sagemaker.runtime_errors import OPERATIONS, runtime_error
 
 log = logging.getLogger("modelhost.sagemaker")
 
 CUSTOM_ATTRIBUTES = b"x-amzn-sagemaker-custom-attributes"
 TARGET_MODEL = b"x-amzn-sagemaker-target-model"
 _ENDPOINT = r"/endpoints/(?P<endpoint>[^/]+)/invocations"
+# Runtime API operations modelhost does not serve: the route, and what the answer says of it.
+_UNSUPPORTED = {
+    r"/endpoints/(?P<endpoint>[^/]+)/async-invocations":
+        "InvokeEndpointAsync is not supported: this server has no asynchronous inference (no S3 input and "
+        "output locations, no queue)",
+    r"/endpoints/(?P<endpoint>[^/]+)/invocations-response-stream":
+        "InvokeEndpointWithResponseStream is not supported: this server does not stream responses",
+}
 _ENDPOINT_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _PAGE_LIMIT = 100
 
@@ -124,22 +135,28 @@ def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache:
     async def endpoint_invocations(request: HttpRequest) -> HttpResponse:
         name = request.params["endpoint"]
         if not (0 < len(name) <= 63 and set(name) <= _ENDPOINT_NAME_CHARS and name[0] != "-" and name[-1] != "-"):
-            return _runtime_error(400, "ValidationError", f"endpoint name '{name}' must be 1-63 letters, digits "
-                                  "and hyphens, starting and ending with a letter or digit")
+            return runtime_error(400, "ValidationError", f"endpoint name '{name}' must be 1-63 letters, digits "
+                                 "and hyphens, starting and ending with a letter or digit")
         response = await invocations(request)
         if response.status >= 400:
             message = orjson.loads(b"".join(response.body)).get("error", "")
-            return _runtime_error(424, "ModelError", f"Received client error ({response.status}) from primary "
-                                  f"with message \"{message}\"", OriginalStatusCode=response.status,
-                                  OriginalMessage=message)
+            return runtime_error(424, "ModelError", f"Received client error ({response.status}) from primary "
+                                 f"with message \"{message}\"", OriginalStatusCode=response.status,
+                                 OriginalMessage=message)
         response.headers.append((b"x-amzn-invoked-production-variant", b"AllTraffic"))
         response.headers.append((b"x-amzn-requestid", str(uuid.uuid4()).encode()))
         return response
+
+    def unsupported(explanation: str) -> RouteHandler:
+        async def answer(request: HttpRequest) -> HttpResponse:
+            return runtime_error(400, "ValidationError", f"{explanation}; call {OPERATIONS}")
+        return answer
 
     found = [
         Route("GET", "/ping", ping),
         Route("POST", "/invocations", invocations),
         Route("POST", _ENDPOINT, endpoint_invocations),
+        *(Route("POST", pattern, unsupported(explanation)) for pattern, explanation in _UNSUPPORTED.items()),
     ]
     return found + (management_routes(cache, run) if cache is not None else [])
 
@@ -198,13 +215,6 @@ def _error(exc: ModelhostError | MediaTypeError | HandlerError) -> HttpResponse:
     if isinstance(exc, ModelhostError):
         return error_response(STATUS[exc.kind], exc.message)
     return error_response(exc.status, exc.message)
-
-
-def _runtime_error(status: int, code: str, message: str, **extra: Any) -> HttpResponse:
-    """An error in the Runtime API's rest-json shape: botocore reads the code from x-amzn-ErrorType."""
-    response = json_response({"message": message, **extra}, status)
-    response.headers += [(b"x-amzn-errortype", code.encode()), (b"x-amzn-requestid", str(uuid.uuid4()).encode())]
-    return response
 
 
 def _model_json(name: str, url: str) -> dict[str, str]:

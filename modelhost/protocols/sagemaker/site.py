@@ -86,7 +86,9 @@ class SingleModelSite:
         self.routes = _routes(invoker, self.targets, self.ready, None, dataplane)
 
     def ready(self) -> bool:
-        return self._code_ready and self._dataplane.ready()
+        """/ping's 200: a model that failed to load can only fail requests, so, as Triton's SageMaker entry
+        and the TF Serving container do, the endpoint is healthy only while every model serves."""
+        return self._code_ready and self._dataplane.serving()
 
     async def start(self) -> None:
         """After the models loaded: the user's inference.py and model_fn. A failure keeps /ping at 503."""
