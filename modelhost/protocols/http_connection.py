@@ -217,12 +217,18 @@ class HttpConnection(asyncio.BufferedProtocol):
         headers.append((name.lower(), value))
         if len(headers) > self._limits.max_headers:
             raise self._refuse(431, f"more than {self._limits.max_headers} header fields (--http-max-headers)")
-        self._count_head(len(name) + len(value) + 4)
+        size = len(name) + len(value) + 4  # _count_head, inlined: this runs for every header of every request
+        self._head_bytes += size
+        self._read_delivered += size
+        self._head_pending = 0
+        if self._head_bytes > self._limits.max_head_bytes:
+            raise self._head_too_large()
 
     def on_headers_complete(self) -> None:
         self._in_head, self._head_since = False, None
-        self._budget.release(self._head_charge)
-        self._head_charge = 0
+        if self._head_charge:
+            self._budget.release(self._head_charge)
+            self._head_charge = 0
         request = self._request
         request.method = self._parser.get_method()
         request.version = self._parser.get_http_version()
@@ -431,6 +437,10 @@ class HttpConnection(asyncio.BufferedProtocol):
         """Give the body its granted capacity and point the direct view at its free tail. Called only where the
         transport holds no view of the body (get_buffer, on_body): a bytearray with one cannot be resized."""
         assert self._body is not None
+        if not self._body:  # the first allocation: small, a plain one is cheaper than a resize
+            self._body = bytearray(self._capacity)
+            self._direct = memoryview(self._body)
+            return
         if self._direct is not None:
             self._direct.release()
         resize_bytearray(self._body, self._capacity)

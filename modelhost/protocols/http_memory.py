@@ -77,13 +77,17 @@ class BufferBudget:
     def release(self, size: int) -> None:
         if size:
             self.used -= size
-            self._wake()
+            if self._waiters:
+                self._wake()
             self._on_release()
 
     def begin_body(self, owner: object) -> None:
         self._bodies[owner] = None
 
     def end_body(self, owner: object) -> None:
+        if not self._waiters:
+            self._bodies.pop(owner, None)
+            return
         first = next(iter(self._bodies), None)
         if self._bodies.pop(owner, 0) is None and owner is first:
             self._wake()  # the next body, maybe waiting, is privileged now
