@@ -517,6 +517,10 @@ class HttpConnection(asyncio.BufferedProtocol):
                 self._schedule(self._closing_since + self._limits.send_timeout)
 
     def _reject(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        if self._in_head or self._window_start is not None:  # a request being received: its bytes are dropped
+            self._release(self._request)
+        self._budget.release(self._head_charge)
+        self._head_charge, self._in_head = 0, False
         self._drop_body()
         self._window_start = self._head_since = self._waiting_since = None
         self._budget.forget(self)
