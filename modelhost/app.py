@@ -29,6 +29,7 @@ from modelhost.metrics import MetricsExporter
 from modelhost.protocols import openapi, prometheus
 from modelhost.protocols.grpc_server import GrpcOptions, GrpcServer, ListenError
 from modelhost.protocols.http import HttpApp, Route
+from modelhost.protocols.http_limits import HttpLimits
 from modelhost.protocols.http_server import HttpServer, Site
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
@@ -216,7 +217,7 @@ class Server:
             sites.append(Site("SageMaker", self.build_sagemaker_asgi(), s.sagemaker_port, self.load))
         if s.metrics_port:
             sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port + s.worker_index, shared=False))
-        self._http = HttpServer(sites, s.host, s.http_max_body_bytes, s.graceful_shutdown_seconds,
+        self._http = HttpServer(sites, s.host, http_limits(s), s.graceful_shutdown_seconds,
                                 reuse_port=s.workers > 1, on_stop=self._stop_grpc)
         uvloop.run(self._serve(self._http))
 
@@ -229,3 +230,15 @@ class Server:
             except ListenError as exc:
                 raise SystemExit(f"modelhost: {exc}") from None
         await http.serve()
+
+
+def http_limits(s: ServerSettings) -> HttpLimits:
+    """The HTTP transport's limits, from the settings' "HTTP edge limits" block."""
+    return HttpLimits(
+        max_body_bytes=s.http_max_body_bytes, max_buffered_bytes=s.http_max_buffered_bytes,
+        max_connections=s.http_max_connections, max_head_bytes=s.http_max_head_bytes,
+        max_headers=s.http_max_headers, max_url_bytes=s.http_max_url_bytes, max_pipeline=s.http_max_pipeline,
+        max_pipeline_bytes=s.http_max_pipeline_bytes, idle_timeout=s.http_idle_timeout_seconds,
+        head_timeout=s.http_head_timeout_seconds, body_timeout=s.http_body_timeout_seconds,
+        min_body_rate=s.http_min_body_rate, send_timeout=s.http_send_timeout_seconds,
+    )

@@ -53,7 +53,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--strict-readiness", action="store_true", help="server ready only when every model loaded (Triton's default)")
     add("--default-max-batch-size", type=int,
         help=f"max_batch_size given to auto-completed models that can batch (default {d.default_max_batch_size})")
-    add("--http-max-body-bytes", type=int, help=f"(default {d.http_max_body_bytes})")
+    add("--http-max-body-bytes", type=_byte_size,
+        help=f"the largest HTTP request body, e.g. 64MiB (default {d.http_max_body_bytes // 1024**2}MiB)")
     add("--workers", type=int, help="server processes sharing the HTTP port; each loads every model "
         f"(default {d.workers}, or SAGEMAKER_TFS_INSTANCE_COUNT)")
     add("--graceful-shutdown-seconds", type=float,
@@ -100,6 +101,35 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--client-log-lines-per-second", type=float, help="how often warnings caused by client input (bad "
         "requests, undecodable gRPC messages, failed invocations) are logged per kind; the rest are counted "
         f"(default {d.client_log_lines_per_second:g}; 0: none)")
+    _add_http_limit_flags(parser, d)
+
+
+def _add_http_limit_flags(parser: argparse.ArgumentParser, d: ServerSettings) -> None:
+    """HTTP edge limits (ServerSettings' docstring says what each bounds)."""
+    add = parser.add_argument
+    add("--http-max-connections", type=int,
+        help=f"open HTTP connections per process; more get 503 (default {d.http_max_connections})")
+    add("--http-max-buffered-bytes", type=_byte_size, help="request bytes held across HTTP connections; "
+        "connections wait beyond it (default: 1GiB, or 1/8 of memory when less)")
+    add("--http-max-head-bytes", type=_byte_size,
+        help=f"request line + headers of one request (default {d.http_max_head_bytes // 1024}KiB)")
+    add("--http-max-headers", type=int, help=f"header fields of one request (default {d.http_max_headers})")
+    add("--http-max-url-bytes", type=_byte_size,
+        help=f"request target length (default {d.http_max_url_bytes // 1024}KiB)")
+    add("--http-max-pipeline", type=int,
+        help=f"pipelined requests read ahead per connection (default {d.http_max_pipeline})")
+    add("--http-max-pipeline-bytes", type=_byte_size, help="bytes of pipelined requests read ahead per connection "
+        f"(default {d.http_max_pipeline_bytes // 1024**2}MiB)")
+    add("--http-idle-timeout-seconds", type=float,
+        help=f"close an idle keep-alive connection after this (default {d.http_idle_timeout_seconds:g})")
+    add("--http-head-timeout-seconds", type=float,
+        help=f"time to send a whole request head; else 408 (default {d.http_head_timeout_seconds:g})")
+    add("--http-body-timeout-seconds", type=float, help="window over which a body must keep --http-min-body-rate; "
+        f"else 408 (default {d.http_body_timeout_seconds:g})")
+    add("--http-min-body-rate", type=_byte_size,
+        help=f"bytes/s a request body must keep up (default {d.http_min_body_rate})")
+    add("--http-send-timeout-seconds", type=float, help="abort a connection whose response write stays blocked "
+        f"this long (default {d.http_send_timeout_seconds:g})")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -55,6 +55,12 @@ def _default_model_cache_bytes() -> int:
     return memory_bytes() // 2
 
 
+def _default_http_buffered_bytes() -> int:
+    # 1 GiB, or an eighth of memory on a smaller machine (the default model cache takes half), but never
+    # below the default body limit, so that a default-sized body can always be received.
+    return min(GIB, max(memory_bytes() // 8, 64 * 1024**2))
+
+
 def parse_byte_size(text: str) -> int:
     """Bytes from `123`, `512MiB`, `2GB`, `4GiB` (KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB of 1024)."""
     match = _BYTE_SIZE.fullmatch(text)
@@ -111,6 +117,22 @@ class ServerSettings:
     user_code: which models may run code they bring (Python backend model.py, SageMaker code/):
     "all"; "repository" (default: those from the operator's own locations, not files a load request
     uploads); "none".
+    HTTP edge limits (every HTTP port of one process; a client that hits one gets a JSON error naming its flag):
+    http_max_connections: open connections; one over it gets 503 + Retry-After to its first request.
+    http_max_buffered_bytes: request bytes (bodies, unfinished heads) held across connections until answered;
+    by default 1 GiB, or an eighth of `memory_bytes()` when less (at least 64 MiB). A connection that cannot
+    get budget is not read (TCP holds the client back) and gets 503 after http_body_timeout_seconds.
+    http_max_head_bytes: request line and headers of one request (431). http_max_headers: header fields (431).
+    http_max_url_bytes: the request target (414).
+    http_max_pipeline, http_max_pipeline_bytes: a connection is not read while this many requests, or bytes,
+    wait behind the one being answered.
+    http_idle_timeout_seconds: a keep-alive connection with no request open closes after this.
+    http_head_timeout_seconds: a request head must be complete this long after its first byte (a new
+    connection's: after the accept); else 408 (nginx's client_header_timeout).
+    http_body_timeout_seconds, http_min_body_rate: a body must gain http_min_body_rate bytes/s over each
+    window of http_body_timeout_seconds (at least a byte); else 408 (nginx's client_body_timeout).
+    http_send_timeout_seconds: a response write that stays blocked (the client does not read) this long, or a
+    close that cannot flush, aborts the connection (nginx's send_timeout).
     """
 
     model_repository: str | None = None
@@ -143,6 +165,19 @@ class ServerSettings:
     model_control_mode: str = "none"
     repository_poll_seconds: float = 15.0
     load_models: tuple[str, ...] = ()
+    # HTTP edge limits
+    http_max_connections: int = 10_000
+    http_max_buffered_bytes: int = field(default_factory=_default_http_buffered_bytes)
+    http_max_head_bytes: int = 64 * 1024
+    http_max_headers: int = 100
+    http_max_url_bytes: int = 8 * 1024
+    http_max_pipeline: int = 16
+    http_max_pipeline_bytes: int = 1024**2
+    http_idle_timeout_seconds: float = 75.0
+    http_head_timeout_seconds: float = 30.0
+    http_body_timeout_seconds: float = 30.0
+    http_min_body_rate: int = 1024
+    http_send_timeout_seconds: float = 60.0
     # model locations and user code (issue 12: code execution from outside the repository)
     allow_model_load_from: tuple[str, ...] = ()
     sagemaker_models_dir: str = "/opt/ml/models"
@@ -217,9 +252,26 @@ def check_settings(settings: ServerSettings) -> None:
     for directory in settings.allow_model_load_from:
         if not Path(directory).is_absolute():
             raise SettingsError(f"--allow-model-load-from must be an absolute directory, got '{directory}'")
+    _check_http_limits(settings)
     if settings.grpc_max_message_bytes > GRPC_MAX_MESSAGE_BYTES:
         raise SettingsError(f"--grpc-max-message-bytes must be at most {GRPC_MAX_MESSAGE_BYTES} (gRPC's limit), "
                             f"got {settings.grpc_max_message_bytes}")
+
+
+_HTTP_POSITIVE = ("http_max_connections", "http_max_buffered_bytes", "http_max_head_bytes", "http_max_headers",
+                  "http_max_url_bytes", "http_max_pipeline", "http_max_pipeline_bytes", "http_idle_timeout_seconds",
+                  "http_head_timeout_seconds", "http_body_timeout_seconds", "http_send_timeout_seconds")
+
+
+def _check_http_limits(settings: ServerSettings) -> None:
+    for name in _HTTP_POSITIVE:
+        if getattr(settings, name) <= 0:
+            raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
+    if settings.http_min_body_rate < 0:
+        raise SettingsError(f"--http-min-body-rate must be 0 or more, got {settings.http_min_body_rate}")
+    if settings.http_max_buffered_bytes < settings.http_max_body_bytes:
+        raise SettingsError(f"--http-max-buffered-bytes ({settings.http_max_buffered_bytes}) must be at least "
+                            f"--http-max-body-bytes ({settings.http_max_body_bytes}): a body of the limit must fit")
 
 
 def resolve_settings(base: ServerSettings, environ: Mapping[str, str], flags: Mapping[str, Any]) -> ServerSettings:

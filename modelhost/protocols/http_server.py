@@ -6,9 +6,9 @@ loopback where the socket itself needs 0.4 ms (benchmarks/http_stack). Connectio
 (http_connection.py) read a Content-Length body straight into one buffer instead.
 
 Scope: HTTP/1.1 and 1.0, keep-alive, pipelining (answered in order), Content-Length and
-chunked request bodies, `Expect: 100-continue`, a body size limit checked before reading,
-write back-pressure, idle timeouts, and graceful shutdown (stop listening, finish
-in-flight requests, close idle connections, then the ASGI lifespan shutdown).
+chunked request bodies, `Expect: 100-continue`, write back-pressure, the limits and deadlines
+of HttpLimits (http_limits.py), and graceful shutdown (stop listening, finish in-flight
+requests, close idle connections, then the ASGI lifespan shutdown).
 """
 
 from __future__ import annotations
@@ -22,9 +22,13 @@ from functools import partial
 from typing import Any
 
 from modelhost.core.load import ServerLoad
-from modelhost.protocols.http_connection import ASGIApp, HttpConnection
+from modelhost.protocols.http_connection import HttpConnection
+from modelhost.protocols.http_exchange import ASGIApp
+from modelhost.protocols.http_limits import HttpLimits
+from modelhost.protocols.http_memory import BufferBudget, MemoryReturner
 
 log = logging.getLogger("modelhost.http")
+_READ_SIZE = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,19 +45,33 @@ class Site:
 class HttpServer:
     """Serves ASGI apps on their ports of one host until SIGTERM/SIGINT (or `stop()`)."""
 
-    def __init__(self, sites: Sequence[Site], host: str, max_body_bytes: int, graceful_seconds: float,
-                 idle_seconds: float = 75.0, reuse_port: bool = False,
-                 on_stop: Callable[[], object] | None = None) -> None:
+    def __init__(self, sites: Sequence[Site], host: str, limits: HttpLimits, graceful_seconds: float,
+                 reuse_port: bool = False, on_stop: Callable[[], object] | None = None) -> None:
         self.sites = list(sites)
         # Called on the loop when stopping begins (a signal or stop()): other servers stop accepting too.
         self._on_stop = on_stop
         self.reuse_port = reuse_port  # several processes share the HTTP port (--workers)
         self.host = host
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
         self.graceful_seconds = graceful_seconds
-        self.idle_seconds = idle_seconds
         self.connections: set[HttpConnection] = set()
+        # One read buffer for every connection: callbacks run one at a time and the parser copies what it
+        # keeps, so a connection costs a few KiB, not a buffer (http_connection.py).
+        self.read_buffer = bytearray(_READ_SIZE)
+        self._memory = MemoryReturner()
+        self.budget = BufferBudget(limits.max_buffered_bytes, self._observe)
         self._stopping = asyncio.Event()
+
+    def connection_opened(self, connection: HttpConnection) -> None:
+        self.connections.add(connection)
+        self._observe()
+
+    def connection_closed(self, connection: HttpConnection) -> None:
+        self.connections.discard(connection)
+        self._observe()
+
+    def _observe(self) -> None:
+        self._memory.observe(len(self.connections), self.budget.used)
 
     def stop(self) -> None:
         if not self._stopping.is_set() and self._on_stop is not None:
