@@ -255,6 +255,7 @@ def test_ping_is_503_while_a_model_is_unavailable(tmp_path: Path, start_server: 
     (repository / "bad" / "1" / "model.onnx").write_bytes(b"not an onnx model")
     server = start_server(repository, ready_path="/v2/health/live")
     wait_for_state(server, "bad", "UNAVAILABLE")
+    wait_for_state(server, "good", "READY")  # the two load concurrently: either may finish first
     assert requests.get(server.sagemaker + "/ping", timeout=5).status_code == 503
     pick_good = {"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=good"}
     good = invoke(server, b"1,2,3,4\n", "text/csv", None, **pick_good)
