@@ -27,6 +27,7 @@ import asyncio
 import http.client
 import json
 import multiprocessing
+import os
 import resource
 import socket
 import statistics
@@ -290,17 +291,26 @@ def _generate_in_process(port: int, request: bytes, rate: float | None, clients:
                          queue: multiprocessing.Queue) -> None:
     import uvloop
 
-    queue.put(uvloop.run(_generate(port, request, rate, clients, seconds)))
+    started = time.process_time()
+    results = uvloop.run(_generate(port, request, rate, clients, seconds))
+    queue.put((results, time.process_time() - started))
 
 
-def generate(port: int, request: bytes, rate: float | None, clients: int, seconds: float) -> list[tuple]:
-    """Runs the generator in its own process, so the measuring process's threads cost the server nothing."""
+def generate(port: int, request: bytes, rate: float | None, clients: int, seconds: float) -> tuple[list[tuple], float]:
+    """Runs the generator in its own process, so the measuring process's threads cost the server nothing.
+    Returns the results and the CPU seconds the generator itself used (it shares the server's cores)."""
     queue: multiprocessing.Queue = multiprocessing.Queue()
     process = multiprocessing.Process(target=_generate_in_process, args=(port, request, rate, clients, seconds, queue))
     process.start()
-    results = queue.get()
+    results, cpu = queue.get()
     process.join()
-    return results
+    return results, cpu
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def overload(args: argparse.Namespace, work: Path) -> dict:
@@ -310,10 +320,15 @@ def overload(args: argparse.Namespace, work: Path) -> dict:
         body, headers = binary_infer("features", "score", features)
         request = (b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(body)
                    + b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n" + body)
+        pid = server.process.pid
         generate(server.port, request, None, 4, 2.0)  # warm
-        closed = generate(server.port, request, None, 4, args.overload_seconds)
+        before = cpu_seconds(pid)
+        closed, closed_generator_cpu = generate(server.port, request, None, 4, args.overload_seconds)
+        closed_cpu = cpu_seconds(pid) - before
         capacity = sum(1 for r in closed if r[0] == 200) / args.overload_seconds
-        flood = generate(server.port, request, capacity * 10, 0, args.overload_seconds)
+        before = cpu_seconds(pid)
+        flood, flood_generator_cpu = generate(server.port, request, capacity * 10, 0, args.overload_seconds)
+        flood_cpu = cpu_seconds(pid) - before
     finally:
         server.stop()
     accepted = [r for r in flood if r[0] == 200]
@@ -328,11 +343,19 @@ def overload(args: argparse.Namespace, work: Path) -> dict:
         "reject_p50_ms": statistics.median(r[1] for r in rejected) if rejected else None,
         "reject_p99_ms": statistics.quantiles([r[1] for r in rejected], n=100)[98] if len(rejected) > 1 else None,
         "accepted_p50_ms": statistics.median(r[1] for r in accepted) if accepted else None,
+        # CPU (cores) of the server and of the generator, at capacity and under the flood: the generator's
+        # share is taken from the same cores the server computes on.
+        "server_cores_at_capacity": closed_cpu / args.overload_seconds,
+        "server_cores_flood": flood_cpu / args.overload_seconds,
+        "generator_cores_at_capacity": closed_generator_cpu / args.overload_seconds,
+        "generator_cores_flood": flood_generator_cpu / args.overload_seconds,
     }
     print(f"overload: capacity {capacity:.0f} req/s; offered {capacity * 10:.0f} req/s; accepted "
           f"{row['accepted_rps']:.0f} req/s ({row['accepted_share']:.0%} of capacity); {len(rejected)} rejected "
           f"(p50 {row['reject_p50_ms'] or 0:.2f} ms, p99 {row['reject_p99_ms'] or 0:.2f} ms); {len(other)} other; "
-          f"{wrong} wrong answers", flush=True)
+          f"{wrong} wrong answers; server CPU {row['server_cores_at_capacity']:.2f} cores at capacity, "
+          f"{row['server_cores_flood']:.2f} under the flood; generator {row['generator_cores_at_capacity']:.2f} and "
+          f"{row['generator_cores_flood']:.2f} cores", flush=True)
     return row
 
 
