@@ -84,7 +84,6 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._head_bytes = 0  # of the head being parsed, as delivered by the parser's callbacks
         self._head_pending = 0  # received, not yet delivered (httptools holds an unfinished header)
         self._head_charge = 0
-        self._read_delivered = 0  # head bytes the callbacks of the current read delivered
         self._began_in_read = False
         self._rejection: list[bytes] | None = None  # a 4xx waiting for the requests queued before it
         self._stopped = False  # nothing more is parsed on this connection
@@ -158,7 +157,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         if self._body is not None:
             self._body_read(nbytes)
             return
-        self._read_delivered, self._began_in_read = 0, False
+        head_before, self._began_in_read = self._head_bytes, False
         try:
             self._parser.feed_data(memoryview(self._server.read_buffer)[:nbytes])
         except httptools.HttpParserUpgrade:
@@ -177,7 +176,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 refusal = _Refusal(400, f"malformed HTTP request: {exc}")
             self._reject(refusal.status, refusal.message, refusal.headers)
             return
-        if self._in_head and not self._head_fits(nbytes):
+        if self._in_head and not self._head_fits(nbytes, self._head_bytes - head_before):
             return
         if self._body is not None and self._received >= self._capacity and not self._grow(self._received + 1,
                                                                                            force=False):
@@ -206,21 +205,22 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._schedule(self._head_since + self._limits.head_timeout)
 
     def on_url(self, url: bytes) -> None:
-        self._request.url += url
-        if len(self._request.url) > self._limits.max_url_bytes:
+        request = self._request
+        request.url += url
+        self._head_bytes += len(url)
+        if len(request.url) > self._limits.max_url_bytes:
             raise self._refuse(414, f"the request target exceeds the {self._limits.max_url_bytes}-byte limit "
                                     "(--http-max-url-bytes)")
-        self._count_head(len(url))
+        if self._head_bytes > self._limits.max_head_bytes:
+            raise self._head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         headers = self._request.headers
         headers.append((name.lower(), value))
         if len(headers) > self._limits.max_headers:
             raise self._refuse(431, f"more than {self._limits.max_headers} header fields (--http-max-headers)")
-        size = len(name) + len(value) + 4  # _count_head, inlined: this runs for every header of every request
-        self._head_bytes += size
-        self._read_delivered += size
-        self._head_pending = 0
+        # This runs for every header of every request: only count here; buffer_updated does the rest.
+        self._head_bytes += len(name) + len(value) + 4
         if self._head_bytes > self._limits.max_head_bytes:
             raise self._head_too_large()
 
@@ -258,6 +258,13 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def on_body(self, body: bytes) -> None:
         size = len(body)
+        if self._body is not None and not self._capacity and size == self._length:
+            # The whole body in this read (most requests): one allocation, no growth.
+            self._budget.charge(size)
+            self._request.charge += size
+            self._capacity = self._received = size
+            self._body = bytearray(body)
+            return
         if self._body is not None:
             if self._received + size > self._capacity:
                 self._grow(self._received + size, force=True)  # already in memory: charged even over budget
@@ -370,21 +377,17 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._refusal = _Refusal(status, message, headers)
         return self._refusal
 
-    def _count_head(self, size: int) -> None:
-        self._head_bytes += size
-        self._read_delivered += size
-        self._head_pending = 0  # what httptools held is part of what it just delivered
-        if self._head_bytes > self._limits.max_head_bytes:
-            raise self._head_too_large()
-
     def _head_too_large(self) -> _Refusal:
         return self._refuse(431, f"the request line and headers exceed the {self._limits.max_head_bytes}-byte "
                                  "limit (--http-max-head-bytes)")
 
-    def _head_fits(self, nbytes: int) -> bool:
-        """After a read that ends inside a head: bound (and charge) what httptools holds undelivered."""
+    def _head_fits(self, nbytes: int, delivered: int) -> bool:
+        """After a read that ends inside a head: bound (and charge) what httptools holds undelivered.
+        `delivered`: the head bytes this read's callbacks delivered."""
         if not self._began_in_read:  # this read continued the head: its undelivered tail is pending
-            self._head_pending += max(0, nbytes - self._read_delivered)
+            if delivered:  # what httptools held is part of what it just delivered
+                self._head_pending = 0
+            self._head_pending += max(0, nbytes - delivered)
         held = self._head_bytes + self._head_pending
         if held > self._limits.max_head_bytes:
             refusal = self._head_too_large()
