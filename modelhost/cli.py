@@ -10,11 +10,13 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from modelhost import __version__
+from modelhost.access import API_NAMES, GRPC_HEADER_PREFIX, Restriction, parse_restriction
 from modelhost.settings import (
+    TLS_SITES,
     ServerSettings,
     SettingsError,
     parse_byte_size,
@@ -32,6 +34,39 @@ def _byte_size(text: str) -> int:
         return parse_byte_size(text)
     except SettingsError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _restriction(prefix: str) -> Callable[[str], Restriction]:
+    def parse(text: str) -> Restriction:
+        try:
+            return parse_restriction(text, prefix)
+        except ValueError as exc:  # ArgumentTypeError: argparse then does not echo the value, a secret
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _add_security_flags(parser: argparse.ArgumentParser, d: ServerSettings) -> None:
+    """TLS and access control (docs/security.md)."""
+    add = parser.add_argument
+    add("--tls-cert-file", metavar="PEM", help="server certificate (and chain); with --tls-key-file every port "
+        "speaks TLS, reloaded on SIGHUP (default: off, plain HTTP and gRPC)")
+    add("--tls-key-file", metavar="PEM", help="the certificate's private key, unencrypted")
+    add("--tls-ca-file", metavar="PEM", help="mutual TLS: clients must present a certificate this CA issued")
+    add("--tls-off", dest="tls_off", action="append", choices=TLS_SITES,
+        help="a port left plain while TLS is on (repeatable), e.g. sagemaker when SageMaker itself calls it")
+    add("--tls-handshake-timeout-seconds", type=float,
+        help=f"how long a client may take over its TLS handshake (default {d.tls_handshake_timeout_seconds:g})")
+    apis = ", ".join(API_NAMES)
+    add("--http-restricted-api", dest="http_restricted_apis", action="append", type=_restriction(""),
+        metavar="API[,API...]:HEADER=VALUE", help="Triton's: requests to these APIs need header HEADER=VALUE, "
+        f"else 401/403 (repeatable; APIs: {apis})")
+    add("--grpc-restricted-protocol", dest="grpc_restricted_protocols", action="append",
+        type=_restriction(GRPC_HEADER_PREFIX), metavar="API[,API...]:KEY=VALUE",
+        help=f"Triton's: gRPC calls to these APIs need metadata {GRPC_HEADER_PREFIX}KEY=VALUE, else "
+        "UNAUTHENTICATED/PERMISSION_DENIED (repeatable)")
+    add("--token-file", help='JSON {"API[,API...]": "TOKEN", ...}: those APIs need "Authorization: Bearer TOKEN" '
+        "over HTTP and gRPC")
 
 
 def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, repository: str) -> None:
@@ -80,6 +115,7 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help="in explicit mode, a model to load at start (repeatable; '*' loads every model)")
     add("--invocation-timeout-seconds", type=float, help="how long one SageMaker invocation may take "
         f"(default {d.invocation_timeout_seconds:g}, or SAGEMAKER_MODEL_SERVER_TIMEOUT/SAGEMAKER_TS_RESPONSE_TIMEOUT)")
+    _add_security_flags(parser, d)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,8 +142,7 @@ def modelhost_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     args.pop("command")
-    if "load_models" in args:
-        args["load_models"] = tuple(args["load_models"])
+    args = {name: tuple(value) if isinstance(value, list) else value for name, value in args.items()}
     try:
         return resolve_settings(ServerSettings(), environ, args)
     except SettingsError as exc:
@@ -122,9 +157,8 @@ def serve_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Se
     if argv[:1] == ["serve"]:
         argv = argv[1:]
     parser = build_container_parser()
-    flags = vars(parser.parse_args(argv))
-    if "load_models" in flags:
-        flags["load_models"] = tuple(flags["load_models"])
+    flags = {name: tuple(value) if isinstance(value, list) else value
+             for name, value in vars(parser.parse_args(argv)).items()}
     try:
         settings = resolve_settings(CONTAINER_DEFAULTS, environ, flags)
     except SettingsError as exc:

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from modelhost.access import Api
 from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ModelhostError, invalid, not_found
 from modelhost.protocols.http import (
@@ -137,9 +138,9 @@ def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache:
         return response
 
     found = [
-        Route("GET", "/ping", ping),
-        Route("POST", "/invocations", invocations),
-        Route("POST", _ENDPOINT, endpoint_invocations),
+        Route("GET", "/ping", ping, Api.HEALTH),
+        Route("POST", "/invocations", invocations, Api.INFERENCE),
+        Route("POST", _ENDPOINT, endpoint_invocations, Api.INFERENCE),
     ]
     return found + (management_routes(cache, run) if cache is not None else [])
 
@@ -186,11 +187,11 @@ def management_routes(cache: ModelCache, run: Callable[[Target, HttpRequest], Aw
             return _error(exc)
 
     return [
-        Route("POST", "/models", load),
-        Route("GET", "/models", list_models),
-        Route("GET", r"/models/(?P<name>[^/]+)", describe),
-        Route("DELETE", r"/models/(?P<name>[^/]+)", unload),
-        Route("POST", r"/models/(?P<name>[^/]+)/invoke", invoke),
+        Route("POST", "/models", load, Api.MODEL_REPOSITORY),
+        Route("GET", "/models", list_models, Api.MODEL_REPOSITORY),
+        Route("GET", r"/models/(?P<name>[^/]+)", describe, Api.MODEL_REPOSITORY),
+        Route("DELETE", r"/models/(?P<name>[^/]+)", unload, Api.MODEL_REPOSITORY),
+        Route("POST", r"/models/(?P<name>[^/]+)/invoke", invoke, Api.INFERENCE),
     ]
 
 
