@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import signal
+import ssl
 import tempfile
 from pathlib import Path
 
 import uvloop
 
 from modelhost import __version__, client_log
+from modelhost.access import AccessPolicy
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
@@ -37,6 +40,7 @@ from modelhost.protocols.sagemaker.invoke import Invoker
 from modelhost.protocols.sagemaker.runtime_errors import RuntimeErrors
 from modelhost.protocols.sagemaker.site import SingleModelSite, UserCode, local_url, multi_model_routes
 from modelhost.protocols.tfserving import rest as tfserving_rest
+from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
 from modelhost.settings import ServerSettings, model_load_roots, request_limits
 from modelhost.store.archives import open_archive_store
 from modelhost.store.layout import find_layout
@@ -59,6 +63,9 @@ class Server:
                          *([settings.model_repository] if settings.model_repository and
                            "://" not in settings.model_repository else []))
         self.load = ServerLoad()
+        self.tls = self._server_tls()
+        self.http_access = AccessPolicy(settings.http_restricted_apis + settings.token_restrictions)
+        self.grpc_access = AccessPolicy(settings.grpc_restricted_protocols + settings.token_restrictions)
         self.cache: ModelCache | None = None
         self.single: SingleModelSite | None = None
         store = None if settings.multi_model else self._single_model_store()
@@ -69,8 +76,9 @@ class Server:
         self.control = Control(self.manager, settings.model_control_mode, store)
         self.poller = (RepositoryPoller(self.manager, store, settings.repository_poll_seconds)
                        if store is not None and settings.model_control_mode == "poll" else None)
+        sagemaker_url = local_url(settings.host, settings.sagemaker_port, self._tls_for("sagemaker") is not None)
         self.invoker = Invoker(self.dataplane, settings.default_accept, settings.invocation_timeout_seconds,
-                               local_url(settings.host, settings.sagemaker_port))
+                               sagemaker_url)
         user_code = UserCode(self.invoker, settings.sagemaker_program, settings.default_model_name, self.code_policy)
         if settings.multi_model:
             self.cache = self._model_cache(user_code)
@@ -82,6 +90,29 @@ class Server:
         self._loading: asyncio.Task[None] | None = None
         self._http: HttpServer | None = None  # set by run()
         self.grpc = self._grpc_server() if settings.grpc_port else None
+
+    def _server_tls(self) -> ServerTls | None:
+        s = self.settings
+        if s.tls_cert_file is None or s.tls_key_file is None:
+            return None
+        try:
+            return ServerTls(TlsFiles(s.tls_cert_file, s.tls_key_file, s.tls_ca_file))
+        except TlsError as exc:
+            raise SystemExit(f"modelhost: {exc}") from None
+
+    def _tls_for(self, site: str) -> ssl.SSLContext | None:
+        """The TLS context of one of settings.TLS_SITES, None when it is plain."""
+        return self.tls.context if self.tls is not None and site not in self.settings.tls_off else None
+
+    def _reload_tls(self) -> None:
+        """SIGHUP: new handshakes on every port use the certificate files as they are now."""
+        assert self.tls is not None
+        try:
+            self.tls.reload()
+        except TlsError as exc:
+            log.error("SIGHUP: TLS certificate not reloaded, the old one stays in use: %s", exc)
+            return
+        log.info("SIGHUP: reloaded the TLS certificate %s (open connections keep theirs)", self.tls.files.cert)
 
     def _single_model_store(self) -> LocalStore:
         """The models of a directory in any layout find_layout knows: a repository, one model, a model file."""
@@ -119,8 +150,9 @@ class Server:
         s = self.settings
         options = GrpcOptions(s.grpc_max_message_bytes, s.grpc_keepalive_time_seconds,
                               s.grpc_keepalive_timeout_seconds, reuse_port=s.workers > 1)
+        credentials = self.tls.grpc_credentials() if self.tls is not None and "grpc" not in s.tls_off else None
         return GrpcServer([kserve_v2_grpc.service(self.dataplane, self.control)], s.host, s.grpc_port, options,
-                          self.load)
+                          self.load, self.grpc_access, credentials)
 
     def build_asgi(self) -> HttpApp:
         return HttpApp(
@@ -129,6 +161,7 @@ class Server:
             startup=self._start,
             shutdown=self._stop,
             max_body_bytes=self.settings.http_max_body_bytes,
+            access=self.http_access,
         )
 
     def build_sagemaker_asgi(self) -> RuntimeErrors:
@@ -138,10 +171,12 @@ class Server:
         else:
             assert self.single is not None
             routes = self.single.routes
-        return RuntimeErrors(HttpApp(routes, max_body_bytes=self.settings.http_max_body_bytes), routes)
+        app = HttpApp(routes, max_body_bytes=self.settings.http_max_body_bytes, access=self.http_access)
+        return RuntimeErrors(app, routes)
 
     def build_metrics_asgi(self) -> HttpApp:
-        return HttpApp(prometheus.routes(MetricsExporter(self.manager.served, self.load, self.cache)))
+        return HttpApp(prometheus.routes(MetricsExporter(self.manager.served, self.load, self.cache)),
+                       access=self.http_access)
 
     async def _start(self) -> None:
         if self.settings.workers > 1:
@@ -212,16 +247,22 @@ class Server:
             f"{s.host}:{s.sagemaker_port}" if s.sagemaker_port else "off",
             f"{s.host}:{s.metrics_port}" if s.metrics_port else "off",
         )
-        sites = [Site("HTTP", self.build_asgi(), s.http_port, self.load)]
+        handshake = s.tls_handshake_timeout_seconds
+        sites = [Site("HTTP", self.build_asgi(), s.http_port, self.load, tls=self._tls_for("http"),
+                      tls_handshake_seconds=handshake)]
         if s.sagemaker_port:
-            sites.append(Site("SageMaker", self.build_sagemaker_asgi(), s.sagemaker_port, self.load))
+            sites.append(Site("SageMaker", self.build_sagemaker_asgi(), s.sagemaker_port, self.load,
+                              tls=self._tls_for("sagemaker"), tls_handshake_seconds=handshake))
         if s.metrics_port:
-            sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port + s.worker_index, shared=False))
+            sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port + s.worker_index, shared=False,
+                              tls=self._tls_for("metrics"), tls_handshake_seconds=handshake))
         self._http = HttpServer(sites, s.host, http_limits(s), s.graceful_shutdown_seconds,
                                 reuse_port=s.workers > 1, on_stop=self._stop_grpc)
         uvloop.run(self._serve(self._http))
 
     async def _serve(self, http: HttpServer) -> None:
+        if self.tls is not None:  # without TLS, SIGHUP keeps its default (it stops the server)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._reload_tls)
         if self.grpc is not None and self.settings.workers == 1:
             # Bound before any model loads, so that a busy port stops the server at once, as HTTP's does;
             # calls wait until _start starts it. (Workers share the port and bind it after loading.)

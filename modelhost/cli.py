@@ -10,12 +10,13 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from modelhost import __version__
+from modelhost.access import API_NAMES, GRPC_HEADER_PREFIX, Restriction, parse_restriction
 from modelhost.settings import (
+    TLS_SITES,
     USER_CODE_MODES,
     ServerSettings,
     SettingsError,
@@ -34,6 +35,39 @@ def _byte_size(text: str) -> int:
         return parse_byte_size(text)
     except SettingsError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _restriction(prefix: str) -> Callable[[str], Restriction]:
+    def parse(text: str) -> Restriction:
+        try:
+            return parse_restriction(text, prefix)
+        except ValueError as exc:  # ArgumentTypeError: argparse then does not echo the value, a secret
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _add_security_flags(parser: argparse.ArgumentParser, d: ServerSettings) -> None:
+    """TLS and access control (docs/security.md)."""
+    add = parser.add_argument
+    add("--tls-cert-file", metavar="PEM", help="server certificate (and chain); with --tls-key-file every port "
+        "speaks TLS, reloaded on SIGHUP (default: off, plain HTTP and gRPC)")
+    add("--tls-key-file", metavar="PEM", help="the certificate's private key, unencrypted")
+    add("--tls-ca-file", metavar="PEM", help="mutual TLS: clients must present a certificate this CA issued")
+    add("--tls-off", dest="tls_off", action="append", choices=TLS_SITES,
+        help="a port left plain while TLS is on (repeatable), e.g. sagemaker when SageMaker itself calls it")
+    add("--tls-handshake-timeout-seconds", type=float,
+        help=f"how long a client may take over its TLS handshake (default {d.tls_handshake_timeout_seconds:g})")
+    apis = ", ".join(API_NAMES)
+    add("--http-restricted-api", dest="http_restricted_apis", action="append", type=_restriction(""),
+        metavar="API[,API...]:HEADER=VALUE", help="Triton's: requests to these APIs need header HEADER=VALUE, "
+        f"else 401/403 (repeatable; APIs: {apis})")
+    add("--grpc-restricted-protocol", dest="grpc_restricted_protocols", action="append",
+        type=_restriction(GRPC_HEADER_PREFIX), metavar="API[,API...]:KEY=VALUE",
+        help=f"Triton's: gRPC calls to these APIs need metadata {GRPC_HEADER_PREFIX}KEY=VALUE, else "
+        "UNAUTHENTICATED/PERMISSION_DENIED (repeatable)")
+    add("--token-file", help='JSON {"API[,API...]": "TOKEN", ...}: those APIs need "Authorization: Bearer TOKEN" '
+        "over HTTP and gRPC")
 
 
 def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, repository: str) -> None:
@@ -102,6 +136,7 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         "requests, undecodable gRPC messages, failed invocations) are logged per kind; the rest are counted "
         f"(default {d.client_log_lines_per_second:g}; 0: none)")
     _add_http_limit_flags(parser, d)
+    _add_security_flags(parser, d)
 
 
 def _add_http_limit_flags(parser: argparse.ArgumentParser, d: ServerSettings) -> None:
@@ -151,19 +186,12 @@ def build_container_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _tuples(flags: dict[str, Any]) -> None:
-    """Repeatable flags (lists from argparse) become the tuples ServerSettings holds."""
-    for name in ("load_models", "allow_model_load_from"):
-        if name in flags:
-            flags[name] = tuple(flags[name])
-
-
 def modelhost_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> ServerSettings:
     """Settings of `modelhost <argv>`; a bad flag or variable exits 2 with the message on stderr."""
     parser = build_parser()
     args = vars(parser.parse_args(argv))
     args.pop("command")
-    _tuples(args)
+    args = {name: tuple(value) if isinstance(value, list) else value for name, value in args.items()}
     try:
         return resolve_settings(ServerSettings(), environ, args)
     except SettingsError as exc:
@@ -178,8 +206,8 @@ def serve_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Se
     if argv[:1] == ["serve"]:
         argv = argv[1:]
     parser = build_container_parser()
-    flags = vars(parser.parse_args(argv))
-    _tuples(flags)
+    flags = {name: tuple(value) if isinstance(value, list) else value
+             for name, value in vars(parser.parse_args(argv)).items()}
     try:
         settings = resolve_settings(CONTAINER_DEFAULTS, environ, flags)
     except SettingsError as exc:

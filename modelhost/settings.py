@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from modelhost.access import AccessPolicy, Restriction, parse_token_file
 from modelhost.config.overrides import ModelOverrides
 from modelhost.types import MAX_RANK, RequestLimits
 
@@ -72,6 +73,7 @@ def parse_byte_size(text: str) -> int:
 
 CONTROL_MODES = ("none", "poll", "explicit")
 USER_CODE_MODES = ("all", "repository", "none")  # --user-code; core/code_policy.py says what each allows
+TLS_SITES = ("http", "grpc", "sagemaker", "metrics")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,16 @@ class ServerSettings:
     window of http_body_timeout_seconds (at least a byte); else 408 (nginx's client_body_timeout).
     http_send_timeout_seconds: a response write that stays blocked (the client does not read) this long, or a
     close that cannot flush, aborts the connection (nginx's send_timeout).
+    TLS and access control (docs/security.md):
+    tls_cert_file, tls_key_file: PEM certificate (chain) and unencrypted key; set, every port speaks TLS
+    (but those named in `tls_off`); reloaded on SIGHUP. None (the default): plain HTTP and gRPC.
+    tls_ca_file: PEM CA; set, clients must present a certificate it issued (mutual TLS).
+    tls_off: sites left plain when TLS is on, of TLS_SITES (e.g. "sagemaker": SageMaker calls it over HTTP).
+    tls_handshake_timeout_seconds: how long a client may take over its TLS handshake.
+    http_restricted_apis, grpc_restricted_protocols: Triton's --http-restricted-api and
+    --grpc-restricted-protocol, parsed (gRPC headers carry the `triton-grpc-protocol-` prefix).
+    token_file: a JSON file of API groups -> bearer tokens, read by `resolve_settings` into
+    `token_restrictions` (HTTP and gRPC both). Nothing is restricted by default.
     """
 
     model_repository: str | None = None
@@ -165,6 +177,16 @@ class ServerSettings:
     model_control_mode: str = "none"
     repository_poll_seconds: float = 15.0
     load_models: tuple[str, ...] = ()
+    # --- TLS and access control (issue 12)
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_file: str | None = None
+    tls_off: tuple[str, ...] = ()
+    tls_handshake_timeout_seconds: float = 10.0
+    http_restricted_apis: tuple[Restriction, ...] = ()
+    grpc_restricted_protocols: tuple[Restriction, ...] = ()
+    token_file: str | None = None
+    token_restrictions: tuple[Restriction, ...] = ()
     # HTTP edge limits
     http_max_connections: int = 10_000
     http_max_buffered_bytes: int = field(default_factory=_default_http_buffered_bytes)
@@ -256,6 +278,37 @@ def check_settings(settings: ServerSettings) -> None:
     if settings.grpc_max_message_bytes > GRPC_MAX_MESSAGE_BYTES:
         raise SettingsError(f"--grpc-max-message-bytes must be at most {GRPC_MAX_MESSAGE_BYTES} (gRPC's limit), "
                             f"got {settings.grpc_max_message_bytes}")
+    _check_security(settings)
+
+
+def _check_security(settings: ServerSettings) -> None:
+    """TLS and access control settings."""
+    if (settings.tls_cert_file is None) != (settings.tls_key_file is None):
+        raise SettingsError("--tls-cert-file and --tls-key-file go together: give both, or neither for plain HTTP")
+    if settings.tls_ca_file is not None and settings.tls_cert_file is None:
+        raise SettingsError("--tls-ca-file (mutual TLS) needs --tls-cert-file and --tls-key-file")
+    for site in settings.tls_off:
+        if site not in TLS_SITES:
+            raise SettingsError(f"--tls-off must name one of {', '.join(TLS_SITES)}, got '{site}'")
+    if settings.tls_handshake_timeout_seconds <= 0:
+        raise SettingsError(f"--tls-handshake-timeout-seconds must be positive, "
+                            f"got {settings.tls_handshake_timeout_seconds:g}")
+    for flag, restrictions in (("--http-restricted-api", settings.http_restricted_apis),
+                               ("--grpc-restricted-protocol", settings.grpc_restricted_protocols)):
+        try:
+            AccessPolicy(restrictions + settings.token_restrictions)
+        except ValueError as exc:
+            raise SettingsError(f"{flag}/--token-file: {exc}") from None
+
+
+def read_token_file(path: str) -> tuple[Restriction, ...]:
+    """The restrictions of a --token-file; SettingsError naming the file (never a token) when it is unusable."""
+    try:
+        return parse_token_file(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"--token-file {path}: {exc.strerror}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"--token-file {path}: {exc}") from None
 
 
 _HTTP_POSITIVE = ("http_max_connections", "http_max_buffered_bytes", "http_max_head_bytes", "http_max_headers",
@@ -277,6 +330,8 @@ def _check_http_limits(settings: ServerSettings) -> None:
 def resolve_settings(base: ServerSettings, environ: Mapping[str, str], flags: Mapping[str, Any]) -> ServerSettings:
     """Defaults (`base`) < environment < explicit flags (field name -> value), checked as a whole."""
     settings = replace(settings_from_environment(base, environ), **flags)
+    if settings.token_file is not None:
+        settings = replace(settings, token_restrictions=read_token_file(settings.token_file))
     check_settings(settings)
     return settings
 

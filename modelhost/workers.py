@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import multiprocessing
 import multiprocessing.connection
+import os
 import signal
 from types import FrameType
 
@@ -44,6 +45,14 @@ def run_workers(settings: ServerSettings) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    if settings.tls_cert_file is not None:
+        # Each worker holds its own TLS context: a certificate reload (SIGHUP) goes to all of them.
+        def reload(signum: int, frame: FrameType | None) -> None:
+            for process in processes:
+                if process.is_alive() and process.pid is not None:
+                    os.kill(process.pid, signal.SIGHUP)
+
+        signal.signal(signal.SIGHUP, reload)
     for process in processes:
         process.start()
     log.info("started %d workers on HTTP port %d", settings.workers, settings.http_port)
@@ -67,6 +76,8 @@ def _worker_main(settings: ServerSettings) -> None:
     # Until the server installs its own handlers, a terminal's Ctrl-C (sent to the whole process
     # group) must not kill a worker mid-start: the parent forwards it as SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if settings.tls_cert_file is not None:  # a reload before the server's handler is in place is no stop
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from modelhost.app import Server
 
     Server(settings).run()

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
+from modelhost.access import AccessPolicy, Api, Denial
 from modelhost.client_log import client_log
 from modelhost.core.load import ServerLoad
 from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
@@ -56,6 +57,7 @@ class Unary:
     name: str
     request_type: type[Message]
     call: Callable[[Any], Awaitable[Message]]
+    api: Api  # the group access control restricts it by
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class Stream:
     request_type: type[Message]
     answer: Callable[[Any], Awaitable[Message]]
     error: Callable[[Any, ModelhostError], Message]
+    api: Api
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +106,11 @@ class GrpcServer:
     """Serves `services` on host:port: `bind()`, `start()`, `stop(grace)`, all on one event loop."""
 
     def __init__(self, services: Sequence[Service], host: str, port: int, options: GrpcOptions,
-                 load: ServerLoad) -> None:
+                 load: ServerLoad, access: AccessPolicy | None = None,
+                 credentials: grpc.ServerCredentials | None = None) -> None:
         self.services = list(services)
+        self.access = access or AccessPolicy()
+        self.credentials = credentials  # TLS (tls.py); None: plaintext
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.options = options
         self.load = load
@@ -115,9 +121,13 @@ class GrpcServer:
         """Create the server and bind its port (connections then wait until `start()`); ListenError if busy."""
         server = grpc.aio.server(options=server_options(self.options))
         limit = self.options.max_message_bytes
-        server.add_generic_rpc_handlers([_generic_handler(service, self.load, limit) for service in self.services])
+        server.add_generic_rpc_handlers([_generic_handler(service, self.load, limit, self.access)
+                                         for service in self.services])
         try:
-            server.add_insecure_port(self.address)
+            if self.credentials is None:
+                server.add_insecure_port(self.address)
+            else:
+                server.add_secure_port(self.address, self.credentials)
         except RuntimeError:
             raise ListenError(f"cannot listen on {self.address} for gRPC (--grpc-port): "
                               "the port is in use or the address is not this machine's") from None
@@ -160,15 +170,15 @@ def _serialize(message: Message, limit: int) -> bytes:
     return data
 
 
-def _generic_handler(service: Service, load: ServerLoad, limit: int) -> grpc.GenericRpcHandler:
+def _generic_handler(service: Service, load: ServerLoad, limit: int, access: AccessPolicy) -> grpc.GenericRpcHandler:
     # Requests arrive as bytes (no request_deserializer): grpc answers a message its deserializer cannot
     # read with UNKNOWN and logs a traceback per message; _parse answers INVALID_ARGUMENT in one line.
     handlers = {}
     for rpc in service.rpcs:
         if isinstance(rpc, Unary):
-            handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(_unary_behavior(rpc, load, limit))
+            handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(_unary_behavior(rpc, load, limit, access))
         else:
-            handlers[rpc.name] = grpc.stream_stream_rpc_method_handler(_stream_behavior(rpc, load, limit))
+            handlers[rpc.name] = grpc.stream_stream_rpc_method_handler(_stream_behavior(rpc, load, limit, access))
     return grpc.method_handlers_generic_handler(service.name, handlers)
 
 
@@ -188,8 +198,25 @@ def _internal(rpc_name: str, exc: Exception) -> ModelhostError:
     return ModelhostError(ErrorKind.INTERNAL, f"internal error ({type(exc).__name__}); the server log has the details")
 
 
-def _unary_behavior(rpc: Unary, load: ServerLoad, limit: int) -> Callable[[bytes, Any], Awaitable[bytes]]:
+def _denial(access: AccessPolicy, api: Api, context: Any) -> Denial | None:
+    """The access check of one call, on its invocation metadata; None when allowed."""
+    header = access.header(api)
+    if header is None:
+        return None
+    sent = next((value for key, value in context.invocation_metadata() or () if key == header), None)
+    return access.check(api, sent)
+
+
+async def _abort_denied(context: Any, denial: Denial) -> None:
+    code = grpc.StatusCode.UNAUTHENTICATED if denial.missing else grpc.StatusCode.PERMISSION_DENIED
+    await context.abort(code, denial.message)
+
+
+def _unary_behavior(rpc: Unary, load: ServerLoad, limit: int,
+                    access: AccessPolicy) -> Callable[[bytes, Any], Awaitable[bytes]]:
     async def behavior(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if access and (denial := _denial(access, rpc.api, context)) is not None:
+            await _abort_denied(context, denial)
         load.in_progress += 1
         try:
             return _serialize(await rpc.call(_parse(rpc.request_type, data)), limit)
@@ -204,8 +231,8 @@ def _unary_behavior(rpc: Unary, load: ServerLoad, limit: int) -> Callable[[bytes
     return behavior
 
 
-def _stream_behavior(rpc: Stream, load: ServerLoad, limit: int) -> Callable[[AsyncIterator[bytes], Any],
-                                                                           AsyncIterator[bytes]]:
+def _stream_behavior(rpc: Stream, load: ServerLoad, limit: int,
+                     access: AccessPolicy) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]:
     async def answer(data: bytes) -> bytes:
         load.in_progress += 1
         request = None
@@ -220,6 +247,8 @@ def _stream_behavior(rpc: Stream, load: ServerLoad, limit: int) -> Callable[[Asy
             load.in_progress -= 1
 
     async def behavior(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        if access and (denial := _denial(access, rpc.api, context)) is not None:
+            await _abort_denied(context, denial)  # the whole stream: its credential is in its metadata
         # One reader task starts a task per request; this generator writes answers as they complete.
         # None in `answers` means the client finished sending and every request has been answered.
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()

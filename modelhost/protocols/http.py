@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from modelhost.access import BEARER_HEADER, AccessPolicy, Api
 from modelhost.client_log import client_log
 from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
 
@@ -57,9 +58,12 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """`api` is the group access control restricts it by (modelhost/access.py)."""
+
     method: str
     pattern: str
     handler: Handler
+    api: Api
 
 
 def json_response(document: Any, status: int = 200) -> HttpResponse:
@@ -93,9 +97,11 @@ class HttpApp:
         startup: Callable[[], Awaitable[None]] | None = None,
         shutdown: Callable[[], Awaitable[None]] | None = None,
         max_body_bytes: int = 64 * 1024 * 1024,
+        access: AccessPolicy | None = None,
     ) -> None:
         self.routes = tuple(routes)  # what this app serves, as given (the OpenAPI documents are checked against it)
-        self._routes = [(r.method, re.compile(r.pattern), r.handler) for r in routes]
+        self._routes = [(r.method, re.compile(r.pattern), r.handler, r.api) for r in routes]
+        self._access = access or AccessPolicy()
         self._startup = startup
         self._shutdown = shutdown
         self._max_body_bytes = max_body_bytes
@@ -109,17 +115,22 @@ class HttpApp:
 
     async def _handle(self, scope: dict[str, Any], receive: Any) -> HttpResponse:
         path, method = scope["path"], scope["method"]
-        handler, params, path_known = None, {}, False
-        for route_method, pattern, route_handler in self._routes:
+        handler, params, path_known, api = None, {}, False, Api.HEALTH
+        for route_method, pattern, route_handler, route_api in self._routes:
             match = pattern.fullmatch(path)
             if match:
                 path_known = True
                 if route_method == method:
                     handler, params = route_handler, {k: v for k, v in match.groupdict().items() if v is not None}
+                    api = route_api
                     break
         if handler is None:
             return error_response(405, "Method Not Allowed") if path_known else error_response(404, "Not Found")
         headers = dict(scope["headers"])
+        if self._access:
+            denied = self._denied(api, headers)
+            if denied is not None:
+                return denied
         try:
             body = await self._read_body(receive, headers)
             return await handler(HttpRequest(method, path, headers, params, body, scope.get("query_string", b"")))
@@ -132,6 +143,19 @@ class HttpApp:
             # The exception's text may hold paths and internals: the log has it, the client its type.
             client_log(log, logging.ERROR, "http-internal-error", "%s %s failed", method, path, exc_info=exc)
             return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
+
+    def _denied(self, api: Api, headers: dict[bytes, bytes]) -> HttpResponse | None:
+        """401 without the credential `api` requires, 403 with a wrong one; None when allowed."""
+        header = self._access.header(api)
+        if header is None:
+            return None
+        denial = self._access.check(api, headers.get(header.encode("latin-1")))
+        if denial is None:
+            return None
+        response = error_response(401 if denial.missing else 403, denial.message)
+        if denial.missing and header == BEARER_HEADER:
+            response.headers.append((b"www-authenticate", b'Bearer realm="modelhost"'))
+        return response
 
     async def _read_body(self, receive: Any, headers: dict[bytes, bytes]) -> bytes:
         chunks = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,6 +41,8 @@ class Site:
     port: int
     load: ServerLoad = field(default_factory=ServerLoad)  # counts this site's requests in progress
     shared: bool = True  # with --workers, every process listens on this port (SO_REUSEPORT)
+    tls: ssl.SSLContext | None = None  # None: plain HTTP; shared by sites, reloaded in place (protocols/tls.py)
+    tls_handshake_seconds: float = 10.0  # a client gets this long for its TLS handshake
 
 
 class HttpServer:
@@ -90,8 +93,10 @@ class HttpServer:
             for site in self.sites:
                 reuse = self.reuse_port and site.shared
                 protocol = partial(HttpConnection, self, site.app, site.load)
-                servers.append(await loop.create_server(protocol, self.host, site.port, backlog=2048, reuse_port=reuse))
-                log.info("%s listening on %s:%d", site.name, self.host, site.port)
+                handshake = site.tls_handshake_seconds if site.tls is not None else None
+                servers.append(await loop.create_server(protocol, self.host, site.port, backlog=2048, reuse_port=reuse,
+                                                        ssl=site.tls, ssl_handshake_timeout=handshake))
+                log.info("%s listening on %s:%d%s", site.name, self.host, site.port, " (TLS)" if site.tls else "")
         except OSError as exc:
             for server in servers:
                 server.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from modelhost.access import Api
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols.http import HttpRequest, HttpResponse, Route
 
@@ -12,4 +13,4 @@ def routes(exporter: MetricsExporter) -> list[Route]:
     async def metrics(request: HttpRequest) -> HttpResponse:
         return HttpResponse(200, [exporter.render()], [(b"content-type", content_type)])
 
-    return [Route("GET", "/metrics", metrics)]
+    return [Route("GET", "/metrics", metrics, Api.METRICS)]

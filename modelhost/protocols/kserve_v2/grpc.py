@@ -8,6 +8,7 @@ request is answered with `error_message` (and its `id`) while the stream goes on
 
 from __future__ import annotations
 
+from modelhost.access import Api
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import ModelhostError
@@ -69,18 +70,18 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         return pb.RepositoryModelUnloadResponse()
 
     return Service(SERVICE_NAME, [
-        Unary("ServerLive", pb.ServerLiveRequest, server_live),
-        Unary("ServerReady", pb.ServerReadyRequest, server_ready),
-        Unary("ModelReady", pb.ModelReadyRequest, model_ready),
-        Unary("ServerMetadata", pb.ServerMetadataRequest, server_metadata),
-        Unary("ModelMetadata", pb.ModelMetadataRequest, model_metadata),
-        Unary("ModelInfer", pb.ModelInferRequest, model_infer),
-        Stream("ModelStreamInfer", pb.ModelInferRequest, stream_answer, _stream_error),
-        Unary("ModelConfig", pb.ModelConfigRequest, model_config),
-        Unary("ModelStatistics", pb.ModelStatisticsRequest, model_statistics),
-        Unary("RepositoryIndex", pb.RepositoryIndexRequest, repository_index),
-        Unary("RepositoryModelLoad", pb.RepositoryModelLoadRequest, load),
-        Unary("RepositoryModelUnload", pb.RepositoryModelUnloadRequest, unload),
+        Unary("ServerLive", pb.ServerLiveRequest, server_live, Api.HEALTH),
+        Unary("ServerReady", pb.ServerReadyRequest, server_ready, Api.HEALTH),
+        Unary("ModelReady", pb.ModelReadyRequest, model_ready, Api.HEALTH),
+        Unary("ServerMetadata", pb.ServerMetadataRequest, server_metadata, Api.METADATA),
+        Unary("ModelMetadata", pb.ModelMetadataRequest, model_metadata, Api.METADATA),
+        Unary("ModelInfer", pb.ModelInferRequest, model_infer, Api.INFERENCE),
+        Stream("ModelStreamInfer", pb.ModelInferRequest, stream_answer, _stream_error, Api.INFERENCE),
+        Unary("ModelConfig", pb.ModelConfigRequest, model_config, Api.MODEL_CONFIG),
+        Unary("ModelStatistics", pb.ModelStatisticsRequest, model_statistics, Api.STATISTICS),
+        Unary("RepositoryIndex", pb.RepositoryIndexRequest, repository_index, Api.MODEL_REPOSITORY),
+        Unary("RepositoryModelLoad", pb.RepositoryModelLoadRequest, load, Api.MODEL_REPOSITORY),
+        Unary("RepositoryModelUnload", pb.RepositoryModelUnloadRequest, unload, Api.MODEL_REPOSITORY),
     ])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from modelhost.access import Api
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
@@ -70,19 +71,19 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         return HttpResponse(200, (), [])
 
     return [
-        Route("POST", _MODEL + "/infer", infer),
-        Route("GET", "/v2/health/live", live),
-        Route("GET", "/v2/health/ready", ready),
-        Route("GET", "/v2", server_metadata),
-        Route("GET", "/v2/models/stats", statistics),
-        Route("GET", _MODEL + "/stats", statistics),
-        Route("GET", _MODEL, model_metadata),
-        Route("GET", _MODEL + "/ready", model_ready),
-        Route("GET", _MODEL + "/config", model_config),
-        Route("POST", "/v2/repository/index", index),
+        Route("POST", _MODEL + "/infer", infer, Api.INFERENCE),
+        Route("GET", "/v2/health/live", live, Api.HEALTH),
+        Route("GET", "/v2/health/ready", ready, Api.HEALTH),
+        Route("GET", "/v2", server_metadata, Api.METADATA),
+        Route("GET", "/v2/models/stats", statistics, Api.STATISTICS),
+        Route("GET", _MODEL + "/stats", statistics, Api.STATISTICS),
+        Route("GET", _MODEL, model_metadata, Api.METADATA),
+        Route("GET", _MODEL + "/ready", model_ready, Api.HEALTH),  # Triton counts model readiness as health
+        Route("GET", _MODEL + "/config", model_config, Api.MODEL_CONFIG),
+        Route("POST", "/v2/repository/index", index, Api.MODEL_REPOSITORY),
         # Any name reaches the core (the path is unquoted: %2F is "/"), whose name rule answers 400.
-        Route("POST", r"/v2/repository/models/(?P<model>.+)/load", load),
-        Route("POST", r"/v2/repository/models/(?P<model>.+)/unload", unload),
+        Route("POST", r"/v2/repository/models/(?P<model>.+)/load", load, Api.MODEL_REPOSITORY),
+        Route("POST", r"/v2/repository/models/(?P<model>.+)/unload", unload, Api.MODEL_REPOSITORY),
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
+from modelhost.access import Api
 from modelhost.protocols.http import HttpRequest, HttpResponse, Route
 
 DOCUMENTS = ("http", "sagemaker", "metrics")
@@ -31,4 +32,4 @@ def routes() -> list[Route]:
     async def openapi(request: HttpRequest) -> HttpResponse:
         return HttpResponse(200, [body], list(headers))
 
-    return [Route("GET", re.escape(PATH), openapi)]
+    return [Route("GET", re.escape(PATH), openapi, Api.METADATA)]

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from modelhost.access import Api
 from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ModelhostError, invalid, not_found
 from modelhost.protocols.http import (
@@ -153,10 +154,11 @@ def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache:
         return answer
 
     found = [
-        Route("GET", "/ping", ping),
-        Route("POST", "/invocations", invocations),
-        Route("POST", _ENDPOINT, endpoint_invocations),
-        *(Route("POST", pattern, unsupported(explanation)) for pattern, explanation in _UNSUPPORTED.items()),
+        Route("GET", "/ping", ping, Api.HEALTH),
+        Route("POST", "/invocations", invocations, Api.INFERENCE),
+        Route("POST", _ENDPOINT, endpoint_invocations, Api.INFERENCE),
+        *(Route("POST", pattern, unsupported(explanation), Api.INFERENCE)
+          for pattern, explanation in _UNSUPPORTED.items()),
     ]
     return found + (management_routes(cache, run) if cache is not None else [])
 
@@ -203,11 +205,11 @@ def management_routes(cache: ModelCache, run: Callable[[Target, HttpRequest], Aw
             return _error(exc)
 
     return [
-        Route("POST", "/models", load),
-        Route("GET", "/models", list_models),
-        Route("GET", r"/models/(?P<name>[^/]+)", describe),
-        Route("DELETE", r"/models/(?P<name>[^/]+)", unload),
-        Route("POST", r"/models/(?P<name>[^/]+)/invoke", invoke),
+        Route("POST", "/models", load, Api.MODEL_REPOSITORY),
+        Route("GET", "/models", list_models, Api.MODEL_REPOSITORY),
+        Route("GET", r"/models/(?P<name>[^/]+)", describe, Api.MODEL_REPOSITORY),
+        Route("DELETE", r"/models/(?P<name>[^/]+)", unload, Api.MODEL_REPOSITORY),
+        Route("POST", r"/models/(?P<name>[^/]+)/invoke", invoke, Api.INFERENCE),
     ]
 
 

@@ -24,9 +24,9 @@ from modelhost.store.layout import ModelLayout
 log = logging.getLogger("modelhost.sagemaker")
 
 
-def local_url(host: str, port: int) -> str:
+def local_url(host: str, port: int, tls: bool = False) -> str:
     """Where this server answers itself: a wildcard bind address is reached through loopback."""
-    return f"http://{'127.0.0.1' if host in ('', '0.0.0.0', '::') else host}:{port}"
+    return f"{'https' if tls else 'http'}://{'127.0.0.1' if host in ('', '0.0.0.0', '::') else host}:{port}"
 
 
 class UserCode:

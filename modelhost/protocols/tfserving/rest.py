@@ -5,6 +5,7 @@ Also what a SageMaker TF Serving `inference.py` posts to (`context.rest_uri`).
 
 from __future__ import annotations
 
+from modelhost.access import Api
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
 from modelhost.protocols.http import HttpRequest, HttpResponse, Route
@@ -22,7 +23,7 @@ def routes(dataplane: DataPlane) -> list[Route]:
         return await predict_response(dataplane, request.params["model"], request.params.get("version", ""),
                                       request.body)
 
-    return [Route("POST", PREDICT, predict)]
+    return [Route("POST", PREDICT, predict, Api.INFERENCE)]
 
 
 async def predict_response(dataplane: DataPlane, model: str, version: str, body: bytes) -> HttpResponse:
