@@ -143,7 +143,7 @@ class Server:
         return ModelCache(
             self.manager, archives, self.work_dir / "cache", s.model_cache_bytes, s.max_unpacked_bytes,
             s.default_model_name, on_load=user_code.on_cache_load, on_unload=user_code.on_cache_unload,
-            load_roots=model_load_roots(s),
+            load_roots=model_load_roots(s), max_archive_members=s.max_archive_members,
         )
 
     def _grpc_server(self) -> GrpcServer:

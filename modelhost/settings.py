@@ -85,6 +85,8 @@ class ServerSettings:
     model_cache_bytes: memory the loaded models may take in multi-model mode; by default half of
     `memory_bytes()` (physical memory from os.sysconf, or the container's cgroup limit when lower).
     max_unpacked_bytes: the most one model archive may unpack to.
+    max_archive_members: the most entries (files, directories, links) one model archive may hold (10,000: a
+    model with its code and variable shards has tens to hundreds; each entry costs a file and inode to unpack).
     invocation_timeout_seconds: how long one SageMaker invocation may take.
     default_accept: the Accept used when a SageMaker request sends none or `*/*`.
     sagemaker_program: the handler module in a model's code/ directory.
@@ -168,6 +170,7 @@ class ServerSettings:
     multi_model: bool = False
     model_cache_bytes: int = field(default_factory=_default_model_cache_bytes)
     max_unpacked_bytes: int = 16 * GIB
+    max_archive_members: int = 10_000
     s3_endpoint_url: str | None = None
     invocation_timeout_seconds: float = 60.0
     default_accept: str = "application/json"
@@ -242,8 +245,9 @@ def check_settings(settings: ServerSettings) -> None:
         port = getattr(settings, name)
         if not 0 <= port <= 65535:
             raise SettingsError(f"--{name.replace('_', '-')} must be a port 0-65535, got {port}")
-    for name in ("model_cache_bytes", "max_unpacked_bytes", "invocation_timeout_seconds", "http_max_body_bytes",
-                 "grpc_max_message_bytes", "grpc_keepalive_time_seconds", "grpc_keepalive_timeout_seconds"):
+    for name in ("model_cache_bytes", "max_unpacked_bytes", "max_archive_members", "invocation_timeout_seconds",
+                 "http_max_body_bytes", "grpc_max_message_bytes", "grpc_keepalive_time_seconds",
+                 "grpc_keepalive_timeout_seconds"):
         if getattr(settings, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
     if settings.model_control_mode not in CONTROL_MODES:

@@ -103,9 +103,11 @@ class ModelCache:
         on_load: Hook | None = None,
         on_unload: Hook | None = None,
         load_roots: Sequence[Path] = (),
+        max_archive_members: int = 10_000,
     ) -> None:
         self._manager = manager
         self._load_roots = tuple(load_roots)
+        self._max_archive_members = max_archive_members
         self._archives = archives
         self._work_dir = work_dir
         self.budget_bytes = budget_bytes
@@ -229,7 +231,7 @@ class ModelCache:
         if archive is None:
             archive = self._archives.download(key, self._work_dir / "downloads")
         try:
-            unpack_archive(archive, work, self._max_unpacked_bytes)
+            unpack_archive(archive, work, self._max_unpacked_bytes, self._max_archive_members)
         finally:
             if downloaded:
                 archive.unlink(missing_ok=True)

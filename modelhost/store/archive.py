@@ -42,7 +42,7 @@ class ArchiveError(ModelhostError):
         super().__init__(ErrorKind.INVALID_INPUT, f"model archive {archive}: {message}")
 
 
-def unpack_archive(archive: Path, destination: Path, max_unpacked_bytes: int) -> int:
+def unpack_archive(archive: Path, destination: Path, max_unpacked_bytes: int, max_members: int = 10_000) -> int:
     """Unpack `archive` into `destination` (which must not exist) and return the bytes written.
 
     Blocking; call it off the event loop. Raises ArchiveError for a bad archive; nothing is left
@@ -53,7 +53,7 @@ def unpack_archive(archive: Path, destination: Path, max_unpacked_bytes: int) ->
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".unpacking", dir=destination.parent))
     try:
-        written = _Unpacker(archive, staging, max_unpacked_bytes).run()
+        written = _Unpacker(archive, staging, max_unpacked_bytes, max_members).run()
         try:
             os.rename(staging, destination)
         except OSError as exc:  # created meanwhile by someone else
@@ -67,11 +67,12 @@ def unpack_archive(archive: Path, destination: Path, max_unpacked_bytes: int) ->
 class _Unpacker:
     """One unpacking run into an empty staging directory; not reusable."""
 
-    def __init__(self, archive: Path, root: Path, limit: int) -> None:
+    def __init__(self, archive: Path, root: Path, limit: int, max_members: int) -> None:
         self.archive = archive
         self.root = root
         self.real_root = os.path.realpath(root)
         self.limit = limit
+        self.max_members = max_members
         self.written = 0
         self.files: set[PurePosixPath] = set()
         self.symlinks: list[tuple[PurePosixPath, str]] = []
@@ -83,7 +84,10 @@ class _Unpacker:
                 raw.seek(0)
                 stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw
                 with tarfile.open(fileobj=stream, mode="r|") as tar:
-                    for member in tar:
+                    for count, member in enumerate(tar, 1):
+                        if count > self.max_members:
+                            raise ArchiveError(self.archive, f"it has more than {self.max_members} members "
+                                                             "(--max-archive-members)")
                         self._unpack(tar, member, self._checked_name(member))
                 self._drain(stream)
         except _READ_ERRORS as exc:

@@ -212,3 +212,17 @@ def test_rejects_a_non_tar_file(tmp_path: Path, content: bytes) -> None:
     archive = tmp_path / "model.tar.gz"
     archive.write_bytes(content)
     assert "not a tar/tar.gz file" in fail(tmp_path, archive)
+
+
+def test_rejects_an_archive_of_too_many_members(tmp_path: Path) -> None:
+    """Each entry costs a file to unpack: an archive of 100,000 tiny members must not be unpacked whole."""
+    def fill(tar: tarfile.TarFile) -> None:
+        for i in range(101):
+            add_file(tar, f"m/{i}.txt", b"x")
+
+    archive = build(tmp_path / "many.tar.gz", fill)
+    out = tmp_path / "out"
+    with pytest.raises(ArchiveError, match=r"more than 100 members \(--max-archive-members\)"):
+        unpack_archive(archive, out, LIMIT, max_members=100)
+    assert sorted(os.listdir(tmp_path)) == [archive.name]
+    assert unpack_archive(archive, out, LIMIT, max_members=101) == 101
