@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from modelhost import client_log as client_log_module
+from modelhost.access import Api
 from modelhost.cli import modelhost_settings
 from modelhost.client_log import BURST, LogRateLimiter, client_log
 from modelhost.config.model_config_pb2 import ModelConfig
@@ -206,7 +207,7 @@ def test_http_500_names_the_exception_type_only(caplog: pytest.LogCaptureFixture
     async def broken(request: HttpRequest) -> HttpResponse:
         raise RuntimeError("cannot read /srv/secret/models/x/model.py")
 
-    app = HttpApp([Route("GET", "/boom", broken)])
+    app = HttpApp([Route("GET", "/boom", broken, Api.INFERENCE)])
     sent: list[dict[str, object]] = []
 
     async def receive() -> dict[str, object]:
