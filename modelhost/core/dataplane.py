@@ -10,6 +10,7 @@ from modelhost.client_log import client_log
 from modelhost.config.loader import config_to_json
 from modelhost.core.loader import ServedModel
 from modelhost.core.manager import ModelManager
+from modelhost.core.scheduler import Scheduler
 from modelhost.core.signature import check_output_bytes
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
@@ -76,6 +77,20 @@ class DataPlane:
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_json(self._manager.get(name, version).config)
+
+    def admit(self, name: str, version: str = "") -> None:
+        """Raises what `infer` of this model would raise before looking at the request: the model is unknown
+        or not ready, or its queue is full (counted as a failed request, as `infer` counts it). For a front-end
+        that can answer before reading a request's body; the request's own priority is not known yet, so
+        this checks the default level, and only where the model has one level."""
+        served = self._manager.get(name, version)
+        if not isinstance(served.scheduler, Scheduler) or served.config.dynamic_batching.priority_levels > 1:
+            return  # an ensemble's steps queue in their own models
+        try:
+            served.scheduler.check_room()
+        except ModelhostError:
+            served.statistics.record_request(False, 0)
+            raise
 
     async def infer(self, request: InferRequest) -> InferResponse:
         served = self._manager.get(request.model_name, request.model_version)

@@ -52,14 +52,24 @@ class RequestQueue:
             queue = self._levels[pending.level]
             waiting = len(queue) + len(self._delayed[pending.level])
             if level_policy.max_queue_size and waiting >= level_policy.max_queue_size:
-                raise ModelhostError(
-                    ErrorKind.OVERLOADED,
-                    f"model {model}: the queue of priority level {pending.level + 1} is full "
-                    f"(max_queue_size {level_policy.max_queue_size}); retry later",
-                    retry_after=1,
-                )
+                raise self._full(pending.level, model)
             queue.append(pending)
             self._cond.notify()
+
+    def check_room(self, level: int, model: str) -> None:
+        """OVERLOADED if `level`'s queue is full now, as `put` would find it. Lock-free (the lengths are read
+        under the GIL), so advisory: a request it lets through may still be refused by `put`."""
+        size = self._policy.levels[level].max_queue_size
+        if size and len(self._levels[level]) + len(self._delayed[level]) >= size:
+            raise self._full(level, model)
+
+    def _full(self, level: int, model: str) -> ModelhostError:
+        return ModelhostError(
+            ErrorKind.OVERLOADED,
+            f"model {model}: the queue of priority level {level + 1} is full "
+            f"(max_queue_size {self._policy.levels[level].max_queue_size}); retry later",
+            retry_after=1,
+        )
 
     def withdraw(self, pending: Pending) -> bool:
         """Remove a request that no instance has taken yet; False if one already has."""

@@ -105,6 +105,11 @@ class Scheduler:
             raise
         return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
+    def check_room(self) -> None:
+        """OVERLOADED if a request at the default priority would find its queue full now (advisory: `submit`
+        checks again). Lets a front-end refuse a request before reading and decoding it."""
+        self._queue.check_room(self._level(0), self._label)
+
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int) -> Pending:
         loop = asyncio.get_running_loop()
         key = _batch_key(inputs, outputs) if self._policy.batching else None

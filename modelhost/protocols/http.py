@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,12 +59,21 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """`api` is the group access control restricts it by (modelhost/access.py)."""
+    """`api` is the group access control restricts it by (modelhost/access.py). `admit`, given the path's
+    parameters, raises the ModelhostError the core would answer the request with before reading its body
+    (a full queue): under overload such requests are refused without their bodies being buffered."""
 
     method: str
     pattern: str
     handler: Handler
     api: Api
+    admit: Callable[[dict[str, str]], None] | None = None
+
+
+# Early admission runs only this long after the app last answered OVERLOADED: matching routes twice
+# costs every request a little, and only requests to a model whose queue is full gain from it.
+ADMISSION_WINDOW_S = 1.0
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
 def json_response(document: Any, status: int = 200) -> HttpResponse:
@@ -101,7 +111,9 @@ class HttpApp:
     ) -> None:
         self.routes = tuple(routes)  # what this app serves, as given (the OpenAPI documents are checked against it)
         self._routes = [(r.method, re.compile(r.pattern), r.handler, r.api) for r in routes]
+        self._admissions = [(r.method, re.compile(r.pattern), r.api, r.admit) for r in routes if r.admit]
         self._access = access or AccessPolicy()
+        self._overloaded_until = 0.0  # monotonic time until which early admission runs
         self._startup = startup
         self._shutdown = shutdown
         self._max_body_bytes = max_body_bytes
@@ -135,14 +147,40 @@ class HttpApp:
             body = await self._read_body(receive, headers)
             return await handler(HttpRequest(method, path, headers, params, body, scope.get("query_string", b"")))
         except ModelhostError as exc:
-            response = error_response(STATUS[exc.kind], exc.message)
-            if exc.retry_after is not None:
-                response.headers.append((b"retry-after", str(math.ceil(exc.retry_after)).encode()))
-            return response
+            return self._error(exc)
         except Exception as exc:
             # The exception's text may hold paths and internals: the log has it, the client its type.
             client_log(log, logging.ERROR, "http-internal-error", "%s %s failed", method, path, exc_info=exc)
             return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
+
+    def admit(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> Answer | None:
+        """Called by the transport when a request's head is complete, before its body is read: the answer the
+        request gets whatever its body (its model's queue is full), or None to read it and run it as usual.
+        Checks only while the app has recently answered OVERLOADED; requests access control would refuse
+        are left to the usual path."""
+        if not self._admissions or time.monotonic() >= self._overloaded_until:
+            return None
+        for route_method, pattern, api, admit in self._admissions:
+            match = pattern.fullmatch(path) if route_method == method else None
+            if match is None or admit is None:
+                continue
+            if self._access and self._denied(api, dict(headers)) is not None:
+                return None
+            try:
+                admit({k: v for k, v in match.groupdict().items() if v is not None})
+            except ModelhostError as exc:
+                response = self._error(exc)
+                return response.status, response.headers, b"".join(response.body)
+            return None
+        return None
+
+    def _error(self, exc: ModelhostError) -> HttpResponse:
+        response = error_response(STATUS[exc.kind], exc.message)
+        if exc.retry_after is not None:
+            response.headers.append((b"retry-after", str(math.ceil(exc.retry_after)).encode()))
+        if exc.kind is ErrorKind.OVERLOADED:
+            self._overloaded_until = time.monotonic() + ADMISSION_WINDOW_S
+        return response
 
     def _denied(self, api: Api, headers: dict[bytes, bytes]) -> HttpResponse | None:
         """401 without the credential `api` requires, 403 with a wrong one; None when allowed."""

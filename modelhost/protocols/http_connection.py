@@ -59,6 +59,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._limits = server.limits
         self._budget = server.budget
         self._app = app
+        self._admit = getattr(app, "admit", None)  # HttpApp.admit: an answer before the body is read
         self._load = load
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -244,11 +245,14 @@ class HttpConnection(asyncio.BufferedProtocol):
             raise self._refuse(400, f"request body of {length} bytes exceeds the {limit}-byte limit "
                                     "(--http-max-body-bytes)")
         self._received = 0
-        if length:
+        if length and self._admit is not None:
+            request.answer = self._admit(request.method.decode("latin-1"), unquote(request.path.decode("latin-1")),
+                                         request.headers)
+        if length and request.answer is None:
             self._length, self._body, self._capacity = length, bytearray(), 0
         elif length is None and any(name == b"transfer-encoding" for name, _ in request.headers):
             request.chunks = []  # llhttp accepts a request Transfer-Encoding only when its last coding is chunked
-        if length or request.chunks is not None:
+        if length or request.chunks is not None:  # an answered request's body too: its deadlines hold
             self._budget.begin_body(self)
             self._window_start, self._window_received = self._loop.time(), 0
             self._schedule(self._window_start + self._limits.body_timeout)
@@ -282,6 +286,8 @@ class HttpConnection(asyncio.BufferedProtocol):
             if self._received > self._limits.max_body_bytes:
                 raise self._refuse(400, f"request body exceeds the {self._limits.max_body_bytes}-byte limit "
                                         "(--http-max-body-bytes)")
+        else:  # the body of a request answered at its head: dropped, counted for the body-rate deadline
+            self._received += size
 
     def on_message_complete(self) -> None:
         # A Content-Length body that did not fit in this read keeps arriving through get_buffer.

@@ -23,7 +23,7 @@ class Request:
     """A request as received: the head's fields and the whole body. `charge`: budget bytes it holds."""
 
     __slots__ = ("method", "url", "path", "query", "headers", "body", "version", "keep_alive", "chunks", "size",
-                 "charge")
+                 "charge", "answer")
 
     def __init__(self) -> None:
         self.method = b""
@@ -37,6 +37,9 @@ class Request:
         self.chunks: list[bytes] | None = None
         self.size = 0  # bytes received (head and body), for the pipeline's byte cap
         self.charge = 0
+        # (status, headers with content-length, body): the app's answer given at the head (HttpApp.admit);
+        # the body was read and dropped, and the app is not called.
+        self.answer: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
 
 
 class Connection(Protocol):
@@ -67,6 +70,10 @@ class Exchange:
         self._finished = False
 
     async def run(self) -> None:
+        if self._request.answer is not None:
+            status, headers, body = self._request.answer
+            await self._connection.write([response_head(status, headers, len(body), self._request.keep_alive), body])
+            return
         try:
             await self._connection.app(self._connection.scope(self._request), self._receive, self._send)
         except Exception:

@@ -30,6 +30,9 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         headers = [(b"content-type", b"application/octet-stream"), (_HEADER_LENGTH, str(json_length).encode())]
         return HttpResponse(200, parts, headers)
 
+    def admit(params: dict[str, str]) -> None:
+        dataplane.admit(params["model"], params.get("version", ""))
+
     async def live(request: HttpRequest) -> HttpResponse:
         return _health(dataplane.live())
 
@@ -71,7 +74,7 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         return HttpResponse(200, (), [])
 
     return [
-        Route("POST", _MODEL + "/infer", infer, Api.INFERENCE),
+        Route("POST", _MODEL + "/infer", infer, Api.INFERENCE, admit),
         Route("GET", "/v2/health/live", live, Api.HEALTH),
         Route("GET", "/v2/health/ready", ready, Api.HEALTH),
         Route("GET", "/v2", server_metadata, Api.METADATA),
