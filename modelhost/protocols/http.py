@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
@@ -153,15 +154,16 @@ class HttpApp:
             client_log(log, logging.ERROR, "http-internal-error", "%s %s failed", method, path, exc_info=exc)
             return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
 
-    def admit(self, method: str, path: str, headers: list[tuple[bytes, bytes]]) -> Answer | None:
+    def admit(self, method: bytes, raw_path: bytes, headers: list[tuple[bytes, bytes]]) -> Answer | None:
         """Called by the transport when a request's head is complete, before its body is read: the answer the
         request gets whatever its body (its model's queue is full), or None to read it and run it as usual.
         Checks only while the app has recently answered OVERLOADED; requests access control would refuse
         are left to the usual path."""
         if not self._admissions or time.monotonic() >= self._overloaded_until:
             return None
+        method_text, path = method.decode("latin-1"), unquote(raw_path.decode("latin-1"))
         for route_method, pattern, api, admit in self._admissions:
-            match = pattern.fullmatch(path) if route_method == method else None
+            match = pattern.fullmatch(path) if route_method == method_text else None
             if match is None or admit is None:
                 continue
             if self._access and self._denied(api, dict(headers)) is not None:

@@ -246,8 +246,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                                     "(--http-max-body-bytes)")
         self._received = 0
         if length and self._admit is not None:
-            request.answer = self._admit(request.method.decode("latin-1"), unquote(request.path.decode("latin-1")),
-                                         request.headers)
+            request.answer = self._admit(request.method, request.path, request.headers)
         if length and request.answer is None:
             self._length, self._body, self._capacity = length, bytearray(), 0
         elif length is None and any(name == b"transfer-encoding" for name, _ in request.headers):
