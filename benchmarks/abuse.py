@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import http.client
 import json
 import multiprocessing
@@ -288,19 +289,25 @@ async def _generate(port: int, request: bytes, rate: float | None, clients: int,
 
 
 def _generate_in_process(port: int, request: bytes, rate: float | None, clients: int, seconds: float,
-                         queue: multiprocessing.Queue) -> None:
+                         cpus: set[int] | None, queue: multiprocessing.Queue) -> None:
     import uvloop
+
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    gc.disable()  # a collection pass over the results would show as the server's latency
 
     started = time.process_time()
     results = uvloop.run(_generate(port, request, rate, clients, seconds))
     queue.put((results, time.process_time() - started))
 
 
-def generate(port: int, request: bytes, rate: float | None, clients: int, seconds: float) -> tuple[list[tuple], float]:
-    """Runs the generator in its own process, so the measuring process's threads cost the server nothing.
-    Returns the results and the CPU seconds the generator itself used (it shares the server's cores)."""
+def generate(port: int, request: bytes, rate: float | None, clients: int, seconds: float,
+             cpus: set[int] | None = None) -> tuple[list[tuple], float]:
+    """Runs the generator in its own process (on `cpus`, when given), so the measuring process's threads cost
+    the server nothing. Returns the results and the CPU seconds the generator itself used."""
     queue: multiprocessing.Queue = multiprocessing.Queue()
-    process = multiprocessing.Process(target=_generate_in_process, args=(port, request, rate, clients, seconds, queue))
+    process = multiprocessing.Process(target=_generate_in_process,
+                                      args=(port, request, rate, clients, seconds, cpus, queue))
     process.start()
     results, cpu = queue.get()
     process.join()
@@ -315,19 +322,27 @@ def cpu_seconds(pid: int) -> float:
 
 def overload(args: argparse.Namespace, work: Path) -> dict:
     repository, features, expected = mlp_repository(work / "overload")
-    server = ServerProcess(repository, *args.serve_flags).wait_ready()
+    own = os.sched_getaffinity(0)
+    if args.server_cpus:
+        os.sched_setaffinity(0, args.server_cpus)  # inherited by the server and every thread it starts
+    try:
+        server = ServerProcess(repository, *args.serve_flags)
+    finally:
+        os.sched_setaffinity(0, own)
+    server.wait_ready()
+    cpus = args.generator_cpus
     try:
         body, headers = binary_infer("features", "score", features)
         request = (b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(body)
                    + b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n" + body)
         pid = server.process.pid
-        generate(server.port, request, None, 4, 2.0)  # warm
+        generate(server.port, request, None, 4, 2.0, cpus)  # warm
         before = cpu_seconds(pid)
-        closed, closed_generator_cpu = generate(server.port, request, None, 4, args.overload_seconds)
+        closed, closed_generator_cpu = generate(server.port, request, None, 4, args.overload_seconds, cpus)
         closed_cpu = cpu_seconds(pid) - before
         capacity = sum(1 for r in closed if r[0] == 200) / args.overload_seconds
         before = cpu_seconds(pid)
-        flood, flood_generator_cpu = generate(server.port, request, capacity * 10, 0, args.overload_seconds)
+        flood, flood_generator_cpu = generate(server.port, request, capacity * 10, 0, args.overload_seconds, cpus)
         flood_cpu = cpu_seconds(pid) - before
     finally:
         server.stop()
@@ -364,12 +379,23 @@ def _correct(body: bytes, expected: np.ndarray) -> bool:
     return bool(np.allclose(got, expected, rtol=1e-4, atol=1e-5))
 
 
+def _cpu_list(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=1000, help="slow-header and idle clients")
     parser.add_argument("--declared", type=int, default=200, help="clients declaring 64 MiB bodies")
     parser.add_argument("--hold", type=float, default=10.0, help="seconds each attack lasts")
     parser.add_argument("--overload-seconds", type=float, default=10.0)
+    parser.add_argument("--server-cpus", type=_cpu_list, help="overload: run the server on these CPUs (e.g. 0)")
+    parser.add_argument("--generator-cpus", type=_cpu_list,
+                        help="overload: run the load generator on these CPUs (e.g. 1), off the server's")
     parser.add_argument("--skip-overload", action="store_true")
     parser.add_argument("--skip-edge", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the raw results here")

@@ -20,6 +20,7 @@ import uvloop
 
 from modelhost import __version__, client_log
 from modelhost.access import AccessPolicy
+from modelhost.core import compute_threads
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
@@ -59,6 +60,7 @@ class Server:
         self.work_dir = Path(tempfile.mkdtemp(prefix="server-", dir=settings.cache_dir))
         # What clients may make this process log, and see: errors name files relative to these directories.
         client_log.configure(settings.client_log_lines_per_second)
+        compute_threads.configure(settings.compute_priority)
         hide_paths_under(self.work_dir, settings.cache_dir,
                          *([settings.model_repository] if settings.model_repository and
                            "://" not in settings.model_repository else []))

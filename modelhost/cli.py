@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from modelhost import __version__
 from modelhost.access import API_NAMES, GRPC_HEADER_PREFIX, Restriction, parse_restriction
+from modelhost.core.compute_threads import PRIORITIES
 from modelhost.settings import (
     TLS_SITES,
     USER_CODE_MODES,
@@ -91,6 +92,9 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help=f"the largest HTTP request body, e.g. 64MiB (default {d.http_max_body_bytes // 1024**2}MiB)")
     add("--workers", type=int, help="server processes sharing the HTTP port; each loads every model "
         f"(default {d.workers}, or SAGEMAKER_TFS_INSTANCE_COUNT)")
+    add("--compute-priority", choices=PRIORITIES, help="CPU priority of model threads below the event loop's: "
+        "low (SCHED_IDLE: the loop preempts them at once), nice (nice 10) or normal; see docs/architecture.md "
+        f"(default {d.compute_priority})")
     add("--graceful-shutdown-seconds", type=float,
         help=f"how long SIGTERM waits for in-flight requests (default {d.graceful_shutdown_seconds})")
     add("--grpc-max-message-bytes", type=_byte_size, help="the largest gRPC message received or sent, e.g. "

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 from modelhost.access import AccessPolicy, Restriction, parse_token_file
 from modelhost.config.overrides import ModelOverrides
+from modelhost.core.compute_threads import PRIORITIES, Priority
+from modelhost.cpus import available_cpus
 from modelhost.types import MAX_RANK, RequestLimits
 
 GIB = 1024**3
@@ -162,8 +164,9 @@ class ServerSettings:
     grpc_max_message_bytes: int = 256 * 1024 * 1024
     grpc_keepalive_time_seconds: float = 7200.0
     grpc_keepalive_timeout_seconds: float = 20.0
-    cpu_count: int = os.cpu_count() or 1
+    cpu_count: int = field(default_factory=available_cpus)  # model threads are sized to these
     workers: int = 1
+    compute_priority: Priority = "low"  # of model threads, below the event loop's (core/compute_threads.py)
     worker_index: int = 0  # set for each process of --workers
     cache_dir: Path = _default_cache_dir()
     sagemaker_port: int = 8080
@@ -233,6 +236,9 @@ def settings_from_environment(base: ServerSettings, environ: Mapping[str, str]) 
 
 def check_settings(settings: ServerSettings) -> None:
     """Checks across settings, whichever flag or variable set them; raises SettingsError."""
+    if settings.compute_priority not in PRIORITIES:
+        raise SettingsError(f"--compute-priority must be one of {', '.join(PRIORITIES)}, "
+                            f"got {settings.compute_priority!r}")
     if settings.workers < 1:
         raise SettingsError(f"--workers must be at least 1, got {settings.workers}")
     if settings.workers > 1 and settings.multi_model:

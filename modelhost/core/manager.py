@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from modelhost.config.overrides import ModelOverrides
+from modelhost.core import compute_threads
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.lifecycle import ModelState
 from modelhost.core.load import ServerLoad
@@ -186,7 +187,7 @@ class ModelManager:
             if plan.ensemble is not None:
                 served = load_ensemble_version(record.name, version, plan, self.get)
             else:
-                served = await asyncio.to_thread(
+                served = await compute_threads.run_loading(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size, self._load
                 )
         except Exception as exc:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from modelhost.backends.base import Model
+from modelhost.core import compute_threads
 from modelhost.core.load import ServerLoad
 from modelhost.core.loop_gate import LoopGate
 from modelhost.core.policy import SchedulingPolicy
@@ -210,6 +211,7 @@ class Scheduler:
     # instance threads
 
     def _serve(self, instance: Model, lock: threading.Lock) -> None:
+        compute_threads.enter()
         while (batch := self._queue.take()) is not None:
             loop = batch[0].future.get_loop()
             try:
