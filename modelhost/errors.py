@@ -9,6 +9,7 @@ import re
 
 class ErrorKind(enum.Enum):
     INVALID_INPUT = "invalid_input"
+    TOO_LARGE = "too_large"  # a request over a size limit of the server's (HTTP 413)
     NOT_FOUND = "not_found"
     UNAVAILABLE = "unavailable"
     OVERLOADED = "overloaded"
@@ -36,6 +37,10 @@ class ModelhostError(Exception):
 
 def invalid(message: str) -> ModelhostError:
     return ModelhostError(ErrorKind.INVALID_INPUT, message)
+
+
+def too_large(message: str) -> ModelhostError:
+    return ModelhostError(ErrorKind.TOO_LARGE, message)
 
 
 def not_found(message: str) -> ModelhostError:

@@ -31,6 +31,7 @@ log = logging.getLogger("modelhost.grpc")
 
 STATUS = {
     ErrorKind.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.OVERLOADED: grpc.StatusCode.UNAVAILABLE,

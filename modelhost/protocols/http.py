@@ -20,12 +20,13 @@ import orjson
 
 from modelhost.access import BEARER_HEADER, AccessPolicy, Api
 from modelhost.client_log import client_log
-from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
+from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message, too_large
 
 log = logging.getLogger("modelhost.http")
 
 STATUS = {
     ErrorKind.INVALID_INPUT: 400,
+    ErrorKind.TOO_LARGE: 413,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.OVERLOADED: 503,
@@ -207,7 +208,7 @@ class HttpApp:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self._max_body_bytes:
-                raise invalid(f"request body exceeds the {self._max_body_bytes}-byte limit (--http-max-body-bytes)")
+                raise too_large(f"request body exceeds the {self._max_body_bytes}-byte limit (--http-max-body-bytes)")
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
@@ -250,7 +251,8 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
             part = inflater.decompress(data, limit + 1 - size)
             size += len(part)
             if size > limit:
-                raise invalid(f"request body exceeds the {limit}-byte limit (--http-max-body-bytes) once decompressed")
+                raise too_large(f"request body exceeds the {limit}-byte limit (--http-max-body-bytes) once "
+                                "decompressed")
             if not inflater.eof:
                 raise invalid(f"request body is truncated {encoding} data")
             parts.append(part)

@@ -60,6 +60,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._budget = server.budget
         self._app = app
         self._admit = getattr(app, "admit", None)  # HttpApp.admit: an answer before the body is read
+        self._refusal_shape = getattr(app, "refusal", None)  # RuntimeErrors.refusal: the SageMaker port's errors
         self._load = load
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
@@ -242,7 +243,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         length = content_length(request.headers)
         limit = self._limits.max_body_bytes
         if length is not None and length > limit:
-            raise self._refuse(400, f"request body of {length} bytes exceeds the {limit}-byte limit "
+            raise self._refuse(413, f"request body of {length} bytes exceeds the {limit}-byte limit "
                                     "(--http-max-body-bytes)")
         self._received = 0
         if length and self._admit is not None:
@@ -283,7 +284,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._request.charge += size
             self._budget.charge(size)
             if self._received > self._limits.max_body_bytes:
-                raise self._refuse(400, f"request body exceeds the {self._limits.max_body_bytes}-byte limit "
+                raise self._refuse(413, f"request body exceeds the {self._limits.max_body_bytes}-byte limit "
                                         "(--http-max-body-bytes)")
         else:  # the body of a request answered at its head: dropped, counted for the body-rate deadline
             self._received += size
@@ -532,8 +533,12 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._drop_body()
         self._window_start = self._head_since = self._waiting_since = None
         self._budget.forget(self)
-        body = orjson.dumps({"error": message})
-        response = [response_head(status, [*_JSON, *headers], len(body), False), body]
+        if self._refusal_shape is not None:
+            shaped, body = self._refusal_shape(status, message)
+            response = [response_head(status, [*shaped, *headers], len(body), False), body]
+        else:
+            body = orjson.dumps({"error": message})
+            response = [response_head(status, [*_JSON, *headers], len(body), False), body]
         if self._busy or self._pipeline:  # answer the requests received before this one first, in order
             self._rejection = response
             self._stop_reading()

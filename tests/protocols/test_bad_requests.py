@@ -270,7 +270,7 @@ def test_body_over_limit(http: requests.Session, small_server: ServerProcess, si
     url = f"{small_server.base}/v2/models/tiny/infer"
     body = _padded_tiny(size)
     assert len(body) == size
-    assert_error(http.post(url, data=body, timeout=30), 400, str(LIMIT), "--http-max-body-bytes")
+    assert_error(http.post(url, data=body, timeout=30), 413, str(LIMIT), "--http-max-body-bytes")
     assert_still_serving(http, small_server)
 
 
@@ -279,7 +279,7 @@ def test_chunked_body_over_limit(http: requests.Session, small_server: ServerPro
     body = _padded_tiny(4 * LIMIT)
     chunks = iter([body[i : i + 1000] for i in range(0, len(body), 1000)])
     response = http.post(f"{small_server.base}/v2/models/tiny/infer", data=chunks, timeout=30)
-    assert_error(response, 400, str(LIMIT), "--http-max-body-bytes")
+    assert_error(response, 413, str(LIMIT), "--http-max-body-bytes")
     assert_still_serving(http, small_server)
 
 
@@ -294,5 +294,5 @@ def test_gzip_body_over_limit_once_decompressed(http: requests.Session, small_se
     assert len(body) < LIMIT
     response = http.post(f"{small_server.base}/v2/models/tiny/infer", data=body,
                          headers={"Content-Encoding": "gzip"}, timeout=30)
-    assert_error(response, 400, str(LIMIT), "--http-max-body-bytes")
+    assert_error(response, 413, str(LIMIT), "--http-max-body-bytes")
     assert_still_serving(http, small_server)

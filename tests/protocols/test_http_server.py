@@ -570,12 +570,12 @@ def test_expect_100_continue_ignored_for_http10(example_server: ServerProcess) -
         assert status == 200, "interim 100 response sent to an HTTP/1.0 client"
 
 
-def test_expect_100_continue_over_limit_gets_400_without_continue(limited: ServerProcess) -> None:
+def test_expect_100_continue_over_limit_gets_413_without_continue(limited: ServerProcess) -> None:
     with Wire(limited.port) as wire:
         wire.send(request("POST", "/v2/models/tiny/infer", headers={
             "Expect": "100-continue", "Content-Length": str(LIMIT + 1)}))
         response = wire.read_response()  # a 100 here would fail: read_head sees status 100 and no framing
-        assert_json_error(response, 400, "exceeds", str(LIMIT))
+        assert_json_error(response, 413, "exceeds", str(LIMIT))
         assert response.header("connection") == "close"
         assert wire.closed_by_server()
 
@@ -591,12 +591,12 @@ def test_content_length_over_limit_rejected_before_the_body(limited: ServerProce
             wire.send(request("POST", "/v2/models/tiny/infer", headers={"Content-Length": str(LIMIT + 1)}))
             response = wire.read_response()  # no body byte sent: the answer must not wait for one
             assert time.monotonic() - started < 5
-            assert_json_error(response, 400, "exceeds", str(LIMIT), "--http-max-body-bytes")
+            assert_json_error(response, 413, "exceeds", str(LIMIT), "--http-max-body-bytes")
             assert response.header("connection") == "close"
             assert wire.closed_by_server()
         with Wire(limited.port) as wire:  # a huge announced length, same answer
             wire.send(request("POST", "/v2/models/rank/infer", headers={"Content-Length": str(10**12)}))
-            assert_json_error(wire.read_response(), 400, "exceeds")
+            assert_json_error(wire.read_response(), 413, "exceeds")
             assert wire.closed_by_server()
         health(bystander)
     still_serving(limited)
@@ -617,7 +617,7 @@ def test_chunked_body_over_limit_rejected(limited: ServerProcess) -> None:
         wire.send(request("POST", "/v2/models/tiny/infer", headers={"Transfer-Encoding": "chunked"}))
         wire.send(b"".join(_chunked(b" " * (LIMIT + 10), 1000))[:-5])  # over the limit, not yet finished
         response = wire.read_response()
-        assert_json_error(response, 400, "exceeds", str(LIMIT))
+        assert_json_error(response, 413, "exceeds", str(LIMIT))
         assert response.header("connection") == "close"
         assert wire.closed_by_server()
     still_serving(limited)
@@ -709,7 +709,7 @@ def test_pipelined_request_before_an_oversized_one_is_answered_first(limited: Se
         wire.send(request("POST", "/v2/models/tiny/infer", tiny_json(values))
                   + request("POST", "/v2/models/tiny/infer", headers={"Content-Length": str(LIMIT + 1)}))
         assert_tiny(wire.read_response(), values)
-        assert_json_error(wire.read_response(), 400, "exceeds")
+        assert_json_error(wire.read_response(), 413, "exceeds")
         assert wire.closed_by_server()
 
 

@@ -311,3 +311,26 @@ def test_runtime_api_errors_carry_botocore_error_shape(single: ServerProcess) ->
     container = invoke(single, b"1,2\n", "text/csv")
     assert container.status_code == 400 and "error" in container.json()
     assert "x-amzn-ErrorType" not in container.headers
+
+
+def test_transport_refusals_on_the_sagemaker_port_carry_the_error_shape(single: ServerProcess) -> None:
+    """The HTTP transport's own refusals (here: a header section over --http-max-head-bytes, 431) come before any
+    route, and carry the Runtime API's code and message too, so boto3 says what went wrong."""
+    client = runtime_client(single)
+
+    def oversized(request: Any, **_: Any) -> None:
+        request.headers["X-Padding"] = "a" * (70 * 1024)
+
+    client.meta.events.register("before-send.sagemaker-runtime.InvokeEndpoint", oversized)
+    with pytest.raises(client.exceptions.ClientError) as refused:
+        client.invoke_endpoint(EndpointName="local-endpoint", Body=b"1,2,3,4\n", ContentType="text/csv")
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 431
+    error = refused.value.response["Error"]
+    assert error["Code"] == "ValidationError"
+    assert "--http-max-head-bytes" in error["Message"]
+    # A container-contract client reads the same answer's "error".
+    raw = requests.post(single.sagemaker + "/invocations", data=b"1,2,3,4\n",
+                        headers={"Content-Type": "text/csv", "X-Padding": "a" * (70 * 1024)}, timeout=10)
+    assert raw.status_code == 431 and "--http-max-head-bytes" in raw.json()["error"]
+    assert raw.headers["x-amzn-ErrorType"] == "ValidationError"
+    assert invoke(single, b"1,2,3,4\n", "text/csv").status_code == 200

@@ -31,6 +31,7 @@ _CODES = {
     400: "ValidationError",
     404: UNKNOWN_OPERATION,
     405: UNKNOWN_OPERATION,
+    413: "ValidationError",
     424: "ModelError",
     429: "ModelNotReadyException",
     500: "InternalFailure",
@@ -77,6 +78,16 @@ class RuntimeErrors:
             await send(message)
 
         await self._app(scope, receive, shaped)
+
+    def refusal(self, status: int, message: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """Headers and body for the HTTP transport's own refusals on this port (a malformed, oversized or slow
+        request, answered before any route): the Runtime API's code, and the message under both APIs' keys,
+        as the request may have been meant for either."""
+        code = _CODES.get(status, UNKNOWN_OPERATION)
+        if code == UNKNOWN_OPERATION:  # the transport never answers 404/405: a request it refuses was malformed
+            code = "ValidationError" if status < 500 else "InternalFailure"
+        response = runtime_error(status, code, message, error=message)
+        return response.headers, b"".join(response.body)
 
     def _reshapes(self, path: str, headers: list[tuple[bytes, bytes]]) -> bool:
         if any(name.lower() == _ERROR_TYPE for name, _ in headers):
