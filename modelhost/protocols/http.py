@@ -21,6 +21,7 @@ import orjson
 from modelhost.access import BEARER_HEADER, AccessPolicy, Api
 from modelhost.client_log import client_log
 from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message, too_large
+from modelhost.protocols.http_exchange import Answer
 
 log = logging.getLogger("modelhost.http")
 
@@ -75,7 +76,6 @@ class Route:
 # Early admission runs only this long after the app last answered OVERLOADED: matching routes twice
 # costs every request a little, and only requests to a model whose queue is full gain from it.
 ADMISSION_WINDOW_S = 1.0
-Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
 def json_response(document: Any, status: int = 200) -> HttpResponse:

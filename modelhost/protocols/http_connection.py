@@ -25,7 +25,7 @@ import httptools
 import orjson
 
 from modelhost.core.load import ServerLoad
-from modelhost.protocols.http_exchange import ASGIApp, Exchange, Request, content_length, response_head
+from modelhost.protocols.http_exchange import Answer, ASGIApp, Exchange, Request, content_length, response_head
 from modelhost.protocols.http_memory import resize_bytearray
 
 if TYPE_CHECKING:
@@ -44,11 +44,13 @@ _CLOSED_PARSER = httptools.HttpRequestParser(_Closed())
 
 
 class _Refusal(ValueError):
-    """Raised in a parser callback to answer with `status` (httptools turns it into a callback error)."""
+    """Raised in a parser callback to answer with `status` (httptools turns it into a callback error) and close;
+    `answer`: a whole answer (status, headers, body) to give instead of an error built from `message`."""
 
-    def __init__(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    def __init__(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = (),
+                 answer: Answer | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers
+        self.status, self.message, self.headers, self.answer = status, message, headers, answer
 
 
 class HttpConnection(asyncio.BufferedProtocol):
@@ -81,6 +83,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._writable.set()
         self._client: tuple[str, int] | None = None
         self._refusal: _Refusal | None = None
+        self._answered = False  # the request being received was answered at its head; its body is dropped
         self._over_capacity = False
         self._in_head = False  # between on_message_begin and on_headers_complete
         self._head_bytes = 0  # of the head being parsed, as delivered by the parser's callbacks
@@ -176,7 +179,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             refusal, self._refusal = self._refusal, None
             if refusal is None:
                 refusal = _Refusal(400, f"malformed HTTP request: {exc}")
-            self._reject(refusal.status, refusal.message, refusal.headers)
+            self._reject(refusal.status, refusal.message, refusal.headers, refusal.answer)
             return
         if self._in_head and not self._head_fits(nbytes, self._head_bytes - head_before):
             return
@@ -257,7 +260,9 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._window_start, self._window_received = self._loop.time(), 0
             self._schedule(self._window_start + self._limits.body_timeout)
         expect = any(name == b"expect" and value.lower() == b"100-continue" for name, value in request.headers)
-        if expect and request.version == "1.1" and self._transport is not None:
+        if request.answer is not None and not self._busy and not self._pipeline:
+            self._answer_at_head(request, expect)
+        elif expect and request.version == "1.1" and self._transport is not None:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -294,6 +299,14 @@ class HttpConnection(asyncio.BufferedProtocol):
         if self._body is not None and self._received < self._length:
             return
         request = self._request
+        if self._answered:  # its answer is written: the body was only drained
+            self._answered = False
+            if self._window_start is not None:
+                self._window_start = None
+                self._budget.end_body(self)
+            self._idle_since = self._loop.time()
+            self._schedule(self._idle_since + self._limits.idle_timeout)
+            return
         if self._body is not None:
             self._drop_direct()
             request.body, self._body = self._body, None
@@ -403,6 +416,19 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._budget.charge(held - self._head_charge)
         self._head_charge = held
         return True
+
+    def _answer_at_head(self, request: Request, expect: bool) -> None:
+        """Give the app's answer at the head (nothing is waiting to be answered before it); the body that follows
+        is read and dropped. A client waiting for 100 Continue, or closing after this request, is answered and
+        the connection closed: the body then need not come at all."""
+        assert request.answer is not None
+        if expect or not request.keep_alive:
+            self._refusal = _Refusal(request.answer[0], "", answer=request.answer)
+            raise self._refusal
+        status, headers, body = request.answer
+        if self._transport is not None:
+            self._transport.writelines([response_head(status, headers, len(body), True), body])
+        self._answered = True
 
     def _check_target(self, request: Request) -> None:
         if request.method == b"CONNECT":
@@ -525,7 +551,8 @@ class HttpConnection(asyncio.BufferedProtocol):
                 self._closing_since = self._loop.time()
                 self._schedule(self._closing_since + self._limits.send_timeout)
 
-    def _reject(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    def _reject(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = (),
+                answer: Answer | None = None) -> None:
         if self._in_head or self._window_start is not None:  # a request being received: its bytes are dropped
             self._release(self._request)
         self._budget.release(self._head_charge)
@@ -533,7 +560,11 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._drop_body()
         self._window_start = self._head_since = self._waiting_since = None
         self._budget.forget(self)
-        if self._refusal_shape is not None:
+        self._answered = False
+        if answer is not None:
+            status, answer_headers, body = answer
+            response = [response_head(status, answer_headers, len(body), False), body]
+        elif self._refusal_shape is not None:
             shaped, body = self._refusal_shape(status, message)
             response = [response_head(status, [*shaped, *headers], len(body), False), body]
         else:

@@ -19,6 +19,9 @@ ASGIApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 
 
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body: a whole response
+
+
 class Request:
     """A request as received: the head's fields and the whole body. `charge`: budget bytes it holds."""
 
@@ -39,7 +42,7 @@ class Request:
         self.charge = 0
         # (status, headers with content-length, body): the app's answer given at the head (HttpApp.admit);
         # the body was read and dropped, and the app is not called.
-        self.answer: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
+        self.answer: Answer | None = None
 
 
 class Connection(Protocol):
