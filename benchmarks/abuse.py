@@ -1,6 +1,7 @@
 """Abuse benchmark: what hostile or broken clients cost a live server, one run.
 
-    python benchmarks/abuse.py [--clients 1000] [--declared 200] [--hold 10] [--overload-seconds 10]
+    python benchmarks/abuse.py [--clients 1000] [--declared 200] [--hold 10] [--overload-seconds 5]
+                               [--overload-rounds 3] [--server-cpus 0 --generator-cpus 1]
                                [--json results.json] [-- extra modelhost serve flags]
 
 Part 1, edge attacks on the HTTP port (each while a well-behaved client sends `tiny` requests one
@@ -13,11 +14,13 @@ p50/p99, and how many attack connections the server had closed by the end of the
 
 Part 2, overload: a CPU-bound ONNX MLP (18 MB of weights; 256 rows of 256 features per request) with
 a bounded queue (`max_queue_size` 16). Capacity is what 4 closed-loop clients get; then requests
-arrive open-loop at 10x that rate. Reported: accepted (200) throughput as a share of capacity,
-rejection (503) latency, and whether every accepted answer equals in-process onnxruntime's.
+arrive open-loop at 10x that rate; the two alternate for --overload-rounds rounds. Reported (medians of
+the rounds): accepted (200) throughput as a share of capacity, rejection (503) latency beside the floor
+(a health check sent by the same generator at the same rate), and whether every accepted answer equals
+in-process onnxruntime's.
 
-The load generator is Python (asyncio over raw sockets) in its own process; it shares the machine's
-cores with the server, so read ratios, not absolute figures.
+The load generator is Python (asyncio over raw sockets) in its own process. Unless --server-cpus and
+--generator-cpus pin them apart, it shares the server's cores, so read ratios, not absolute figures.
 """
 
 from __future__ import annotations
@@ -330,48 +333,64 @@ def overload(args: argparse.Namespace, work: Path) -> dict:
     finally:
         os.sched_setaffinity(0, own)
     server.wait_ready()
-    cpus = args.generator_cpus
+    cpus, seconds = args.generator_cpus, args.overload_seconds
+    rounds: list[dict] = []
     try:
         body, headers = binary_infer("features", "score", features)
         request = (b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(body)
                    + b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n" + body)
         pid = server.process.pid
         generate(server.port, request, None, 4, 2.0, cpus)  # warm
-        before = cpu_seconds(pid)
-        closed, closed_generator_cpu = generate(server.port, request, None, 4, args.overload_seconds, cpus)
-        closed_cpu = cpu_seconds(pid) - before
-        capacity = sum(1 for r in closed if r[0] == 200) / args.overload_seconds
-        before = cpu_seconds(pid)
-        flood, flood_generator_cpu = generate(server.port, request, capacity * 10, 0, args.overload_seconds, cpus)
-        flood_cpu = cpu_seconds(pid) - before
+        for _ in range(args.overload_rounds):
+            # Capacity and flood alternate, so that the machine's drift (it is shared) hits both alike.
+            before = cpu_seconds(pid)
+            closed, closed_generator_cpu = generate(server.port, request, None, 4, seconds, cpus)
+            closed_cpu = cpu_seconds(pid) - before
+            capacity = sum(1 for r in closed if r[0] == 200) / seconds
+            before = cpu_seconds(pid)
+            flood, flood_generator_cpu = generate(server.port, request, capacity * 10, 0, seconds, cpus)
+            flood_cpu = cpu_seconds(pid) - before
+            rounds.append(_round(seconds, capacity, flood, expected, closed_cpu, flood_cpu, closed_generator_cpu,
+                                 flood_generator_cpu))
+            print("overload round: " + ", ".join(f"{k} {v:.3g}" for k, v in rounds[-1].items()), flush=True)
+        # The floor: the same generator at the flood's rejection rate, against a health check of the server
+        # with its model idle. What the machine and the generator themselves add to any answer's latency.
+        rate = statistics.median(r["rejected"] for r in rounds) / seconds
+        floor, _ = generate(server.port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n", rate, 0, seconds, cpus)
     finally:
         server.stop()
-    accepted = [r for r in flood if r[0] == 200]
-    rejected = [r for r in flood if r[0] == 503]
-    other = [r for r in flood if r[0] not in (200, 503)]
-    wrong = sum(1 for r in accepted if not _correct(r[2], expected))
-    row = {
-        "capacity_rps": capacity, "offered_rps": capacity * 10, "sent": len(flood),
-        "accepted_rps": len(accepted) / args.overload_seconds,
-        "accepted_share": len(accepted) / args.overload_seconds / capacity,
-        "rejected": len(rejected), "other": len(other), "wrong_answers": wrong,
-        "reject_p50_ms": statistics.median(r[1] for r in rejected) if rejected else None,
-        "reject_p99_ms": statistics.quantiles([r[1] for r in rejected], n=100)[98] if len(rejected) > 1 else None,
-        "accepted_p50_ms": statistics.median(r[1] for r in accepted) if accepted else None,
-        # CPU (cores) of the server and of the generator, at capacity and under the flood: the generator's
-        # share is taken from the same cores the server computes on.
-        "server_cores_at_capacity": closed_cpu / args.overload_seconds,
-        "server_cores_flood": flood_cpu / args.overload_seconds,
-        "generator_cores_at_capacity": closed_generator_cpu / args.overload_seconds,
-        "generator_cores_flood": flood_generator_cpu / args.overload_seconds,
-    }
-    print(f"overload: capacity {capacity:.0f} req/s; offered {capacity * 10:.0f} req/s; accepted "
-          f"{row['accepted_rps']:.0f} req/s ({row['accepted_share']:.0%} of capacity); {len(rejected)} rejected "
-          f"(p50 {row['reject_p50_ms'] or 0:.2f} ms, p99 {row['reject_p99_ms'] or 0:.2f} ms); {len(other)} other; "
-          f"{wrong} wrong answers; server CPU {row['server_cores_at_capacity']:.2f} cores at capacity, "
-          f"{row['server_cores_flood']:.2f} under the flood; generator {row['generator_cores_at_capacity']:.2f} and "
-          f"{row['generator_cores_flood']:.2f} cores", flush=True)
+    floor_ms = [r[1] for r in floor if r[0] == 200]
+    row = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    row |= {"rounds": rounds, "floor_p50_ms": statistics.median(floor_ms),
+            "floor_p99_ms": statistics.quantiles(floor_ms, n=100)[98]}
+    print(f"overload (median of {len(rounds)} rounds): capacity {row['capacity_rps']:.0f} req/s; accepted "
+          f"{row['accepted_share']:.0%} of capacity; rejections p50 {row['reject_p50_ms']:.2f} ms, p99 "
+          f"{row['reject_p99_ms']:.2f} ms (floor: a health check at the same rate, p50 {row['floor_p50_ms']:.2f} ms, "
+          f"p99 {row['floor_p99_ms']:.2f} ms); {sum(r['other'] for r in rounds)} other answers; "
+          f"{sum(r['wrong_answers'] for r in rounds)} wrong answers; server CPU {row['server_cores_at_capacity']:.2f} "
+          f"cores at capacity, {row['server_cores_flood']:.2f} under the flood; generator "
+          f"{row['generator_cores_flood']:.2f} cores under the flood", flush=True)
     return row
+
+
+def _round(seconds: float, capacity: float, flood: list[tuple], expected: np.ndarray, closed_cpu: float,
+           flood_cpu: float, closed_generator_cpu: float, flood_generator_cpu: float) -> dict:
+    accepted = [r for r in flood if r[0] == 200]
+    rejected = [r[1] for r in flood if r[0] == 503]
+    return {
+        "capacity_rps": capacity, "offered_rps": capacity * 10, "sent": len(flood),
+        "accepted_rps": len(accepted) / seconds, "accepted_share": len(accepted) / seconds / capacity,
+        "rejected": len(rejected), "other": sum(1 for r in flood if r[0] not in (200, 503)),
+        "wrong_answers": sum(1 for r in accepted if not _correct(r[2], expected)),
+        "reject_p50_ms": statistics.median(rejected) if rejected else float("nan"),
+        "reject_p99_ms": statistics.quantiles(rejected, n=100)[98] if len(rejected) > 1 else float("nan"),
+        "accepted_p50_ms": statistics.median(r[1] for r in accepted) if accepted else float("nan"),
+        # CPU (cores) of the server and of the generator, at capacity and under the flood: unless they are
+        # pinned apart (--server-cpus, --generator-cpus), the generator's share comes from the server's cores.
+        "server_cores_at_capacity": closed_cpu / seconds, "server_cores_flood": flood_cpu / seconds,
+        "generator_cores_at_capacity": closed_generator_cpu / seconds,
+        "generator_cores_flood": flood_generator_cpu / seconds,
+    }
 
 
 def _correct(body: bytes, expected: np.ndarray) -> bool:
@@ -392,7 +411,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=1000, help="slow-header and idle clients")
     parser.add_argument("--declared", type=int, default=200, help="clients declaring 64 MiB bodies")
     parser.add_argument("--hold", type=float, default=10.0, help="seconds each attack lasts")
-    parser.add_argument("--overload-seconds", type=float, default=10.0)
+    parser.add_argument("--overload-seconds", type=float, default=5.0, help="of each capacity and flood phase")
+    parser.add_argument("--overload-rounds", type=int, default=3, help="capacity/flood alternations (medians)")
     parser.add_argument("--server-cpus", type=_cpu_list, help="overload: run the server on these CPUs (e.g. 0)")
     parser.add_argument("--generator-cpus", type=_cpu_list,
                         help="overload: run the load generator on these CPUs (e.g. 1), off the server's")
