@@ -84,6 +84,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._client: tuple[str, int] | None = None
         self._refusal: _Refusal | None = None
         self._answered = False  # the request being received was answered at its head; its body is dropped
+        self._in_body = False  # between the end of a head with a body and the end of that body
         self._over_capacity = False
         self._in_head = False  # between on_message_begin and on_headers_complete
         self._head_bytes = 0  # of the head being parsed, as delivered by the parser's callbacks
@@ -181,12 +182,22 @@ class HttpConnection(asyncio.BufferedProtocol):
                 refusal = _Refusal(400, f"malformed HTTP request: {exc}")
             self._reject(refusal.status, refusal.message, refusal.headers, refusal.answer)
             return
-        if self._in_head and not self._head_fits(nbytes, self._head_bytes - head_before):
-            return
+        # A head or body this read began but did not finish: its clock starts now (most requests arrive whole
+        # in one read and never start one).
+        if self._in_head:
+            if self._head_since is None:
+                self._head_since = self._loop.time()
+                self._schedule(self._head_since + self._limits.head_timeout)
+            if not self._head_fits(nbytes, self._head_bytes - head_before):
+                return
+        elif self._in_body and self._window_start is None:
+            self._budget.begin_body(self)
+            self._window_start, self._window_received = self._loop.time(), self._received
+            self._schedule(self._window_start + self._limits.body_timeout)
         if self._body is not None and self._received >= self._capacity and not self._grow(self._received + 1,
                                                                                            force=False):
             self._wait_for_budget()  # the rest of the body comes through get_buffer, once there is room
-        elif self._budget.exceeded and not self._budget.privileged(self):
+        elif self._budget.used > self._budget.limit and not self._budget.privileged(self):
             self._wait_for_budget()
 
     def pause_writing(self) -> None:
@@ -205,9 +216,6 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._in_head, self._head_bytes, self._head_pending = True, 0, 0
         self._began_in_read = True
         self._idle_since = None
-        if self._head_since is None:
-            self._head_since = self._loop.time()
-            self._schedule(self._head_since + self._limits.head_timeout)
 
     def on_url(self, url: bytes) -> None:
         request = self._request
@@ -255,10 +263,8 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._length, self._body, self._capacity = length, bytearray(), 0
         elif length is None and any(name == b"transfer-encoding" for name, _ in request.headers):
             request.chunks = []  # llhttp accepts a request Transfer-Encoding only when its last coding is chunked
-        if length or request.chunks is not None:  # an answered request's body too: its deadlines hold
-            self._budget.begin_body(self)
-            self._window_start, self._window_received = self._loop.time(), 0
-            self._schedule(self._window_start + self._limits.body_timeout)
+        # An answered request's body too: its deadlines hold. Its clock starts if this read does not finish it.
+        self._in_body = bool(length) or request.chunks is not None
         expect = any(name == b"expect" and value.lower() == b"100-continue" for name, value in request.headers)
         if request.answer is not None and not self._busy and not self._pipeline:
             self._answer_at_head(request, expect)
@@ -299,6 +305,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         if self._body is not None and self._received < self._length:
             return
         request = self._request
+        self._in_body = False
         if self._answered:  # its answer is written: the body was only drained
             self._answered = False
             if self._window_start is not None:
@@ -320,7 +327,8 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._pipeline.append(request)
         self._pipeline_bytes += request.size
         self._load.in_progress += 1
-        self._update_reading()
+        if len(self._pipeline) >= self._limits.max_pipeline or self._pipeline_bytes >= self._limits.max_pipeline_bytes:
+            self._update_reading()
         if self._worker is None or self._worker.done():
             self._worker = self._loop.create_task(self._run_pipeline())
 
@@ -330,14 +338,16 @@ class HttpConnection(asyncio.BufferedProtocol):
         while self._pipeline and not self._disconnected.is_set():
             request = self._pipeline.popleft()
             self._pipeline_bytes -= request.size
-            self._update_reading()
+            if self._paused_since is not None:
+                self._update_reading()
             self._busy = True
             try:
                 await Exchange(self, request).run()
             finally:
                 self._busy = False
                 self._load.in_progress -= 1
-                self._release(request)
+                if request.charge:
+                    self._release(request)
             if not request.keep_alive or self._closing:
                 self._close()
                 return
@@ -345,7 +355,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             self._transport.writelines(self._rejection)
             self._linger()
             return
-        if not self._in_head and self._window_start is None and not self._disconnected.is_set():
+        if not self._in_head and not self._in_body and not self._disconnected.is_set():
             self._idle_since = self._loop.time()
             self._schedule(self._idle_since + self._limits.idle_timeout)
 
@@ -529,7 +539,7 @@ class HttpConnection(asyncio.BufferedProtocol):
     def _retry_budget(self) -> bool:
         """Called by the budget after a release; True once this connection reads again."""
         privileged = self._budget.privileged(self)
-        if self._budget.exceeded and not privileged:
+        if self._budget.used > self._budget.limit and not privileged:
             return False
         if self._body is not None and self._received >= self._capacity and not self._grow(self._received + 1,
                                                                                            force=False):
@@ -553,12 +563,13 @@ class HttpConnection(asyncio.BufferedProtocol):
 
     def _reject(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = (),
                 answer: Answer | None = None) -> None:
-        if self._in_head or self._window_start is not None:  # a request being received: its bytes are dropped
+        if self._in_head or self._in_body:  # a request being received: its bytes are dropped
             self._release(self._request)
         self._budget.release(self._head_charge)
         self._head_charge, self._in_head = 0, False
         self._drop_body()
         self._window_start = self._head_since = self._waiting_since = None
+        self._in_body = False
         self._budget.forget(self)
         self._answered = False
         if answer is not None:

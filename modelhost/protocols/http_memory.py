@@ -51,14 +51,15 @@ class BufferBudget:
     until one is still short. So that bodies always make progress (two half-received bodies must not
     each wait for the other's bytes), the oldest body being received is `privileged`: it is never held
     back. The budget can thus be exceeded by one body plus about one read per connection.
+    `peak`: the most it held since the owner last reset it (MemoryReturner's bursts).
     """
 
-    def __init__(self, limit: int, on_release: Callable[[], object] = lambda: None) -> None:
+    def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        self.peak = 0
         self._waiters: dict[object, Callable[[], bool]] = {}  # insertion-ordered: FIFO
         self._bodies: dict[object, None] = {}  # owners receiving a body, oldest first
-        self._on_release = on_release
         self._waking = False
 
     @property
@@ -69,17 +70,20 @@ class BufferBudget:
         if self.used + size > self.limit:
             return False
         self.used += size
+        if self.used > self.peak:
+            self.peak = self.used
         return True
 
     def charge(self, size: int) -> None:
         self.used += size
+        if self.used > self.peak:
+            self.peak = self.used
 
     def release(self, size: int) -> None:
         if size:
             self.used -= size
             if self._waiters:
                 self._wake()
-            self._on_release()
 
     def begin_body(self, owner: object) -> None:
         self._bodies[owner] = None
@@ -141,9 +145,10 @@ class MemoryReturner:
     """Gives free heap pages back to the OS (glibc's malloc_trim) once a burst of connections or buffered
     bytes has gone: glibc keeps freed memory for reuse, so RSS would stay at the burst's peak.
 
-    `observe` is called on the loop when connections close or buffered bytes are released (cheap: two
-    comparisons). A trim runs in a worker thread a second later, at most one every `interval` seconds;
-    steady traffic never drops to half its peak by this much, so it never trims. No-op off glibc.
+    `observe` is called on the loop when connections open or close, and once a second with the budget's
+    peak and then its current bytes. A trim runs in a worker thread a second later, at most one every
+    `interval` seconds; steady traffic never drops to half its peak by this much, so it never trims.
+    No-op off glibc.
     """
 
     def __init__(self, interval: float = 5.0) -> None:

@@ -30,6 +30,7 @@ from modelhost.protocols.http_memory import BufferBudget, MemoryReturner
 
 log = logging.getLogger("modelhost.http")
 _READ_SIZE = 256 * 1024
+_MEMORY_WATCH_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +63,9 @@ class HttpServer:
         # keeps, so a connection costs a few KiB, not a buffer (http_connection.py).
         self.read_buffer = bytearray(_READ_SIZE)
         self._memory = MemoryReturner()
-        self.budget = BufferBudget(limits.max_buffered_bytes, self._observe)
+        self.budget = BufferBudget(limits.max_buffered_bytes)
         self._stopping = asyncio.Event()
+        self._memory_watch: asyncio.TimerHandle | None = None
 
     def connection_opened(self, connection: HttpConnection) -> None:
         self.connections.add(connection)
@@ -75,6 +77,15 @@ class HttpServer:
 
     def _observe(self) -> None:
         self._memory.observe(len(self.connections), self.budget.used)
+
+    def _watch_memory(self) -> None:
+        """Once a second: the budget's peak since the last look, then what it holds now (bursts of bytes are
+        seen here rather than at every release, which is on every request's path)."""
+        budget = self.budget
+        self._memory.observe(len(self.connections), budget.peak)
+        self._observe()
+        budget.peak = budget.used
+        self._memory_watch = asyncio.get_running_loop().call_later(_MEMORY_WATCH_SECONDS, self._watch_memory)
 
     def stop(self) -> None:
         if not self._stopping.is_set() and self._on_stop is not None:
@@ -103,7 +114,10 @@ class HttpServer:
             for lifespan in reversed(lifespans):
                 await lifespan.shutdown()
             raise SystemExit(f"modelhost: cannot listen on {self.host}:{site.port}: {exc.strerror or exc}") from None
+        self._watch_memory()
         await self._stopping.wait()
+        if self._memory_watch is not None:
+            self._memory_watch.cancel()
         log.info("shutting down: no new connections, finishing %d open", len(self.connections))
         for server in servers:
             server.close()
