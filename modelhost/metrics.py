@@ -143,9 +143,9 @@ class MetricsExporter:
         self, models: Callable[[], Iterable[ServedModel]], load: ServerLoad, cache: ModelCache | None = None
     ) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(ModelCollector(models, load))  # type: ignore[arg-type]
+        self._registry.register(ModelCollector(models, load))
         if cache is not None:
-            self._registry.register(CacheCollector(cache))  # type: ignore[arg-type]
+            self._registry.register(CacheCollector(cache))
 
     def render(self) -> bytes:
         return generate_latest(self._registry)

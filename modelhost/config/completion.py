@@ -9,6 +9,7 @@ that names both.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from modelhost.config.datatypes import config_datatype, config_type_name, v2_datatype
 from modelhost.config.loader import CONFIG_FILENAME, ConfigError
@@ -107,7 +108,7 @@ def _fill(tensor, spec: TensorSpec, skip: int) -> None:  # type: ignore[no-untyp
 
 
 def _check_against_model(
-    config: ModelConfig, kind: str, declared, model: Sequence[TensorSpec], label: str  # type: ignore[no-untyped-def]
+    config: ModelConfig, kind: str, declared: Sequence[Any], model: Sequence[TensorSpec], label: str
 ) -> None:
     by_name = {spec.name: spec for spec in model}
     names = ", ".join(by_name) or "none"

@@ -22,7 +22,7 @@ def _resize_function() -> Callable[[bytearray, int], int] | None:
         return None
     function.argtypes = [ctypes.py_object, ctypes.c_ssize_t]
     function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 _RESIZE = _resize_function()
@@ -133,7 +133,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 _TRIM = _malloc_trim()
