@@ -93,7 +93,8 @@ class DataPlane:
             raise
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        served = self._manager.get(request.model_name, request.model_version)
+        # Held for the whole request: ModelManager.acquire without its context manager objects (~1 µs less).
+        served = self._manager.hold(request.model_name, request.model_version)
         started = time.monotonic_ns()
         ok = False
         try:
@@ -101,6 +102,7 @@ class DataPlane:
             ok = True
             return response
         finally:
+            served.pins.release()
             served.statistics.record_request(ok, time.monotonic_ns() - started)
 
     async def _infer(self, served: ServedModel, request: InferRequest) -> InferResponse:

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from modelhost.client_log import client_log
-from modelhost.core.ensemble_plan import LATEST, EnsemblePlan, EnsembleStep, Resolve
+from modelhost.core.ensemble_plan import LATEST, Acquire, EnsemblePlan, EnsembleStep, Resolve
 from modelhost.errors import ErrorKind, ModelhostError, unavailable
 
 if TYPE_CHECKING:
     from modelhost.core.loader import ServedModel
 
-__all__ = ["LATEST", "EnsemblePlan", "EnsembleScheduler", "EnsembleStep", "Resolve"]
+__all__ = ["LATEST", "Acquire", "EnsemblePlan", "EnsembleScheduler", "EnsembleStep", "Resolve"]
 
 log = logging.getLogger("modelhost.ensemble")
 
@@ -38,14 +38,15 @@ Outputs = dict[str, np.ndarray]
 class EnsembleScheduler:
     """Runs requests of one ensemble version; duck-types Scheduler for the data plane.
 
-    submit / inflight / queued / stop, on the event loop. It holds no models: each step finds its
-    composing model through `resolve` when it starts, so a reloaded composing model serves the next step.
+    submit / inflight / queued / stop, on the event loop. It keeps no models: each step acquires its
+    composing model when it starts and holds it until the step ends, so a reload lets the step finish on
+    the version it got, and the next step gets the new one.
     """
 
-    def __init__(self, label: str, plan: EnsemblePlan, resolve: Resolve) -> None:
+    def __init__(self, label: str, plan: EnsemblePlan, acquire: Acquire) -> None:
         self._label = label
         self._plan = plan
-        self._resolve = resolve
+        self._acquire = acquire
         self._inflight = 0
         self._stopping = False
         self._idle: asyncio.Future[None] | None = None
@@ -124,10 +125,19 @@ class EnsembleScheduler:
         self, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int, timeout_us: int | None
     ) -> Outputs:
         """One step as the data plane runs one request: check inputs, submit, shape outputs; mapped back."""
+        hold = self._acquire(step.model_name, step.version)
         try:
-            served: ServedModel = self._resolve(step.model_name, step.version)
+            served: ServedModel = hold.take()
         except ModelhostError as exc:  # the ensemble exists; it cannot serve without this model
             raise unavailable(exc.message) from None
+        try:
+            return await self._run_on(served, step, tensors, priority, timeout_us)
+        finally:
+            hold.give_back()
+
+    @staticmethod
+    async def _run_on(served: ServedModel, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int,
+                      timeout_us: int | None) -> Outputs:
         signature = served.signature
         # An optional ensemble input the request left out stays out; a required model input then fails here.
         feeds = {name: tensors[tensor] for name, tensor in step.input_map.items() if tensor in tensors}

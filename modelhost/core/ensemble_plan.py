@@ -19,9 +19,12 @@ from modelhost.types import format_shape
 
 if TYPE_CHECKING:
     from modelhost.core.loader import ServedModel
+    from modelhost.core.model_hold import ModelHold
 
 # (model name, version "" for the latest) -> the ready model; raises ModelhostError when there is none.
 Resolve = Callable[[str, str], "ServedModel"]
+# The same lookup, held while a step uses the model (ModelManager.acquire).
+Acquire = Callable[[str, str], "ModelHold"]
 
 LATEST = -1
 PLATFORM = "ensemble"

@@ -6,7 +6,7 @@ Everything here blocks (file reads, session creation); the manager calls it in a
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from modelhost.backends import (
     BackendUnavailableError,
@@ -20,8 +20,9 @@ from modelhost.config.completion import apply_defaults, check_config, complete_c
 from modelhost.config.loader import ConfigError, read_config
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides, apply_overrides
-from modelhost.core.ensemble import EnsemblePlan, EnsembleScheduler, Resolve
+from modelhost.core.ensemble import Acquire, EnsemblePlan, EnsembleScheduler
 from modelhost.core.load import ServerLoad
+from modelhost.core.model_hold import Pins
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.signature import Signature
@@ -43,6 +44,7 @@ class ServedModel:
     signature: Signature
     scheduler: Scheduler | EnsembleScheduler
     statistics: ModelStatistics
+    pins: Pins = field(default_factory=Pins)  # requests holding this version (ModelManager.acquire)
 
 
 ENSEMBLE_PLATFORM = "ensemble"
@@ -205,8 +207,8 @@ def _warm_up(source: ModelSource, version: int, config: ModelConfig, instances: 
         run_warmup(samples, instance, outputs, f"{source.name}:{version}")
 
 
-def load_ensemble_version(name: str, version: int, plan: LoadPlan, resolve: Resolve) -> ServedModel:
-    """An ensemble version: its steps run on the composing models that `resolve` finds at request time."""
+def load_ensemble_version(name: str, version: int, plan: LoadPlan, acquire: Acquire) -> ServedModel:
+    """An ensemble version: its steps run on the composing models that `acquire` holds at request time."""
     assert plan.ensemble is not None
-    scheduler = EnsembleScheduler(f"{name}:{version}", plan.ensemble, resolve)
+    scheduler = EnsembleScheduler(f"{name}:{version}", plan.ensemble, acquire)
     return ServedModel(name, version, plan.config, Signature.from_config(plan.config), scheduler, ModelStatistics())

@@ -21,6 +21,7 @@ from modelhost.core.lifecycle import ModelState
 from modelhost.core.load import ServerLoad
 from modelhost.core.load_override import LoadOverride, write_override
 from modelhost.core.loader import LoadPlan, ServedModel, load_ensemble_version, load_version, plan_model
+from modelhost.core.model_hold import ModelHold
 from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
 from modelhost.store.local import LocalStore, ModelFingerprint, ModelSource
@@ -185,7 +186,7 @@ class ModelManager:
             status = record.versions[version] = VersionStatus(ModelState.LOADING)
         try:
             if plan.ensemble is not None:
-                served = load_ensemble_version(record.name, version, plan, self.get)
+                served = load_ensemble_version(record.name, version, plan, self.acquire)
             else:
                 served = await compute_threads.run_loading(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size, self._load
@@ -235,10 +236,16 @@ class ModelManager:
         return self._drain(served) if served is not None else None
 
     def _drain(self, served: ServedModel) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(served.scheduler.stop())
+        task = asyncio.get_running_loop().create_task(self._retire_when_released(served))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
         return task
+
+    @staticmethod
+    async def _retire_when_released(served: ServedModel) -> None:
+        """Requests holding the version finish on it (ModelManager.acquire); then its queue closes and drains."""
+        await served.pins.released()
+        await served.scheduler.stop()
 
     # models that are not the store's (a multi-model endpoint's archives)
 
@@ -274,6 +281,17 @@ class ModelManager:
         await asyncio.gather(*(task for task in drained if task is not None))
 
     # routing and reporting
+
+    def acquire(self, name: str, version: str = "") -> ModelHold:
+        """`async with manager.acquire(name, version) as model:` the version `get` gives, held for the block: a
+        reload, unload or eviction meanwhile lets it finish before the version stops."""
+        return ModelHold(lambda: self.get(name, version))
+
+    def hold(self, name: str, version: str = "") -> ServedModel:
+        """What `acquire` does on entry, for a hot path: the caller must call `served.pins.release()` once done."""
+        served = self.get(name, version)
+        served.pins.hold()
+        return served
 
     def get(self, name: str, version: str = "") -> ServedModel:
         """The ready model a request should use; raises NOT_FOUND or UNAVAILABLE."""

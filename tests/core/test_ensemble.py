@@ -20,6 +20,7 @@ from modelhost.backends.base import Model
 from modelhost.config.loader import ConfigError, parse_config
 from modelhost.core.ensemble import LATEST, EnsemblePlan, EnsembleScheduler
 from modelhost.core.loader import ServedModel
+from modelhost.core.model_hold import ModelHold
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.signature import Signature
@@ -103,6 +104,9 @@ class Repository:
         if model.version in versions:
             self.retired.append(versions[model.version])
         versions[model.version] = model
+
+    def acquire(self, name: str, version: str) -> ModelHold:
+        return ModelHold(lambda: self.resolve(name, version))
 
     def resolve(self, name: str, version: str) -> ServedModel:
         versions = self.models.get(name)
@@ -188,7 +192,7 @@ def test_a_chain_runs_its_steps_in_order_through_the_composing_schedulers() -> N
         plan = plan_of(CHAIN)
         plan.check_models(repo.resolve)
         assert plan.composing_models() == [("add1", LATEST), ("double", LATEST)]
-        ensemble = EnsembleScheduler("chain:1", plan, repo.resolve)
+        ensemble = EnsembleScheduler("chain:1", plan, repo.acquire)
         x = rows_of(1, rows=3)
         result = await ensemble.submit({"x": x}, ["y"], 3)
         assert list(result) == ["y"]
@@ -213,7 +217,7 @@ def test_the_two_middle_steps_of_a_diamond_run_at_the_same_time() -> None:
                           served("sum", Compute(add_inputs), io=BINARY))
         plan = plan_of(DIAMOND)
         plan.check_models(repo.resolve)
-        ensemble = EnsembleScheduler("diamond:1", plan, repo.resolve)
+        ensemble = EnsembleScheduler("diamond:1", plan, repo.acquire)
         x = rows_of(2)
         result = await ensemble.submit({"x": x}, ["y"], 1)
         np.testing.assert_array_equal(result["y"], (x + 1) * 2 + (x + 1) * 3)
@@ -233,7 +237,7 @@ def test_only_the_steps_the_requested_outputs_need_run() -> None:
             step("side", {"IN": "y"}, {"OUT": "z"}),
         )
         repo = Repository(served("add1", add1), served("side", side))
-        ensemble = EnsembleScheduler("two:1", plan_of(config), repo.resolve)
+        ensemble = EnsembleScheduler("two:1", plan_of(config), repo.acquire)
         x = rows_of(3)
         only_y = await ensemble.submit({"x": x}, ["y"], 1)
         assert list(only_y) == ["y"] and side.batches == []
@@ -255,7 +259,7 @@ def test_outputs_pass_between_steps_and_out_without_copies() -> None:
             step("identity", {"IN": "t"}, {"OUT": "y"}),
         )
         repo = Repository(served("add1", add1), served("identity", identity))
-        ensemble = EnsembleScheduler("pass:1", plan_of(config), repo.resolve)
+        ensemble = EnsembleScheduler("pass:1", plan_of(config), repo.acquire)
         x = rows_of(4)
         result = await ensemble.submit({"x": x}, ["y"], 1)
         produced = add1.returned[0]["OUT"]
@@ -273,7 +277,7 @@ def test_requests_of_concurrent_ensemble_calls_batch_in_the_composing_models() -
         batching = "max_batch_size: 4 dynamic_batching { max_queue_delay_microseconds: 5000000 }"
         add1, double = Compute(add(1)), Compute(times(2))
         repo = Repository(served("add1", add1, batching), served("double", double, batching))
-        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.resolve)
+        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.acquire)
         inputs = [rows_of(tag) for tag in range(4)]
         results = await asyncio.gather(*(ensemble.submit({"x": x}, ["y"], 1) for x in inputs))
         for x, result in zip(inputs, results):
@@ -292,7 +296,7 @@ def test_each_step_resolves_its_model_when_it_runs() -> None:
             step("add1", {"IN": "x"}, {"OUT": "t"}),
             step("double", {"IN": "t"}, {"OUT": "y"}, version=1),
         )
-        ensemble = EnsembleScheduler("pinned:1", plan_of(config), repo.resolve)
+        ensemble = EnsembleScheduler("pinned:1", plan_of(config), repo.acquire)
         x = rows_of(5)
         first = await ensemble.submit({"x": x}, ["y"], 1)
         np.testing.assert_array_equal(first["y"], (x + 1) * 2)
@@ -311,7 +315,7 @@ def test_a_missing_model_or_a_misfit_tensor_fails_the_request_naming_the_step() 
         narrow = f"input [ {tensor('IN', '[ 3 ]')} ] output [ {tensor('OUT', '[ 3 ]')} ]"
         double = Compute(times(2))
         repo = Repository(served("add1", Compute(add(1))), served("double", double, io=narrow))
-        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.resolve)  # check_models would refuse it
+        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.acquire)  # check_models would refuse it
         error = await rejected(ensemble.submit({"x": rows_of(1)}, ["y"], 1), ErrorKind.INVALID_INPUT)
         assert error.message == (
             "ensemble 'chain' step 2 (model 'double'): input 'IN' has shape [1,4], but model 'double' expects [-1,3]"
@@ -349,7 +353,7 @@ def test_a_failing_step_fails_the_request_naming_it_and_cancels_the_others(
         repo = Repository(served("pre", Compute(add(1))), served("left", Compute(fail, gate_of(left_gate))),
                           served("right", right), served("sum", Compute(add_inputs), io=BINARY))
         right_scheduler = repo.resolve("right", "").scheduler
-        ensemble = EnsembleScheduler("diamond:1", plan_of(DIAMOND), repo.resolve)
+        ensemble = EnsembleScheduler("diamond:1", plan_of(DIAMOND), repo.acquire)
         # Another request holds right's only instance, so the ensemble's right step waits in right's queue.
         holder = asyncio.ensure_future(right_scheduler.submit({"IN": rows_of(9)}, ["OUT"], 1))
         await until(lambda: len(right.batches) == 1, "the holder to run")
@@ -375,7 +379,7 @@ def test_a_caller_that_leaves_cancels_the_steps_in_flight() -> None:
         gate = threading.Event()
         add1, double = Compute(add(1), gate_of(gate)), Compute(times(2))
         repo = Repository(served("add1", add1), served("double", double))
-        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.resolve)
+        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.acquire)
         add1_scheduler = repo.resolve("add1", "").scheduler
         call = asyncio.ensure_future(ensemble.submit({"x": rows_of(7)}, ["y"], 1))
         await until(lambda: len(add1.batches) == 1, "the first step to run")
@@ -397,7 +401,7 @@ def test_priority_and_timeout_reach_each_step() -> None:
         config = """max_batch_size: 8 dynamic_batching { priority_levels: 2 default_priority_level: 2
             default_queue_policy { allow_timeout_override: true } }"""
         repo = Repository(served("add1", add1, config), served("double", Compute(times(2))))
-        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.resolve)
+        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.acquire)
         error = await rejected(ensemble.submit({"x": rows_of(1)}, ["y"], 1, priority=3), ErrorKind.INVALID_INPUT)
         assert error.message.startswith("ensemble 'chain' step 1 (model 'add1'): request priority 3")
         holder = asyncio.ensure_future(ensemble.submit({"x": rows_of(2)}, ["y"], 1, priority=1))
@@ -416,7 +420,7 @@ def test_stop_refuses_new_requests_and_waits_for_those_in_flight() -> None:
         gate = threading.Event()
         add1 = Compute(add(1), gate_of(gate))
         repo = Repository(served("add1", add1), served("double", Compute(times(2))))
-        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.resolve)
+        ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.acquire)
         call = asyncio.ensure_future(ensemble.submit({"x": rows_of(1)}, ["y"], 1))
         await until(lambda: len(add1.batches) == 1, "the request to run")
         stopping = asyncio.ensure_future(ensemble.stop())

@@ -327,3 +327,63 @@ def test_repository_changes_apply(tmp_path: Path) -> None:
             await manager.stop()
 
     run(body)
+
+
+def test_a_held_version_serves_its_request_after_a_reload_swaps_it_out(tmp_path: Path) -> None:
+    """acquire() pins the version it gives: a request that awaits between the lookup and its submit (here the
+    whole reload happens in that gap) still runs on the version it got, which stops only once released."""
+    repo = tmp_path / "repo"
+    write_versions(repo, "m", {1: 2.0})
+    x = np.ones((1, 4), np.float32)
+
+    async def body() -> None:
+        async with serving(repo, tmp_path) as (manager, _):
+            async with manager.acquire("m") as held:
+                write_versions(repo, "m", {1: 5.0})
+                await manager.load("m")  # swaps in the new version; the held one must not stop under us
+                await asyncio.sleep(0.05)
+                assert manager.get("m") is not held
+                outputs = await held.scheduler.submit({"INPUT0": x}, ["OUTPUT0"], 1)
+                assert outputs["OUTPUT0"].tolist() == [[2.0] * 4]
+            await asyncio.sleep(0.05)
+            with pytest.raises(ModelhostError, match="stopping"):  # released: now it drains and stops
+                await held.scheduler.submit({"INPUT0": x}, ["OUTPUT0"], 1)
+            new = manager.get("m")
+            assert (await new.scheduler.submit({"INPUT0": x}, ["OUTPUT0"], 1))["OUTPUT0"].tolist() == [[5.0] * 4]
+
+    run(body)
+
+
+def test_requests_that_await_between_lookup_and_submit_survive_reloads(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data plane's request path with an await put between looking the model up and queueing the request:
+    eight clients through five reloads, and not one request fails."""
+    repo = tmp_path / "repo"
+    write_versions(repo, "m", {1: 1.0})
+    original = DataPlane._infer
+
+    async def with_a_gap(self: DataPlane, served: Any, request: InferRequest) -> Any:
+        await asyncio.sleep(0.002)
+        return await original(self, served, request)
+
+    monkeypatch.setattr(DataPlane, "_infer", with_a_gap)
+
+    async def body() -> None:
+        async with serving(repo, tmp_path) as (manager, dataplane):
+            stop = asyncio.Event()
+            results: list[float] = []
+
+            async def client() -> None:
+                while not stop.is_set():
+                    results.append(await factor_of(dataplane, "m"))
+
+            clients = [asyncio.create_task(client()) for _ in range(8)]
+            for factor in (2.0, 3.0, 4.0, 5.0, 6.0):
+                write_versions(repo, "m", {1: factor})
+                await manager.load("m")
+                await asyncio.sleep(0.02)
+            stop.set()
+            await asyncio.gather(*clients)  # raises if any request failed
+            assert results and results[-1] == 6.0
+
+    run(body)

@@ -1,0 +1,68 @@
+"""Holding a model version while a request uses it: the version is not retired, unloaded or evicted under it.
+
+`ModelManager.acquire(name, version)` gives a `ModelHold`: `async with manager.acquire("m") as model:`
+looks the version up and pins it in one step (no `await` between), and a version swapped out by a reload
+or taken away by an unload waits for its pins to go before its scheduler stops (`Pins.released`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from modelhost.core.loader import ServedModel
+
+
+class Pins:
+    """How many requests hold one model version. Runs on the event loop only."""
+
+    __slots__ = ("count", "_released")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._released: asyncio.Event | None = None
+
+    def hold(self) -> None:
+        self.count += 1
+
+    def release(self) -> None:
+        self.count -= 1
+        if not self.count and self._released is not None:
+            self._released.set()
+
+    async def released(self) -> None:
+        """Returns once no request holds the version (at once if none does)."""
+        while self.count:
+            self._released = asyncio.Event()
+            await self._released.wait()
+
+
+class ModelHold:
+    """`async with` gives the ready version `lookup` finds, pinned until the block ends."""
+
+    __slots__ = ("_lookup", "_served")
+
+    def __init__(self, lookup: Callable[[], ServedModel]) -> None:
+        self._lookup = lookup
+        self._served: ServedModel | None = None
+
+    def take(self) -> ServedModel:
+        """Look the version up and pin it; raises NOT_FOUND or UNAVAILABLE, pinning nothing."""
+        served = self._served = self._lookup()
+        served.pins.hold()
+        return served
+
+    def give_back(self) -> None:
+        assert self._served is not None
+        self._served.pins.release()
+        self._served = None
+
+    async def __aenter__(self) -> ServedModel:
+        return self.take()
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        self.give_back()
