@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from modelhost.client_log import client_log
 from modelhost.config.loader import config_to_json
@@ -14,6 +15,10 @@ from modelhost.core.scheduler import Scheduler
 from modelhost.core.signature import check_output_bytes
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
+
+T = TypeVar("T")
+# The model's metadata -> the request decoded against it, and what the front-end keeps for its answer.
+Decode = Callable[[ModelMetadata], tuple[InferRequest, T]]
 
 log = logging.getLogger("modelhost.dataplane")
 
@@ -60,11 +65,13 @@ class DataPlane:
         return True
 
     def metadata(self, name: str, version: str = "") -> ModelMetadata:
-        served = self._manager.get(name, version)
+        return self._metadata_of(self._manager.get(name, version))
+
+    def _metadata_of(self, served: ServedModel) -> ModelMetadata:
         signature = served.signature
         return ModelMetadata(
             name=served.name,
-            versions=tuple(str(v) for v in self._manager.versions(name)),
+            versions=tuple(str(v) for v in self._manager.versions(served.name)),
             platform=served.config.platform or served.config.backend,
             inputs=signature.specs(signature.inputs),
             outputs=signature.specs(signature.outputs),
@@ -95,6 +102,24 @@ class DataPlane:
     async def infer(self, request: InferRequest) -> InferResponse:
         # Held for the whole request: ModelManager.acquire without its context manager objects (~1 µs less).
         served = self._manager.hold(request.model_name, request.model_version)
+        try:
+            return await self._counted(served, request)
+        finally:
+            served.pins.release()
+
+    async def decode_and_infer(self, name: str, version: str, decode: Decode[T]) -> tuple[InferResponse, T]:
+        """For a front-end whose wire format is read against the model's signature (TF Serving rows, SageMaker
+        CSV): one lookup. The version is held, `decode` gets its metadata and returns the request with anything
+        the front-end needs to encode the answer, and that request runs on the same version."""
+        served = self._manager.hold(name, version)
+        try:
+            request, context = decode(self._metadata_of(served))
+            request.model_name, request.model_version = name, version
+            return await self._counted(served, request), context
+        finally:
+            served.pins.release()
+
+    async def _counted(self, served: ServedModel, request: InferRequest) -> InferResponse:
         started = time.monotonic_ns()
         ok = False
         try:
@@ -102,7 +127,6 @@ class DataPlane:
             ok = True
             return response
         finally:
-            served.pins.release()
             served.statistics.record_request(ok, time.monotonic_ns() - started)
 
     async def _infer(self, served: ServedModel, request: InferRequest) -> InferResponse:

@@ -387,3 +387,32 @@ def test_requests_that_await_between_lookup_and_submit_survive_reloads(tmp_path:
             assert results and results[-1] == 6.0
 
     run(body)
+
+
+def test_decode_and_infer_looks_the_model_up_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A front-end that decodes against the model's signature (TF Serving rows, SageMaker CSV) gets the metadata
+    and runs the request on one lookup of one held version."""
+    repo = tmp_path / "repo"
+    write_versions(repo, "m", {1: 2.0})
+    lookups: list[str] = []
+    original = ModelManager.get
+
+    def counted(self: ModelManager, name: str, version: str = "") -> Any:
+        lookups.append(name)
+        return original(self, name, version)
+
+    monkeypatch.setattr(ModelManager, "get", counted)
+
+    def decode(metadata: Any) -> tuple[InferRequest, str]:
+        name = metadata.inputs[0].name
+        return InferRequest("", {name: np.ones((1, 4), np.float32)}), name
+
+    async def body() -> None:
+        async with serving(repo, tmp_path) as (manager, dataplane):
+            lookups.clear()
+            response, decoded = await dataplane.decode_and_infer("m", "", decode)
+            assert lookups == ["m"] and decoded == "INPUT0"
+            assert response.model_name == "m" and response.outputs["OUTPUT0"].tolist() == [[2.0] * 4]
+            assert manager.get("m").pins.count == 0
+
+    run(body)

@@ -24,6 +24,7 @@ from modelhost.protocols.sagemaker.payloads import (
     CSV,
     JSON,
     NPY,
+    Invocation,
     MediaTypeError,
     choose_accept,
     decode_invocation,
@@ -31,7 +32,7 @@ from modelhost.protocols.sagemaker.payloads import (
     media_type,
 )
 from modelhost.protocols.tfserving.rest import predict_response
-from modelhost.types import DATATYPE_DTYPES, InferRequest, TensorSpec
+from modelhost.types import DATATYPE_DTYPES, InferRequest, ModelMetadata, TensorSpec
 
 T = TypeVar("T")
 
@@ -58,12 +59,13 @@ class Invoker:
         if handler is not None:
             handle = self.handle(model, version)
             return await self._within_timeout(asyncio.to_thread(self._run_handler, handler, handle, call))
-        metadata = self._dataplane.metadata(model, version)
         accept = choose_accept(call.accept, self._default_accept)
-        invocation = decode_invocation(call.body, call.content_type, metadata.inputs, self._dataplane.limits)
-        request = invocation.request
-        request.model_name, request.model_version = model, version
-        response = await self._within_timeout(self._dataplane.infer(request))
+
+        def decode(metadata: ModelMetadata) -> tuple[InferRequest, Invocation]:
+            invocation = decode_invocation(call.body, call.content_type, metadata.inputs, self._dataplane.limits)
+            return invocation.request, invocation
+
+        response, invocation = await self._within_timeout(self._dataplane.decode_and_infer(model, version, decode))
         return encode_invocation(response, invocation, accept)
 
     async def _within_timeout(self, work: Coroutine[Any, Any, T]) -> T:

@@ -10,7 +10,7 @@ from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
 from modelhost.protocols.http import HttpRequest, HttpResponse, Route
 from modelhost.protocols.tfserving.json_codec import decode_predict, encode_predict
-from modelhost.types import InferRequest
+from modelhost.types import InferRequest, ModelMetadata
 
 # Model names are any characters but "/" and ":"; TF Serving matches paths case-insensitively.
 PREDICT = r"(?i)/v1/models/(?P<model>[^/:]+)(?:/versions/(?P<version>[0-9]+)|/labels/(?P<label>[^/:]+))?:predict"
@@ -28,7 +28,10 @@ def routes(dataplane: DataPlane) -> list[Route]:
 
 async def predict_response(dataplane: DataPlane, model: str, version: str, body: bytes) -> HttpResponse:
     """One TF Serving predict call, answered in the format (row or columnar) the body used."""
-    metadata = dataplane.metadata(model, version)
-    inputs, form = decode_predict(body, metadata.inputs, dataplane.limits)
-    response = await dataplane.infer(InferRequest(model, inputs, version))
+
+    def decode(metadata: ModelMetadata) -> tuple[InferRequest, str]:  # the form: ROW or COLUMNAR
+        inputs, form = decode_predict(body, metadata.inputs, dataplane.limits)
+        return InferRequest(model, inputs, version), form
+
+    response, form = await dataplane.decode_and_infer(model, version, decode)
     return HttpResponse(200, [encode_predict(response.outputs, form)], [(b"content-type", b"application/json")])
