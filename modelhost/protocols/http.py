@@ -87,6 +87,14 @@ def error_response(status: int, message: str) -> HttpResponse:
     return json_response({"error": public_message(message)}, status)
 
 
+def error_answer(exc: ModelhostError) -> HttpResponse:
+    """The HTTP answer to a core error: its kind's status, its message, and `Retry-After` when it has one."""
+    response = error_response(STATUS[exc.kind], exc.message)
+    if exc.retry_after is not None:
+        response.headers.append((b"retry-after", str(math.ceil(exc.retry_after)).encode()))
+    return response
+
+
 def json_object(body: bytes) -> dict[str, Any]:
     """A request body that must be a JSON object (an empty body is an empty object)."""
     if not body.strip():
@@ -178,9 +186,7 @@ class HttpApp:
         return None
 
     def _error(self, exc: ModelhostError) -> HttpResponse:
-        response = error_response(STATUS[exc.kind], exc.message)
-        if exc.retry_after is not None:
-            response.headers.append((b"retry-after", str(math.ceil(exc.retry_after)).encode()))
+        response = error_answer(exc)
         if exc.kind is ErrorKind.OVERLOADED:
             self._overloaded_until = time.monotonic() + ADMISSION_WINDOW_S
         return response

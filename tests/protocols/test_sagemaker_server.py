@@ -7,6 +7,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,8 @@ from botocore.config import Config
 from modelhost.protocols.tfserving import predict_pb2
 from modelhost.protocols.tfserving.tensor_proto import array_to_tensor, tensor_to_array
 from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, scale_model, write_model
+from tests.protocols.test_overload_admission import CONFIG as SLOW_CONFIG
+from tests.protocols.test_overload_admission import SLOW
 from tests.server import ServerProcess, free_port
 
 ROWS = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.float32)
@@ -334,3 +337,28 @@ def test_transport_refusals_on_the_sagemaker_port_carry_the_error_shape(single: 
     assert raw.status_code == 431 and "--http-max-head-bytes" in raw.json()["error"]
     assert raw.headers["x-amzn-ErrorType"] == "ValidationError"
     assert invoke(single, b"1,2,3,4\n", "text/csv").status_code == 200
+
+
+def test_an_overloaded_invocation_says_when_to_retry(tmp_path: Path, start_server: Any) -> None:
+    """A full queue is a 503 with Retry-After on the SageMaker port too, as on the KServe port."""
+    (tmp_path / "slow" / "1").mkdir(parents=True)
+    (tmp_path / "slow" / "1" / "model.py").write_text(SLOW)  # 1.5 s per request, a queue of one
+    (tmp_path / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
+    server = start_server(tmp_path)
+    answers: list[requests.Response] = []
+
+    def call() -> None:
+        answers.append(requests.post(server.sagemaker + "/invocations", data=b"1,2,3,4\n",
+                                     headers={"Content-Type": "text/csv"}, timeout=30))
+
+    threads = [threading.Thread(target=call) for _ in range(2)]  # one runs, one waits in the queue
+    for thread in threads:
+        thread.start()
+        time.sleep(0.3)
+    refused = requests.post(server.sagemaker + "/invocations", data=b"1,2,3,4\n",
+                            headers={"Content-Type": "text/csv"}, timeout=30)
+    for thread in threads:
+        thread.join()
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["Retry-After"] == "1" and "max_queue_size 1" in refused.json()["error"]
+    assert [a.status_code for a in answers] == [200, 200]

@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 
 from modelhost.core.dataplane import DataPlane
-from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
 from modelhost.protocols.http import STATUS
 from modelhost.protocols.sagemaker.handlers import Handler, HandlerError, RequestInfo, TfsResponse
 from modelhost.protocols.sagemaker.payloads import (
@@ -119,7 +119,7 @@ class ServedModelHandle:
         try:
             response = self._run(predict_response(self._dataplane, self.name, self.version, body))
         except ModelhostError as exc:
-            return TfsResponse(STATUS[exc.kind], orjson.dumps({"error": exc.message}), JSON)
+            return TfsResponse(STATUS[exc.kind], orjson.dumps({"error": public_message(exc.message)}), JSON)
         return TfsResponse(200, b"".join(response.body), JSON)
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:

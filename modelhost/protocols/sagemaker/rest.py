@@ -20,16 +20,16 @@ import orjson
 from modelhost.access import Api
 from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ModelhostError, invalid, not_found
+from modelhost.protocols.http import Handler as RouteHandler
 from modelhost.protocols.http import (
-    STATUS,
     HttpRequest,
     HttpResponse,
     Route,
+    error_answer,
     error_response,
     json_object,
     json_response,
 )
-from modelhost.protocols.http import Handler as RouteHandler
 from modelhost.protocols.sagemaker.handlers import Handler, HandlerError
 from modelhost.protocols.sagemaker.invoke import Call, Invoker
 from modelhost.protocols.sagemaker.payloads import MediaTypeError
@@ -215,7 +215,7 @@ def management_routes(cache: ModelCache, run: Callable[[Target, HttpRequest], Aw
 
 def _error(exc: ModelhostError | MediaTypeError | HandlerError) -> HttpResponse:
     if isinstance(exc, ModelhostError):
-        return error_response(STATUS[exc.kind], exc.message)
+        return error_answer(exc)
     return error_response(exc.status, exc.message)
 
 
