@@ -22,6 +22,7 @@ import onnxruntime as ort
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import EXECUTION_MODE_PARAMETER, INTER_OP_PARAMETERS, INTRA_OP_PARAMETERS
+from modelhost.config.parameters import natural_parameter, string_parameters
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import TensorSpec
 
@@ -117,11 +118,11 @@ class OnnxModel(Model):
 
 
 def session_options(config: ModelConfig, default_threads: int) -> ort.SessionOptions:
-    params = {key: value.string_value for key, value in config.parameters.items()}
+    params = string_parameters(config)
     options = ort.SessionOptions()
     options.log_severity_level = _ORT_LOG_ERRORS_ONLY
-    options.intra_op_num_threads = _int_param(params, default_threads, *INTRA_OP_PARAMETERS)
-    options.inter_op_num_threads = _int_param(params, 1, *INTER_OP_PARAMETERS)
+    options.intra_op_num_threads = natural_parameter(params, INTRA_OP_PARAMETERS, default_threads)
+    options.inter_op_num_threads = natural_parameter(params, INTER_OP_PARAMETERS, 1)
     mode = params.get(EXECUTION_MODE_PARAMETER, "0")
     if mode not in _EXECUTION_MODES:
         raise ValueError(f"parameter {EXECUTION_MODE_PARAMETER} must be 0 (sequential) or 1 (parallel), got '{mode}'")
@@ -139,19 +140,6 @@ def session_options(config: ModelConfig, default_threads: int) -> ort.SessionOpt
             raise ValueError(f"parameter graph_optimization_level '{level}' is not one of {', '.join(_LEVELS)}")
         options.graph_optimization_level = _LEVELS[level.lower()]
     return options
-
-
-def _int_param(params: dict[str, str], default: int, *names: str) -> int:
-    for name in names:
-        if name in params:
-            try:
-                value = int(params[name])
-            except ValueError:
-                raise ValueError(f"parameter {name} must be an integer, got '{params[name]}'") from None
-            if value < 0:
-                raise ValueError(f"parameter {name} must be >= 0, got {value}")
-            return value
-    return default
 
 
 def _model_file(path: Path) -> str:

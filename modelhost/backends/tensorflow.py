@@ -36,6 +36,7 @@ from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSigna
 from modelhost.config.loader import ConfigError  # noqa: E402
 from modelhost.config.model_config_pb2 import ModelConfig  # noqa: E402
 from modelhost.config.overrides import INTER_OP_PARAMETERS, INTRA_OP_PARAMETERS  # noqa: E402
+from modelhost.config.parameters import natural_parameter, string_parameters
 from modelhost.errors import ErrorKind, ModelhostError  # noqa: E402
 from modelhost.types import TensorSpec  # noqa: E402
 
@@ -92,7 +93,7 @@ class TensorflowBackend(Backend):
         return _model_signature(function, signature_name, path)
 
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
-        params = {key: value.string_value for key, value in config.parameters.items()}
+        params = string_parameters(config)
         instances = max(1, sum(group.count for group in config.instance_group))
         _size_thread_pools(params, instance.threads * instances, path)
         loaded = _load_saved_model(path, params.get(GRAPH_TAG_PARAMETER) or DEFAULT_TAG)
@@ -175,8 +176,8 @@ def _spec(name: str, tensor: Any, where: str) -> TensorSpec:
 def _size_thread_pools(params: Mapping[str, str], default_intra: int, path: Path) -> None:
     """Size TF's process-wide pools at the first load; a later load that asks for other sizes gets a warning."""
     global _pools_sized
-    intra = _int_param(params, INTRA_PARAMETERS)
-    inter = _int_param(params, INTER_PARAMETERS)
+    intra = natural_parameter(params, INTRA_PARAMETERS, None)
+    inter = natural_parameter(params, INTER_PARAMETERS, None)
     with _pools_lock:
         first = not _pools_sized
         _pools_sized = True
@@ -200,19 +201,6 @@ def _set_pools(intra: int, inter: int | None) -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _int_param(params: Mapping[str, str], names: Sequence[str]) -> int | None:
-    for name in names:
-        if name in params:
-            try:
-                value = int(params[name])
-            except ValueError:
-                value = -1
-            if value < 0:
-                raise ConfigError(f"config.pbtxt parameter {name} must be an integer >= 0, got '{params[name]}'")
-            return value
-    return None
 
 
 def _to_tensor(name: str, array: np.ndarray) -> Any:

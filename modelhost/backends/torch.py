@@ -36,6 +36,7 @@ from modelhost.config.datatypes import v2_datatype
 from modelhost.config.loader import CONFIG_FILENAME, ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import INTRA_OP_PARAMETERS
+from modelhost.config.parameters import natural_parameter, string_parameters
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import format_shape
 
@@ -250,17 +251,7 @@ def _named_index(name: str) -> int | None:
 
 def _intra_op_threads(config: ModelConfig, default: int) -> int:
     # Triton's pytorch backend spells it INTRA_OP_THREAD_COUNT; 0 leaves the choice to the core.
-    parameters = {key.lower(): value.string_value for key, value in config.parameters.items()}
-    for name in INTRA_OP_PARAMETERS:
-        if name in parameters:
-            try:
-                value = int(parameters[name])
-            except ValueError:
-                raise ConfigError(f"parameter {name} must be an integer, got '{parameters[name]}'") from None
-            if value < 0:
-                raise ConfigError(f"parameter {name} must be >= 0, got {value}")
-            return value or default
-    return default
+    return natural_parameter(string_parameters(config, lower=True), INTRA_OP_PARAMETERS, 0) or default
 
 
 def _to_torch(array: np.ndarray) -> torch.Tensor:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from modelhost.config.loader import ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig, ModelQueuePolicy
+from modelhost.config.parameters import natural_parameter, string_parameters
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +84,7 @@ DEFAULT_INLINE_MICROSECONDS = 20
 
 
 def _natural_parameter(config: ModelConfig, name: str, default: int = 0) -> int:
-    if name not in config.parameters:
-        return default
-    text = config.parameters[name].string_value
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(f"parameter {name} must be an integer, got '{text}'") from None
-    if value < 0:
-        raise ConfigError(f"parameter {name} must be >= 0, got {value}")
-    return value
+    return natural_parameter(string_parameters(config), (name,), default)
 
 
 def _level(policy: ModelQueuePolicy) -> LevelPolicy:
