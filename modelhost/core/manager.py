@@ -285,10 +285,11 @@ class ModelManager:
     def acquire(self, name: str, version: str = "") -> ModelHold:
         """`async with manager.acquire(name, version) as model:` the version `get` gives, held for the block: a
         reload, unload or eviction meanwhile lets it finish before the version stops."""
-        return ModelHold(lambda: self.get(name, version))
+        return ModelHold(lambda: self.hold(name, version))
 
     def hold(self, name: str, version: str = "") -> ServedModel:
-        """What `acquire` does on entry, for a hot path: the caller must call `served.pins.release()` once done."""
+        """The version `get` gives, pinned (what `acquire` does on entry, without its objects, for a hot path):
+        the caller must call `served.pins.release()` once done."""
         served = self.get(name, version)
         served.pins.hold()
         return served

@@ -41,19 +41,18 @@ class Pins:
 
 
 class ModelHold:
-    """`async with` gives the ready version `lookup` finds, pinned until the block ends."""
+    """`async with` gives the version `hold` looks up and pins (ModelManager.hold), released when the block ends."""
 
-    __slots__ = ("_lookup", "_served")
+    __slots__ = ("_hold", "_served")
 
-    def __init__(self, lookup: Callable[[], ServedModel]) -> None:
-        self._lookup = lookup
+    def __init__(self, hold: Callable[[], ServedModel]) -> None:
+        self._hold = hold
         self._served: ServedModel | None = None
 
     def take(self) -> ServedModel:
-        """Look the version up and pin it; raises NOT_FOUND or UNAVAILABLE, pinning nothing."""
-        served = self._served = self._lookup()
-        served.pins.hold()
-        return served
+        """The version, pinned; raises NOT_FOUND or UNAVAILABLE, pinning nothing."""
+        self._served = self._hold()
+        return self._served
 
     def give_back(self) -> None:
         assert self._served is not None

@@ -106,7 +106,12 @@ class Repository:
         versions[model.version] = model
 
     def acquire(self, name: str, version: str) -> ModelHold:
-        return ModelHold(lambda: self.resolve(name, version))
+        def hold() -> ServedModel:
+            served = self.resolve(name, version)
+            served.pins.hold()
+            return served
+
+        return ModelHold(hold)
 
     def resolve(self, name: str, version: str) -> ServedModel:
         versions = self.models.get(name)
