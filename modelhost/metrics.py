@@ -15,8 +15,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from modelhost.core.load import ServerLoad
-from modelhost.core.loader import ServedModel
 from modelhost.core.model_cache import ModelCache
+from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram, ModelStatistics
 
 _LABELS = ("model", "version")

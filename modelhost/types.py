@@ -130,6 +130,7 @@ class ModelMetadata:
     platform: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    max_batch_size: int = 0  # > 0: every tensor's shape starts with the batch dim, -1
 
 
 @dataclass(slots=True)
@@ -148,8 +149,6 @@ class InferRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
-    # The whole data of the model's only input, shape left to the server (Triton's raw binary request).
-    raw_input: bytes | memoryview | None = None
 
 
 @dataclass(slots=True)

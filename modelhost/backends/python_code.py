@@ -7,9 +7,7 @@ The interface model.py implements is documented in modelhost/backends/python.py 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from modelhost import user_code
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import DATATYPE_DTYPES, format_shape
-
-# In-process imports put the version directory on sys.path for the import only; one import at a time keeps
-# one model's directory from being on the path while another model imports.
-_IMPORT_LOCK = threading.Lock()
+from modelhost.user_code import NotAModuleError, import_user_module
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,24 +115,13 @@ def load_user_model(spec: UserCodeSpec) -> UserModel:
 
 
 def _import(spec: UserCodeSpec) -> ModuleType:
-    module_spec = importlib.util.spec_from_file_location(spec.module_name, spec.path)
-    if module_spec is None or module_spec.loader is None:
-        raise UserCodeError(f"{spec.path} cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(module_spec)
-    directory = str(Path(spec.path).parent)
-    with _IMPORT_LOCK:
-        # Registered before it runs, as a normal import would be: dataclasses and pickle look the module up.
-        sys.modules[spec.module_name] = module
-        sys.path.insert(0, directory)
-        try:
-            module_spec.loader.exec_module(module)
-        except (Exception, SystemExit) as exc:
-            sys.modules.pop(spec.module_name, None)
-            raise UserCodeError(f"{spec.path} failed to import: {_last_line(exc, spec.path)}",
-                                _user_traceback(exc)) from exc
-        finally:
-            sys.path.remove(directory)
-    return module
+    try:
+        return import_user_module(Path(spec.path), spec.module_name)
+    except NotAModuleError as exc:
+        raise UserCodeError(str(exc)) from None
+    except (Exception, SystemExit) as exc:
+        raise UserCodeError(f"{spec.path} failed to import: {_last_line(exc, spec.path)}",
+                            _user_traceback(exc)) from exc
 
 
 def _call(spec: UserCodeSpec, what: str, function: Any, *args: Any) -> Any:
@@ -205,7 +190,7 @@ def _user_traceback(exc: BaseException) -> str:
     """The traceback from the first frame outside this module and the import machinery: the model's own."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None and (
-        tb.tb_frame.f_code.co_filename in (__file__, "<frozen importlib._bootstrap>",
+        tb.tb_frame.f_code.co_filename in (__file__, user_code.__file__, "<frozen importlib._bootstrap>",
                                            "<frozen importlib._bootstrap_external>")
     ):
         tb = tb.tb_next

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from modelhost.client_log import client_log
 from modelhost.config.loader import config_to_json
-from modelhost.core.loader import ServedModel
 from modelhost.core.manager import ModelManager
 from modelhost.core.scheduler import Scheduler
-from modelhost.core.signature import check_output_bytes
-from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.core.served_model import ServedModel
+from modelhost.errors import ModelhostError, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
 
 T = TypeVar("T")
 # The model's metadata -> the request decoded against it, and what the front-end keeps for its answer.
 Decode = Callable[[ModelMetadata], tuple[InferRequest, T]]
-
-log = logging.getLogger("modelhost.dataplane")
 
 SERVER_NAME = "modelhost"
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics")
@@ -75,6 +69,7 @@ class DataPlane:
             platform=served.config.platform or served.config.backend,
             inputs=signature.specs(signature.inputs),
             outputs=signature.specs(signature.outputs),
+            max_batch_size=signature.max_batch_size,
         )
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
@@ -103,49 +98,28 @@ class DataPlane:
         # Held for the whole request: ModelManager.acquire without its context manager objects (~1 µs less).
         served = self._manager.hold(request.model_name, request.model_version)
         try:
-            return await self._counted(served, request)
+            return await self._run(served, request)
         finally:
             served.pins.release()
 
     async def decode_and_infer(self, name: str, version: str, decode: Decode[T]) -> tuple[InferResponse, T]:
         """For a front-end whose wire format is read against the model's signature (TF Serving rows, SageMaker
-        CSV): one lookup. The version is held, `decode` gets its metadata and returns the request with anything
-        the front-end needs to encode the answer, and that request runs on the same version."""
+        CSV, KServe's raw binary body): one lookup. The version is held, `decode` gets its metadata and
+        returns the request with anything the front-end needs to encode the answer, and that request runs
+        on the same version."""
         served = self._manager.hold(name, version)
         try:
             request, context = decode(self._metadata_of(served))
             request.model_name, request.model_version = name, version
-            return await self._counted(served, request), context
+            return await self._run(served, request), context
         finally:
             served.pins.release()
 
-    async def _counted(self, served: ServedModel, request: InferRequest) -> InferResponse:
-        started = time.monotonic_ns()
-        ok = False
-        try:
-            response = await self._infer(served, request)
-            ok = True
-            return response
-        finally:
-            served.statistics.record_request(ok, time.monotonic_ns() - started)
-
-    async def _infer(self, served: ServedModel, request: InferRequest) -> InferResponse:
-        signature = served.signature
-        raw = request.raw_input
-        inputs, rows = signature.check_inputs(request.inputs if raw is None else signature.raw_inputs(raw))
-        names = signature.check_outputs(request.outputs)
-        priority = _natural_parameter(request.parameters, "priority")
-        timeout_us = _natural_parameter(request.parameters, "timeout")
-        try:
-            results = await served.scheduler.submit(inputs, names, rows, priority, timeout_us)
-        except ModelhostError:
-            raise
-        except Exception as exc:
-            client_log(log, logging.ERROR, "model-failed", "model %s version %d failed", served.name, served.version,
-                       exc_info=exc)
-            raise ModelhostError(ErrorKind.INTERNAL, f"model '{served.name}' failed: {exc}") from exc
-        outputs = signature.shape_outputs(results, names)
-        check_output_bytes(outputs, self.limits.max_output_bytes)
+    async def _run(self, served: ServedModel, request: InferRequest) -> InferResponse:
+        parameters = request.parameters
+        priority = _natural_parameter(parameters, "priority")
+        timeout_us = _natural_parameter(parameters, "timeout")
+        outputs = await served.run(request.inputs, request.outputs, priority, timeout_us, self.limits.max_output_bytes)
         return InferResponse(model_name=served.name, model_version=str(served.version), outputs=outputs, id=request.id)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -26,7 +25,7 @@ from modelhost.core.ensemble_plan import LATEST, Acquire, EnsemblePlan, Ensemble
 from modelhost.errors import ErrorKind, ModelhostError, unavailable
 
 if TYPE_CHECKING:
-    from modelhost.core.loader import ServedModel
+    from modelhost.core.served_model import ServedModel
 
 __all__ = ["LATEST", "Acquire", "EnsemblePlan", "EnsembleScheduler", "EnsembleStep", "Resolve"]
 
@@ -124,7 +123,7 @@ class EnsembleScheduler:
     async def _run_step(
         self, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int, timeout_us: int | None
     ) -> Outputs:
-        """One step as the data plane runs one request: check inputs, submit, shape outputs; mapped back."""
+        """One step runs as a client's request does (ServedModel.run), its outputs mapped back to the ensemble's."""
         hold = self._acquire(step.model_name, step.version)
         try:
             served: ServedModel = hold.take()
@@ -138,20 +137,10 @@ class EnsembleScheduler:
     @staticmethod
     async def _run_on(served: ServedModel, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int,
                       timeout_us: int | None) -> Outputs:
-        signature = served.signature
-        # An optional ensemble input the request left out stays out; a required model input then fails here.
+        # An optional ensemble input the request left out stays out; a required model input then fails there.
         feeds = {name: tensors[tensor] for name, tensor in step.input_map.items() if tensor in tensors}
-        names = list(step.output_map)
-        started = time.monotonic_ns()
-        try:
-            feeds, rows = signature.check_inputs(feeds)
-            results = await served.scheduler.submit(feeds, names, rows, priority, timeout_us)
-        except Exception:
-            served.statistics.record_request(False, time.monotonic_ns() - started)
-            raise
-        served.statistics.record_request(True, time.monotonic_ns() - started)
-        shaped = signature.shape_outputs(results, names)
-        return {step.output_map[name]: shaped[name] for name in names}
+        shaped = await served.run(feeds, step.requested, priority, timeout_us or 0)
+        return {step.output_map[name]: array for name, array in shaped.items()}
 
     def _failure(self, step: EnsembleStep, exc: Exception) -> ModelhostError:
         where = f"ensemble '{self._plan.name}' {step.describe()}"

@@ -8,18 +8,18 @@ ConfigError naming the ensemble, the step (counted from 1 in config order) and t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from modelhost.config.loader import ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig, ModelEnsembling
 from modelhost.core.signature import Signature, TensorRule
 from modelhost.errors import ModelhostError
-from modelhost.types import format_shape
+from modelhost.types import RequestedOutput, format_shape
 
 if TYPE_CHECKING:
-    from modelhost.core.loader import ServedModel
     from modelhost.core.model_hold import ModelHold
+    from modelhost.core.served_model import ServedModel
 
 # (model name, version "" for the latest) -> the ready model; raises ModelhostError when there is none.
 Resolve = Callable[[str, str], "ServedModel"]
@@ -37,6 +37,10 @@ class EnsembleStep:
     model_version: int  # LATEST or a version number
     input_map: dict[str, str]  # composing model input -> ensemble tensor
     output_map: dict[str, str]  # composing model output -> ensemble tensor
+    requested: tuple[RequestedOutput, ...] = field(init=False)  # the outputs the step asks its model for
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requested", tuple(RequestedOutput(name) for name in self.output_map))
 
     @property
     def version(self) -> str:

@@ -6,7 +6,7 @@ Everything here blocks (file reads, session creation); the manager calls it in a
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from modelhost.backends import (
     BackendUnavailableError,
@@ -21,10 +21,11 @@ from modelhost.config.loader import ConfigError, read_config
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides, apply_overrides
 from modelhost.core.ensemble import Acquire, EnsemblePlan, EnsembleScheduler
+from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.load import ServerLoad
-from modelhost.core.model_hold import Pins
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
+from modelhost.core.served_model import ServedModel
 from modelhost.core.signature import Signature
 from modelhost.core.statistics import ModelStatistics
 from modelhost.core.warmup import run_warmup, warmup_samples
@@ -32,22 +33,6 @@ from modelhost.store.local import ModelSource
 from modelhost.store.paths import check_relative
 
 log = logging.getLogger("modelhost.loader")
-
-
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    """One loaded, ready version of a model."""
-
-    name: str
-    version: int
-    config: ModelConfig
-    signature: Signature
-    scheduler: Scheduler | EnsembleScheduler
-    statistics: ModelStatistics
-    pins: Pins = field(default_factory=Pins)  # requests holding this version (ModelManager.acquire)
-
-
-ENSEMBLE_PLATFORM = "ensemble"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +65,7 @@ def plan_model(
         config.name = source.name
     if config.default_model_filename:
         check_relative(config.default_model_filename, f"model '{source.name}': default_model_filename")
-    if config.platform == ENSEMBLE_PLATFORM:
+    if config.platform == ENSEMBLE:
         return _plan_ensemble(source, config, overrides)
     try:
         backend = get_backend(_resolve_backend(config, source))
@@ -96,7 +81,7 @@ def warm_up_backend_of(source: ModelSource) -> None:
     from being found or warmed is left for the load itself to report."""
     try:
         config = read_config(source.path) or ModelConfig()
-        if config.platform != ENSEMBLE_PLATFORM:
+        if config.platform != ENSEMBLE:
             warm_up_backend(_resolve_backend(config, source))
     except Exception as exc:  # noqa: BLE001 - the load reports it, with the model's name
         log.debug("no backend warmed up for %s: %s", source.name, exc)

@@ -17,12 +17,14 @@ from pathlib import Path
 from modelhost.config.overrides import ModelOverrides
 from modelhost.core import compute_threads
 from modelhost.core.code_policy import CodePolicy
+from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.lifecycle import ModelState
 from modelhost.core.load import ServerLoad
 from modelhost.core.load_override import LoadOverride, write_override
-from modelhost.core.loader import LoadPlan, ServedModel, load_ensemble_version, load_version, plan_model
+from modelhost.core.loader import LoadPlan, load_ensemble_version, load_version, plan_model
 from modelhost.core.model_hold import ModelHold
 from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
+from modelhost.core.served_model import ServedModel
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
 from modelhost.store.local import LocalStore, ModelFingerprint, ModelSource
 from modelhost.store.paths import check_model_name
@@ -204,7 +206,7 @@ class ModelManager:
         status.served, status.state, status.reason = served, ModelState.READY, ""
         if previous is not None:
             self._drain(previous)
-        backend = plan.backend.name if plan.backend else "ensemble"
+        backend = plan.backend.name if plan.backend else ENSEMBLE
         log.info("%s model %s version %d from %s (%s)", "reloaded" if previous else "loaded", record.name,
                  version, source.path, backend)
         return ""

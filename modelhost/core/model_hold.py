@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from modelhost.core.loader import ServedModel
+    from modelhost.core.served_model import ServedModel
 
 
 class Pins:

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from modelhost.core.lifecycle import ModelState
-from modelhost.core.loader import ServedModel
+from modelhost.core.served_model import ServedModel
 from modelhost.errors import ModelhostError
 from modelhost.store.local import ModelFingerprint
 

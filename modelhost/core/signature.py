@@ -5,7 +5,7 @@ Checks run per request on the hot path, so they compare precomputed tuples only.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,38 +50,6 @@ class Signature:
     def specs(self, rules: dict[str, TensorRule]) -> tuple[TensorSpec, ...]:
         batch = (-1,) if self.max_batch_size > 0 else ()
         return tuple(TensorSpec(r.name, r.datatype, batch + r.dims, r.optional) for r in rules.values())
-
-    def raw_inputs(self, data: bytes | memoryview) -> dict[str, np.ndarray]:
-        """The request inputs of a raw binary request: `data` is all of the model's only input, batch 1.
-
-        As Triton: the input's dims may hold at most one -1, which the data's size decides; a BYTES
-        input must have shape [1] and the data is its one element.
-        """
-        if len(self.inputs) != 1:
-            raise invalid(
-                f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one "
-                f"input; model '{self.model}' has {len(self.inputs)}"
-            )
-        rule = next(iter(self.inputs.values()))
-        batch = (1,) if self.max_batch_size > 0 else ()
-        if rule.datatype == "BYTES":
-            if any(d not in (1, -1) for d in rule.dims):
-                raise invalid(f"input '{rule.name}' of dims {format_shape(rule.dims)} cannot take a raw BYTES body")
-            return {rule.name: np.array([bytes(data)], dtype=object).reshape(batch + (1,) * len(rule.dims))}
-        if rule.dims.count(-1) > 1:
-            raise invalid(
-                f"input '{rule.name}' has dims {format_shape(rule.dims)}: a raw binary body cannot decide "
-                "more than one variable dimension"
-            )
-        count, rest = divmod(len(data), rule.dtype.itemsize)
-        fixed = math.prod(d for d in rule.dims if d != -1)
-        if rest or (count % fixed if -1 in rule.dims else count != fixed):
-            raise invalid(
-                f"raw binary body of {len(data)} bytes does not fit input '{rule.name}' "
-                f"({rule.datatype}, dims {format_shape(rule.dims)})"
-            )
-        dims = tuple(count // fixed if d == -1 else d for d in rule.dims)
-        return {rule.name: np.frombuffer(data, dtype=rule.dtype).reshape(batch + dims)}
 
     def check_inputs(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         """Validate request inputs; return them shaped as the backend wants, and the batch size (1 if unbatched)."""
@@ -137,7 +105,7 @@ class Signature:
             )
         return int(shape[0])
 
-    def check_outputs(self, requested: list[RequestedOutput] | None) -> list[str]:
+    def check_outputs(self, requested: Sequence[RequestedOutput] | None) -> list[str]:
         """Names of the outputs to compute, in response order."""
         if not requested:
             return list(self.outputs)

@@ -95,19 +95,6 @@ def error_answer(exc: ModelhostError) -> HttpResponse:
     return response
 
 
-def json_object(body: bytes) -> dict[str, Any]:
-    """A request body that must be a JSON object (an empty body is an empty object)."""
-    if not body.strip():
-        return {}
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise invalid(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise invalid("request body must be a JSON object")
-    return document
-
-
 class HttpApp:
     """ASGI callable. `startup`/`shutdown` run in the lifespan protocol, around serving."""
 

@@ -85,6 +85,9 @@ class Model:
             raise ValueError("bad value")
         if code == 7:
             raise invalid("x must not be 7")
+        if code == 8:
+            import late  # a sibling imported only now, as Triton's model.py may
+            return {"y": x * late.THREE, "pid": pid}
         return {"y": x * TWO, "pid": pid}
 
     def finalize(self):
@@ -93,11 +96,12 @@ class Model:
 
 
 def write_model(root: Path, name: str, code: str = TOOLBOX, config: str = CONFIG) -> Path:
-    """A model directory <root>/<name> with config.pbtxt and 1/model.py (+ 1/helper.py); returns model.py."""
+    """A model directory <root>/<name> with config.pbtxt and 1/model.py (+ 1/helper.py, 1/late.py); returns model.py."""
     version = root / name / "1"
     version.mkdir(parents=True)
     (root / name / "config.pbtxt").write_text(config)
     (version / "helper.py").write_text("TWO = 2\n")
+    (version / "late.py").write_text("THREE = 3\n")
     (version / "model.py").write_text(code)
     return version / "model.py"
 
@@ -157,7 +161,13 @@ def test_runs_batches_with_initialize_args(toolbox: Model, tmp_path: Path, mode:
     assert record == {"model_name": "toolbox", "model_version": "1", "model_instance_index": 0,
                       "model_directory": str(tmp_path / "toolbox"), "config_max_batch_size": 8,
                       "loaded_in_module": 1}
-    assert str(tmp_path / "toolbox" / "1") not in sys.path  # on sys.path for the import only
+    # As Triton's stub leaves it: the version directory stays on sys.path of the process that imported model.py.
+    assert (str((tmp_path / "toolbox" / "1").resolve()) in sys.path) == (mode == "in_process")
+
+
+def test_model_py_imports_a_sibling_inside_execute(toolbox: Model) -> None:
+    outputs = run(toolbox, 8.0)
+    np.testing.assert_array_equal(outputs["y"], batch(8.0)["x"] * 3)
 
 
 def test_signature_is_the_configs(toolbox: Model) -> None:

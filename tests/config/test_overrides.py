@@ -13,8 +13,9 @@ from onnx import TensorProto
 from modelhost.config.loader import parse_config
 from modelhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from modelhost.config.overrides import ModelOverrides, apply_overrides
-from modelhost.core.loader import ServedModel, load_version, plan_model
+from modelhost.core.loader import load_version, plan_model
 from modelhost.core.policy import SchedulingPolicy
+from modelhost.core.served_model import ServedModel
 from modelhost.store.local import LocalStore
 from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, identity_model, write_model
 

@@ -19,10 +19,10 @@ import pytest
 from modelhost.backends.base import Model
 from modelhost.config.loader import ConfigError, parse_config
 from modelhost.core.ensemble import LATEST, EnsemblePlan, EnsembleScheduler
-from modelhost.core.loader import ServedModel
 from modelhost.core.model_hold import ModelHold
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
+from modelhost.core.served_model import ServedModel
 from modelhost.core.signature import Signature
 from modelhost.core.statistics import ModelStatistics
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found

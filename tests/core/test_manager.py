@@ -20,6 +20,7 @@ from modelhost.core.dataplane import DataPlane
 from modelhost.core.load_override import LoadRequest, check_load_request
 from modelhost.core.manager import ModelManager
 from modelhost.core.repository_poll import RepositoryPoller
+from modelhost.core.served_model import ServedModel
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.local import LocalStore
 from modelhost.types import InferRequest
@@ -360,13 +361,13 @@ def test_requests_that_await_between_lookup_and_submit_survive_reloads(tmp_path:
     eight clients through five reloads, and not one request fails."""
     repo = tmp_path / "repo"
     write_versions(repo, "m", {1: 1.0})
-    original = DataPlane._infer
+    original = ServedModel.run
 
-    async def with_a_gap(self: DataPlane, served: Any, request: InferRequest) -> Any:
+    async def with_a_gap(self: ServedModel, *args: Any) -> Any:
         await asyncio.sleep(0.002)
-        return await original(self, served, request)
+        return await original(self, *args)
 
-    monkeypatch.setattr(DataPlane, "_infer", with_a_gap)
+    monkeypatch.setattr(ServedModel, "run", with_a_gap)
 
     async def body() -> None:
         async with serving(repo, tmp_path) as (manager, dataplane):

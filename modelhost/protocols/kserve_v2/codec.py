@@ -14,6 +14,7 @@ import numpy as np
 import orjson
 
 from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.protocols.json_body import json_object
 from modelhost.protocols.json_numbers import json_numbers
 from modelhost.types import (
     DATATYPE_DTYPES,
@@ -35,21 +36,18 @@ def decode_infer_request(
     body: bytes, header_length: int | None, model_name: str, model_version: str = "",
     limits: RequestLimits = DEFAULT_LIMITS,
 ) -> InferRequest:
-    """Parse a V2 infer body; `header_length` is Inference-Header-Content-Length (None: all JSON).
+    """Parse a V2 infer body; `header_length` is Inference-Header-Content-Length (None: all JSON; 0, a raw
+    binary request, is read against the model's metadata by raw_codec instead).
 
     Each input's shape is checked against `limits` before its array is made."""
     if header_length is None:
         header_length = len(body)
-    elif header_length == 0:
-        # Raw binary request: the body is the data of the model's only input; every output goes back binary.
-        return InferRequest(model_name, {}, model_version, parameters={"binary_data_output": True},
-                            raw_input=memoryview(body))
     elif not 0 < header_length <= len(body):
         raise invalid(
             f"Inference-Header-Content-Length {header_length} is outside the request body of {len(body)} bytes"
         )
     view = memoryview(body)
-    document = _parse_json(view[:header_length])
+    document = json_object(view[:header_length], holding="an 'inputs' list")
     offset = header_length
     inputs: dict[str, np.ndarray] = {}
     budget = limits.budget()
@@ -83,16 +81,6 @@ def decode_infer_request(
         outputs=_requested_outputs(document),
         parameters=_dict_field(document, "parameters", "request"),
     )
-
-
-def _parse_json(header: memoryview) -> dict[str, Any]:
-    try:
-        document = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        raise invalid(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise invalid("request body must be a JSON object with an 'inputs' list")
-    return document
 
 
 def _list_field(document: dict[str, Any], field: str, required: bool = False) -> list[Any]:

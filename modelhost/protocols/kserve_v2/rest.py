@@ -8,10 +8,12 @@ from modelhost.access import Api
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
-from modelhost.protocols.http import HttpRequest, HttpResponse, Route, error_response, json_object, json_response
+from modelhost.protocols.http import HttpRequest, HttpResponse, Route, error_response, json_response
+from modelhost.protocols.json_body import json_object
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
+from modelhost.protocols.kserve_v2.raw_codec import decode_raw_request
 from modelhost.protocols.kserve_v2.repository_codec import decode_load_request, decode_unload_dependents
-from modelhost.types import ModelMetadata, TensorSpec
+from modelhost.types import InferRequest, ModelMetadata, TensorSpec
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
 _HEADER_LENGTH = b"inference-header-content-length"
@@ -20,10 +22,16 @@ _HEADER_LENGTH = b"inference-header-content-length"
 def routes(dataplane: DataPlane, control: Control) -> list[Route]:
     async def infer(request: HttpRequest) -> HttpResponse:
         header_length = _header_length(request.headers.get(_HEADER_LENGTH))
-        infer_request = decode_infer_request(
-            request.body, header_length, request.params["model"], request.params.get("version", ""), dataplane.limits
-        )
-        response = await dataplane.infer(infer_request)
+        model, version = request.params["model"], request.params.get("version", "")
+        if header_length == 0:
+            def raw(metadata: ModelMetadata) -> tuple[InferRequest, InferRequest]:
+                decoded = decode_raw_request(request.body, metadata)
+                return decoded, decoded  # the request again, for its binary_data_output when encoding
+
+            response, infer_request = await dataplane.decode_and_infer(model, version, raw)
+        else:
+            infer_request = decode_infer_request(request.body, header_length, model, version, dataplane.limits)
+            response = await dataplane.infer(infer_request)
         parts, json_length = encode_infer_response(response, infer_request)
         if json_length is None:
             return HttpResponse(200, parts, [(b"content-type", b"application/json")])

@@ -27,9 +27,9 @@ from modelhost.protocols.http import (
     Route,
     error_answer,
     error_response,
-    json_object,
     json_response,
 )
+from modelhost.protocols.json_body import json_object
 from modelhost.protocols.sagemaker.handlers import Handler, HandlerError
 from modelhost.protocols.sagemaker.invoke import Call, Invoker
 from modelhost.protocols.sagemaker.payloads import MediaTypeError

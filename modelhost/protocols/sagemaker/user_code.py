@@ -1,36 +1,25 @@
-"""The user's code next to a model (`code/inference.py`, `code/lib/`, `code/requirements.txt`): install, import, read.
+"""A SageMaker model's code (`code/inference.py`, `code/lib/`, `code/requirements.txt`): install, import, read.
 
-Each user module is imported under its own unique name, so two models' `inference.py` never share an entry in
-`sys.modules`. `code/` and `code/lib/` go to the front of `sys.path` so sibling imports work; before a module is
-imported, sibling modules cached from user code dirs under the names this code dir provides are dropped from
-`sys.modules`, so each model imports its own `helpers.py` (modules already imported keep their references).
-All functions here block (pip, imports); callers run them off the event loop. Imports are serialized by one lock.
+`inference.py` is imported as all user code is (modelhost.user_code), with `code/` and `code/lib/` searched.
+All functions here block (pip, imports); callers run them off the event loop.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import itertools
-import re
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from modelhost import user_code as shared
 from modelhost.errors import unavailable
 
 REQUIREMENTS = "requirements.txt"
 LIBRARY_DIR = "lib"
 _PIP_TAIL_LINES = 8
-
-_import_lock = threading.Lock()
-_module_numbers = itertools.count(1)
-_code_dirs: set[Path] = set()  # every code dir imported from so far (resolved): whose cached siblings may be dropped
 
 
 def find_program(code_dir: Path, program: str) -> Path | None:
@@ -63,73 +52,22 @@ def install_requirements(code_dir: Path, target: Path, pip_args: Sequence[str] =
         tail = "\n".join(line for line in result.stderr.splitlines() if line.strip())
         tail = "\n".join(tail.splitlines()[-_PIP_TAIL_LINES:]) or "(pip wrote nothing to stderr)"
         raise unavailable(f"installing {requirements} failed (pip exit status {result.returncode}):\n{tail}")
-    with _import_lock:
-        _to_front_of_path([code_dir, code_dir / LIBRARY_DIR, target])
+    shared.put_first_on_path([code_dir, code_dir / LIBRARY_DIR, target])
 
 
 def import_module(path: Path, module_tag: str = "") -> ModuleType:
-    """Import the user module at `path` under a new unique name; ModelhostError (UNAVAILABLE) if it fails to import."""
-    code_dir = path.parent
-    name = _unique_name(module_tag, path.stem)
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise unavailable(f"cannot import {path}: not a Python source file")
-    module = importlib.util.module_from_spec(spec)
-    with _import_lock:
-        _to_front_of_path([code_dir, code_dir / LIBRARY_DIR])
-        _drop_cached_siblings(code_dir)
-        _code_dirs.add(code_dir.resolve())
-        importlib.invalidate_caches()  # code dirs may have been written after the path finders cached them
-        # Registered before it runs: dataclasses, pickle and typing look their module up in sys.modules.
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except (Exception, SystemExit) as exc:
-            sys.modules.pop(name, None)
-            raise unavailable(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
-    return module
+    """Import the user module at `path` under a new unique name, with code/lib searched too (modelhost.user_code);
+    ModelhostError (UNAVAILABLE) if it fails to import."""
+    name = shared.unique_module_name(module_tag, path.stem)
+    try:
+        return shared.import_user_module(path, name, [path.parent / LIBRARY_DIR])
+    except shared.NotAModuleError as exc:
+        raise unavailable(f"cannot import {path}: not a Python source file") from exc
+    except (Exception, SystemExit) as exc:
+        raise unavailable(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def forget_module(module: ModuleType) -> None:
-    """Drop a module import_module() made from sys.modules (the model is unloaded); its sibling imports stay cached."""
-    with _import_lock:
-        if sys.modules.get(module.__name__) is module:
-            del sys.modules[module.__name__]
-
-
-def _unique_name(module_tag: str, stem: str) -> str:
-    tag, stem = re.sub(r"\W", "_", module_tag), re.sub(r"\W", "_", stem)
-    return f"_modelhost_user_{tag}_{next(_module_numbers)}_{stem}"
-
-
-def _to_front_of_path(directories: list[Path]) -> None:
-    entries = [str(directory.resolve()) for directory in directories if directory.is_dir()]
-    sys.path[:] = entries + [entry for entry in sys.path if entry not in entries]
-
-
-def _drop_cached_siblings(code_dir: Path) -> None:
-    names = _top_level_names(code_dir) | _top_level_names(code_dir / LIBRARY_DIR)
-    for cached_name, cached in list(sys.modules.items()):
-        if cached_name.partition(".")[0] in names and _is_user_code(cached):
-            del sys.modules[cached_name]
-
-
-def _top_level_names(directory: Path) -> set[str]:
-    if not directory.is_dir():
-        return set()
-    return {entry.stem if entry.suffix == ".py" else entry.name
-            for entry in directory.iterdir() if entry.suffix == ".py" or entry.is_dir()}
-
-
-def _is_user_code(module: ModuleType) -> bool:
-    """Whether a cached module came from a code dir imported before (never a stdlib or installed module)."""
-    locations = [getattr(module, "__file__", None), *list(getattr(module, "__path__", []) or [])]
-    for location in locations:
-        if location:
-            resolved = Path(location).resolve()
-            if any(resolved.is_relative_to(code_dir) for code_dir in _code_dirs):
-                return True
-    return False
+forget_module = shared.forget_module
 
 
 def functions(module: ModuleType, path: Path, names: Sequence[str]) -> dict[str, Callable[..., Any]]:
