@@ -30,21 +30,21 @@ from modelhost.core.model_cache import ModelCache
 from modelhost.core.repository_poll import RepositoryPoller
 from modelhost.errors import ModelhostError, hide_paths_under
 from modelhost.metrics import MetricsExporter
-from modelhost.protocols import openapi, prometheus
+from modelhost.protocols import openapi
+from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.grpc_server import GrpcOptions, GrpcServer, ListenError
-from modelhost.protocols.http import HttpApp, Route
+from modelhost.protocols.http import HttpApp
 from modelhost.protocols.http_limits import HttpLimits
 from modelhost.protocols.http_server import HttpServer, Site
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
-from modelhost.protocols.sagemaker.invoke import Invoker
-from modelhost.protocols.sagemaker.runtime_errors import RuntimeErrors
-from modelhost.protocols.sagemaker.site import SingleModelSite, UserCode, local_url, multi_model_routes
+from modelhost.protocols.prometheus import MetricsFrontEnd
+from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMakerOptions, local_url
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
-from modelhost.settings import ServerSettings, model_load_roots, request_limits
+from modelhost.settings import ServerSettings, handler_threads, model_load_roots, request_limits
 from modelhost.store.archives import open_archive_store
-from modelhost.store.layout import find_layout
+from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.local import LocalStore
 
 log = logging.getLogger("modelhost")
@@ -68,8 +68,8 @@ class Server:
         self.tls = self._server_tls()
         self.http_access = AccessPolicy(settings.http_restricted_apis + settings.token_restrictions)
         self.grpc_access = AccessPolicy(settings.grpc_restricted_protocols + settings.token_restrictions)
-        self.cache: ModelCache | None = None
-        self.single: SingleModelSite | None = None
+        self.root: Path | None = None  # the directory served (one endpoint), None with a multi-model cache
+        self.layout: ModelLayout | None = None
         store = None if settings.multi_model else self._single_model_store()
         self.code_policy = CodePolicy(settings.user_code)
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.load,
@@ -78,17 +78,13 @@ class Server:
         self.control = Control(self.manager, settings.model_control_mode, store)
         self.poller = (RepositoryPoller(self.manager, store, settings.repository_poll_seconds)
                        if store is not None and settings.model_control_mode == "poll" else None)
-        sagemaker_url = local_url(settings.host, settings.sagemaker_port, self._tls_for("sagemaker") is not None)
-        self.invoker = Invoker(self.dataplane, settings.default_accept, settings.invocation_timeout_seconds,
-                               sagemaker_url)
-        user_code = UserCode(self.invoker, settings.sagemaker_program, settings.default_model_name, self.code_policy)
-        if settings.multi_model:
-            self.cache = self._model_cache(user_code)
-        else:
-            self.single = SingleModelSite(
-                self.dataplane, self.invoker, user_code, self.layout, self.root, self.work_dir / "packages",
-                lambda: [e.name for e in self.manager.index()], settings.default_model_name,
-            )
+        self.cache = self._model_cache() if settings.multi_model else None
+        # The front-ends with a port of their own besides the HTTP port, each served when its port is set.
+        self.front_ends: list[FrontEnd] = [
+            front_end for port, make in ((settings.sagemaker_port, self._sagemaker_front_end),
+                                         (settings.metrics_port, self._metrics_front_end)) if port
+            for front_end in [make()]
+        ]
         self._loading: asyncio.Task[None] | None = None
         self._http: HttpServer | None = None  # set by run()
         self.grpc = self._grpc_server() if settings.grpc_port else None
@@ -134,7 +130,7 @@ class Server:
             raise SystemExit(f"--model-repository {self.root}: {exc.message}") from None
         return LocalStore(self.layout.repository)
 
-    def _model_cache(self, user_code: UserCode) -> ModelCache:
+    def _model_cache(self) -> ModelCache:
         s = self.settings
         archives = None
         if s.model_repository is not None:
@@ -144,8 +140,7 @@ class Server:
                 raise SystemExit(f"--model-repository {s.model_repository}: {exc.message}") from None
         return ModelCache(
             self.manager, archives, self.work_dir / "cache", s.model_cache_bytes, s.max_unpacked_bytes,
-            s.default_model_name, on_load=user_code.on_cache_load, on_unload=user_code.on_cache_unload,
-            load_roots=model_load_roots(s), max_archive_members=s.max_archive_members,
+            s.default_model_name, load_roots=model_load_roots(s), max_archive_members=s.max_archive_members,
         )
 
     def _grpc_server(self) -> GrpcServer:
@@ -166,19 +161,23 @@ class Server:
             access=self.http_access,
         )
 
-    def build_sagemaker_asgi(self) -> RuntimeErrors:
-        routes: list[Route]
-        if self.cache is not None:
-            routes = multi_model_routes(self.dataplane, self.invoker, self.cache, self.settings.default_model_name)
-        else:
-            assert self.single is not None
-            routes = self.single.routes
-        app = HttpApp(routes, max_body_bytes=self.settings.http_max_body_bytes, access=self.http_access)
-        return RuntimeErrors(app, routes)
+    def _sagemaker_front_end(self) -> SageMakerFrontEnd:
+        s = self.settings
+        options = SageMakerOptions(
+            s.sagemaker_port, local_url(s.host, s.sagemaker_port, self._tls_for("sagemaker") is not None),
+            s.default_accept, s.invocation_timeout_seconds, s.sagemaker_program, s.default_model_name,
+            handler_threads(s), s.http_max_body_bytes,
+        )
+        return SageMakerFrontEnd(options, self.dataplane, lambda: [e.name for e in self.manager.index()], self.cache,
+                                 self.layout, self.root, self.work_dir, self.code_policy, self.http_access)
 
-    def build_metrics_asgi(self) -> HttpApp:
-        return HttpApp(prometheus.routes(MetricsExporter(self.manager.served, self.load, self.cache)),
-                       access=self.http_access)
+    def _metrics_front_end(self) -> MetricsFrontEnd:
+        exporter = MetricsExporter(self.manager.served, self.load, self.cache)
+        return MetricsFrontEnd(exporter, self.settings.metrics_port + self.settings.worker_index, self.http_access)
+
+    def front_end(self, name: str) -> FrontEnd:
+        """The front-end of that name (e.g. "SageMaker"), when its port is set."""
+        return next(front_end for front_end in self.front_ends if front_end.name == name)
 
     async def _start(self) -> None:
         if self.settings.workers > 1:
@@ -212,8 +211,8 @@ class Server:
                 log.info("model %s version %s: READY", entry.name, entry.version)
             else:
                 log.warning("model %s version %s: %s (%s)", entry.name, entry.version or "-", entry.state, entry.reason)
-        if self.single is not None and self.settings.sagemaker_port:
-            await self.single.start()
+        for front_end in self.front_ends:
+            await front_end.start()
         if self.poller is not None:
             self.poller.start()
         self.dataplane.mark_started()
@@ -234,6 +233,8 @@ class Server:
             await self.poller.stop()
         if self.grpc is not None:  # (stopping since the signal, unless startup failed before it)
             await self.grpc.stop(self.settings.graceful_shutdown_seconds)
+        for front_end in reversed(self.front_ends):
+            await front_end.stop()
         log.info("stopping: draining and unloading models")
         if self.cache is not None:
             await self.cache.stop()
@@ -252,12 +253,10 @@ class Server:
         handshake = s.tls_handshake_timeout_seconds
         sites = [Site("HTTP", self.build_asgi(), s.http_port, self.load, tls=self._tls_for("http"),
                       tls_handshake_seconds=handshake)]
-        if s.sagemaker_port:
-            sites.append(Site("SageMaker", self.build_sagemaker_asgi(), s.sagemaker_port, self.load,
-                              tls=self._tls_for("sagemaker"), tls_handshake_seconds=handshake))
-        if s.metrics_port:
-            sites.append(Site("metrics", self.build_metrics_asgi(), s.metrics_port + s.worker_index, shared=False,
-                              tls=self._tls_for("metrics"), tls_handshake_seconds=handshake))
+        for front_end in self.front_ends:
+            load = self.load if front_end.counts_load else ServerLoad()
+            sites.append(Site(front_end.name, front_end.app, front_end.port, load, front_end.shared,
+                              self._tls_for(front_end.name.lower()), handshake))
         self._http = HttpServer(sites, s.host, http_limits(s), s.graceful_shutdown_seconds,
                                 reuse_port=s.workers > 1, on_stop=self._stop_grpc)
         uvloop.run(self._serve(self._http))

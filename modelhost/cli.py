@@ -131,6 +131,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         f"(default {d.user_code})")
     add("--invocation-timeout-seconds", type=float, help="how long one SageMaker invocation may take "
         f"(default {d.invocation_timeout_seconds:g}, or SAGEMAKER_MODEL_SERVER_TIMEOUT/SAGEMAKER_TS_RESPONSE_TIMEOUT)")
+    add("--handler-threads", type=int, help="threads that run SageMaker inference.py handlers, apart from model "
+        "loading (default: min(32, CPUs + 4))")
     # request and log limits (issue 12: codecs)
     add("--json-max-depth", type=int, help="how deeply a tensor's JSON data may nest lists, 1-64 "
         f"(default {d.json_max_depth})")

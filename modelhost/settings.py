@@ -90,6 +90,7 @@ class ServerSettings:
     max_archive_members: the most entries (files, directories, links) one model archive may hold (10,000: a
     model with its code and variable shards has tens to hundreds; each entry costs a file and inode to unpack).
     invocation_timeout_seconds: how long one SageMaker invocation may take.
+    handler_threads: threads for SageMaker inference.py handlers, apart from model loading; 0: min(32, CPUs + 4).
     default_accept: the Accept used when a SageMaker request sends none or `*/*`.
     sagemaker_program: the handler module in a model's code/ directory.
     default_model_name: the name a single model (not a repository) is served under.
@@ -176,6 +177,7 @@ class ServerSettings:
     max_archive_members: int = 10_000
     s3_endpoint_url: str | None = None
     invocation_timeout_seconds: float = 60.0
+    handler_threads: int = 0
     default_accept: str = "application/json"
     sagemaker_program: str = "inference.py"
     default_model_name: str = "model"
@@ -234,6 +236,11 @@ def settings_from_environment(base: ServerSettings, environ: Mapping[str, str]) 
     return replace(base, **values, model_overrides=overrides)
 
 
+def handler_threads(settings: ServerSettings) -> int:
+    """The size of the SageMaker handler pool: as set, or what Python gives its default executor."""
+    return settings.handler_threads or min(32, settings.cpu_count + 4)
+
+
 def check_settings(settings: ServerSettings) -> None:
     """Checks across settings, whichever flag or variable set them; raises SettingsError."""
     if settings.compute_priority not in PRIORITIES:
@@ -256,6 +263,8 @@ def check_settings(settings: ServerSettings) -> None:
                  "grpc_keepalive_timeout_seconds"):
         if getattr(settings, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
+    if settings.handler_threads < 0:
+        raise SettingsError(f"--handler-threads must be 0 (automatic) or more, got {settings.handler_threads}")
     if settings.model_control_mode not in CONTROL_MODES:
         raise SettingsError(f"--model-control-mode must be one of {', '.join(CONTROL_MODES)}, "
                             f"got '{settings.model_control_mode}'")

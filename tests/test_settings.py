@@ -15,6 +15,7 @@ from modelhost.settings import (
     ServerSettings,
     SettingsError,
     check_settings,
+    handler_threads,
     memory_bytes,
     parse_byte_size,
     resolve_settings,
@@ -194,6 +195,7 @@ class TestCheckSettings:
         ({"model_cache_bytes": 0}, "--model-cache-bytes must be positive, got 0"),
         ({"max_unpacked_bytes": -1}, "--max-unpacked-bytes must be positive"),
         ({"invocation_timeout_seconds": 0.0}, "--invocation-timeout-seconds must be positive"),
+        ({"handler_threads": -1}, r"--handler-threads must be 0 \(automatic\) or more, got -1"),
     ])
     def test_errors(self, changes: dict[str, Any], message: str) -> None:
         with pytest.raises(SettingsError, match=message):
@@ -202,6 +204,11 @@ class TestCheckSettings:
     def test_workers_with_multi_model_from_the_environment(self) -> None:
         with pytest.raises(SettingsError, match="SAGEMAKER_TFS_INSTANCE_COUNT 2 cannot be combined"):
             resolve_settings(BASE, {"SAGEMAKER_TFS_INSTANCE_COUNT": "2", "SAGEMAKER_MULTI_MODEL": "true"}, {})
+
+    def test_handler_threads_are_as_set_or_as_python_sizes_its_default_executor(self) -> None:
+        assert handler_threads(replace(BASE, handler_threads=3)) == 3
+        assert handler_threads(replace(BASE, cpu_count=2)) == 6
+        assert handler_threads(replace(BASE, cpu_count=64)) == 32
 
     def test_zero_ports_turn_sites_off(self) -> None:
         check_settings(replace(BASE, sagemaker_port=0, metrics_port=0))

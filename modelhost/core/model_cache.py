@@ -127,6 +127,10 @@ class ModelCache:
         self._download_seconds: list[float] = []
         self.statistics = CacheStatistics()
 
+    def set_hooks(self, on_load: Hook | None, on_unload: Hook | None) -> None:
+        """What a front-end makes of each model as it loads (its inference.py), and undoes as it unloads."""
+        self._on_load, self._on_unload = on_load, on_unload
+
     @property
     def used_bytes(self) -> int:
         """Memory the loaded models hold, as the budget counts it."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from modelhost.access import Api
+from modelhost.access import AccessPolicy, Api
 from modelhost.metrics import MetricsExporter
-from modelhost.protocols.http import HttpRequest, HttpResponse, Route
+from modelhost.protocols.front_end import FrontEnd
+from modelhost.protocols.http import HttpApp, HttpRequest, HttpResponse, Route
 
 
 def routes(exporter: MetricsExporter) -> list[Route]:
@@ -14,3 +15,15 @@ def routes(exporter: MetricsExporter) -> list[Route]:
         return HttpResponse(200, [exporter.render()], [(b"content-type", content_type)])
 
     return [Route("GET", "/metrics", metrics, Api.METRICS)]
+
+
+class MetricsFrontEnd(FrontEnd):
+    """Each worker process its own port (the base port plus its index): a scrape sees one process's figures."""
+
+    name = "metrics"
+    shared = False
+    counts_load = False  # a scrape is not inference work
+
+    def __init__(self, exporter: MetricsExporter, port: int, access: AccessPolicy) -> None:
+        self.port = port
+        self.app = HttpApp(routes(exporter), access=access)

@@ -119,13 +119,13 @@ def test_http_document_names_every_route_of_the_http_port(servers: dict[str, Ser
 
 def test_sagemaker_document_names_every_route_of_the_sagemaker_port(servers: dict[str, Server]) -> None:
     document = load("sagemaker")
-    assert served(servers["multi"].build_sagemaker_asgi()) == documented(document)
+    assert served(servers["multi"].front_end("SageMaker").app) == documented(document)
     # Routes marked x-modelhost-multi-model are exactly those a single-model endpoint lacks.
-    assert served(servers["single"].build_sagemaker_asgi()) == documented(document, multi_model=False)
+    assert served(servers["single"].front_end("SageMaker").app) == documented(document, multi_model=False)
 
 
 def test_metrics_document_names_every_route_of_the_metrics_port(servers: dict[str, Server]) -> None:
-    assert served(servers["single"].build_metrics_asgi()) == documented(load("metrics"))
+    assert served(servers["single"].front_end("metrics").app) == documented(load("metrics"))
 
 
 def test_tfserving_predict_is_documented_alike_on_both_ports() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +164,40 @@ def test_user_code_none_refuses_an_archive_with_code(tmp_path: Path, start_serve
     assert not marker.exists()
     served = post(server, b"1,2,3,4", "text/csv", **{"X-Amzn-SageMaker-Target-Model": "plain.tar.gz"})
     assert served.status_code == 200, served.text
+
+
+SLEEPY = '''
+import threading
+import time
+
+
+def handler(data, context):
+    time.sleep(float(data.read().decode()))
+    return threading.current_thread().name, "text/plain"
+'''
+
+
+def test_slow_handlers_do_not_hold_up_loading_another_model(tmp_path: Path, start_server: Any) -> None:
+    """Handlers run in a pool of their own: forty sleeping in one archive's inference.py (more than the loop's default
+    executor has threads) while another archive downloads, unpacks and loads on first use."""
+    model_path = tmp_path / "weighted.onnx"
+    onnx.save_model(weighted_model(10.0, 4), str(model_path))
+    write_archive(tmp_path / "sleepy.tar.gz",
+                  {"model.onnx": model_path.read_bytes(), "code/inference.py": SLEEPY.encode()})
+    write_archive(tmp_path / "plain.tar.gz", {"model.onnx": model_path.read_bytes()})
+    server = start(start_server, tmp_path, "--multi-model", "--handler-threads", "40")
+    sleepy = {"X-Amzn-SageMaker-Target-Model": "sleepy.tar.gz"}
+    first = post(server, b"0", "text/plain", **sleepy)
+    assert first.status_code == 200, first.text
+    assert first.text.startswith("sagemaker-handler")
+    with ThreadPoolExecutor(40) as pool:
+        sleeping = [pool.submit(post, server, b"4", "text/plain", **sleepy) for _ in range(40)]
+        time.sleep(1.0)
+        started = time.monotonic()
+        plain = post(server, orjson.dumps({"instances": [[1, 2, 3, 4]]}),
+                     **{"X-Amzn-SageMaker-Target-Model": "plain.tar.gz"})
+        took = time.monotonic() - started
+        assert plain.status_code == 200, plain.text
+        assert not any(future.done() for future in sleeping)  # the handlers were all still sleeping
+        assert took < 2.5
+        assert all(future.result().status_code == 200 for future in sleeping)

@@ -1,7 +1,7 @@
 """One SageMaker invocation of a served model: the body decoded to tensors, run, encoded for Accept;
 or, when the model came with an `inference.py`, handed to the user's handler with modelhost's defaults.
 
-Contract: `Invoker.invoke` runs on the event loop. User handlers run in a worker thread; what they
+Contract: `Invoker.invoke` runs on the event loop. User handlers run in a thread of the handler pool; what they
 call back into (the served model, TF Serving predict) is submitted to the loop and waited for there.
 """
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import io
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -48,8 +49,10 @@ class Call:
 
 
 class Invoker:
-    def __init__(self, dataplane: DataPlane, default_accept: str, timeout_seconds: float, rest_base: str) -> None:
+    def __init__(self, dataplane: DataPlane, default_accept: str, timeout_seconds: float, rest_base: str,
+                 handler_pool: Executor | None = None) -> None:
         self._dataplane = dataplane
+        self._handler_pool = handler_pool  # where user handlers run (None: the loop's default executor)
         self._default_accept = default_accept
         self._timeout = timeout_seconds
         self._rest_base = rest_base  # e.g. "http://127.0.0.1:8080": where TF Serving predict answers
@@ -58,7 +61,9 @@ class Invoker:
         """The response body and its content type; raises ModelhostError, MediaTypeError or HandlerError."""
         if handler is not None:
             handle = self.handle(model, version)
-            return await self._within_timeout(asyncio.to_thread(self._run_handler, handler, handle, call))
+            running = asyncio.get_running_loop().run_in_executor(self._handler_pool, self._run_handler, handler,
+                                                                 handle, call)
+            return await self._within_timeout(running)
         accept = choose_accept(call.accept, self._default_accept)
 
         def decode(metadata: ModelMetadata) -> tuple[InferRequest, Invocation]:
@@ -68,7 +73,7 @@ class Invoker:
         response, invocation = await self._within_timeout(self._dataplane.decode_and_infer(model, version, decode))
         return encode_invocation(response, invocation, accept)
 
-    async def _within_timeout(self, work: Coroutine[Any, Any, T]) -> T:
+    async def _within_timeout(self, work: Awaitable[T]) -> T:
         try:
             return await asyncio.wait_for(work, self._timeout)
         except asyncio.TimeoutError:

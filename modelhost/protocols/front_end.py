@@ -1,0 +1,21 @@
+"""What app.py asks of a front-end that has a port of its own: its app, and its part in starting and stopping."""
+
+from __future__ import annotations
+
+from modelhost.protocols.http_server import ASGIApp
+
+
+class FrontEnd:
+    """One protocol's port. `start` runs once the models to load at start are loaded; `stop` before they unload."""
+
+    name: str  # for the logs, and as --tls-off names its port
+    port: int
+    app: ASGIApp
+    shared: bool = True  # with --workers, every process listens on its port (SO_REUSEPORT)
+    counts_load: bool = True  # its requests count in ServerLoad, which tells the schedulers a lone request
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
