@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from modelhost.config.datatypes import v2_datatype  # noqa: E402
-from modelhost.config.loader import read_config  # noqa: E402
+from modelhost.config.pbtxt import read_config  # noqa: E402
 from modelhost.example_repository import DEEPFM_VOCAB, write_example_repository  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
 

@@ -24,7 +24,7 @@ from modelhost.core import compute_threads
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
-from modelhost.core.load import ServerLoad
+from modelhost.core.in_flight import InFlight
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import ModelCache
 from modelhost.core.repository_poll import RepositoryPoller
@@ -33,9 +33,9 @@ from modelhost.metrics import MetricsExporter
 from modelhost.protocols import openapi
 from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.grpc_server import GrpcOptions, GrpcServer, ListenError
-from modelhost.protocols.http import HttpApp
-from modelhost.protocols.http_limits import HttpLimits
-from modelhost.protocols.http_server import HttpServer, Site
+from modelhost.protocols.http.app import HttpApp
+from modelhost.protocols.http.limits import HttpLimits
+from modelhost.protocols.http.server import HttpServer, Listener
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.prometheus import MetricsFrontEnd
@@ -43,7 +43,7 @@ from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMaker
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
 from modelhost.settings import ServerSettings, handler_threads, model_load_roots, request_limits
-from modelhost.store.archives import open_archive_store
+from modelhost.store.archive_store import open_archive_store
 from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.local import LocalStore
 
@@ -64,7 +64,7 @@ class Server:
         hide_paths_under(self.work_dir, settings.cache_dir,
                          *([settings.model_repository] if settings.model_repository and
                            "://" not in settings.model_repository else []))
-        self.load = ServerLoad()
+        self.in_flight = InFlight()
         self.tls = self._server_tls()
         self.http_access = AccessPolicy(settings.http_restricted_apis + settings.token_restrictions)
         self.grpc_access = AccessPolicy(settings.grpc_restricted_protocols + settings.token_restrictions)
@@ -72,7 +72,7 @@ class Server:
         self.layout: ModelLayout | None = None
         store = None if settings.multi_model else self._single_model_store()
         self.code_policy = CodePolicy(settings.user_code)
-        self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.load,
+        self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings))
         self.control = Control(self.manager, settings.model_control_mode, store)
@@ -149,7 +149,7 @@ class Server:
                               s.grpc_keepalive_timeout_seconds, reuse_port=s.workers > 1)
         credentials = self.tls.grpc_credentials() if self.tls is not None and "grpc" not in s.tls_off else None
         return GrpcServer([kserve_v2_grpc.service(self.dataplane, self.control)], s.host, s.grpc_port, options,
-                          self.load, self.grpc_access, credentials)
+                          self.in_flight, self.grpc_access, credentials)
 
     def build_asgi(self) -> HttpApp:
         return HttpApp(
@@ -172,7 +172,7 @@ class Server:
                                  self.layout, self.root, self.work_dir, self.code_policy, self.http_access)
 
     def _metrics_front_end(self) -> MetricsFrontEnd:
-        exporter = MetricsExporter(self.manager.served, self.load, self.cache)
+        exporter = MetricsExporter(self.manager.served, self.in_flight, self.cache)
         return MetricsFrontEnd(exporter, self.settings.metrics_port + self.settings.worker_index, self.http_access)
 
     def front_end(self, name: str) -> FrontEnd:
@@ -251,13 +251,13 @@ class Server:
             f"{s.host}:{s.metrics_port}" if s.metrics_port else "off",
         )
         handshake = s.tls_handshake_timeout_seconds
-        sites = [Site("HTTP", self.build_asgi(), s.http_port, self.load, tls=self._tls_for("http"),
+        listeners = [Listener("HTTP", self.build_asgi(), s.http_port, self.in_flight, tls=self._tls_for("http"),
                       tls_handshake_seconds=handshake)]
         for front_end in self.front_ends:
-            load = self.load if front_end.counts_load else ServerLoad()
-            sites.append(Site(front_end.name, front_end.app, front_end.port, load, front_end.shared,
+            in_flight = self.in_flight if front_end.counts_in_flight else InFlight()
+            listeners.append(Listener(front_end.name, front_end.app, front_end.port, in_flight, front_end.shared,
                               self._tls_for(front_end.name.lower()), handshake))
-        self._http = HttpServer(sites, s.host, http_limits(s), s.graceful_shutdown_seconds,
+        self._http = HttpServer(listeners, s.host, http_limits(s), s.graceful_shutdown_seconds,
                                 reuse_port=s.workers > 1, on_stop=self._stop_grpc)
         uvloop.run(self._serve(self._http))
 

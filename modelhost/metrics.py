@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from modelhost.core.load import ServerLoad
+from modelhost.core.in_flight import InFlight
 from modelhost.core.model_cache import ModelCache
 from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram, ModelStatistics
@@ -46,9 +46,9 @@ _COUNTERS: tuple[tuple[str, str, Callable[[ModelStatistics], float]], ...] = (
 class ModelCollector:
     """prometheus_client collector over the loaded models; `models` is called at every scrape."""
 
-    def __init__(self, models: Callable[[], Iterable[ServedModel]], load: ServerLoad) -> None:
+    def __init__(self, models: Callable[[], Iterable[ServedModel]], in_flight: InFlight) -> None:
         self._models = models
-        self._load = load
+        self._in_flight = in_flight
 
     def collect(self) -> Iterator[Metric]:
         models = list(self._models())
@@ -68,7 +68,7 @@ class ModelCollector:
                          lambda s: s.batch_size)
         in_progress = Metric("modelhost_requests_in_progress", "Requests received on the inference ports and not "
                              "yet answered", "gauge")
-        in_progress.add_sample("modelhost_requests_in_progress", {}, self._load.in_progress)
+        in_progress.add_sample("modelhost_requests_in_progress", {}, self._in_flight.requests)
         yield in_progress
 
 
@@ -140,10 +140,10 @@ class MetricsExporter:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(
-        self, models: Callable[[], Iterable[ServedModel]], load: ServerLoad, cache: ModelCache | None = None
+        self, models: Callable[[], Iterable[ServedModel]], in_flight: InFlight, cache: ModelCache | None = None
     ) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(ModelCollector(models, load))
+        self._registry.register(ModelCollector(models, in_flight))
         if cache is not None:
             self._registry.register(CacheCollector(cache))
 

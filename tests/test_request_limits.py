@@ -18,7 +18,7 @@ from modelhost.client_log import BURST, LogRateLimiter, client_log
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.core.signature import Signature, check_output_bytes
 from modelhost.errors import ErrorKind, ModelhostError, hide_paths_under, public_message
-from modelhost.protocols.http import HttpApp, HttpRequest, HttpResponse, Route
+from modelhost.protocols.http.app import HttpApp, HttpRequest, HttpResponse, Route
 from modelhost.protocols.json_numbers import json_numbers
 from modelhost.protocols.kserve_v2 import codec, grpc_codec
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb

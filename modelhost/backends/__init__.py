@@ -13,7 +13,7 @@ _BACKENDS = {
     "onnxruntime": "modelhost.backends.onnx:OnnxBackend",
     "pytorch": "modelhost.backends.torch:TorchBackend",
     "tensorflow": "modelhost.backends.tensorflow:TensorflowBackend",
-    "python": "modelhost.backends.python:PythonBackend",
+    "python": "modelhost.backends.python.backend:PythonBackend",
 }
 _PLATFORMS = {
     "onnxruntime_onnx": "onnxruntime",

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from modelhost.config.datatypes import config_type_name, v2_datatype
-from modelhost.config.loader import ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.pbtxt import ConfigError
 from modelhost.types import TensorSpec
 
 

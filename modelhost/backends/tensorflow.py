@@ -33,10 +33,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature  # noqa: E402
-from modelhost.config.loader import ConfigError  # noqa: E402
 from modelhost.config.model_config_pb2 import ModelConfig  # noqa: E402
 from modelhost.config.overrides import INTER_OP_PARAMETERS, INTRA_OP_PARAMETERS  # noqa: E402
 from modelhost.config.parameters import natural_parameter, string_parameters
+from modelhost.config.pbtxt import ConfigError  # noqa: E402
 from modelhost.errors import ErrorKind, ModelhostError  # noqa: E402
 from modelhost.types import TensorSpec  # noqa: E402
 

@@ -33,10 +33,10 @@ import torch
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
 from modelhost.config.datatypes import v2_datatype
-from modelhost.config.loader import CONFIG_FILENAME, ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import INTRA_OP_PARAMETERS
 from modelhost.config.parameters import natural_parameter, string_parameters
+from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import format_shape
 

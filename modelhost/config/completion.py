@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from modelhost.config.datatypes import config_datatype, config_type_name, v2_datatype
-from modelhost.config.loader import CONFIG_FILENAME, ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup
+from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError
 from modelhost.types import TensorSpec, format_shape
 
 

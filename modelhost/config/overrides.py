@@ -41,7 +41,7 @@ class ModelOverrides:
     | SAGEMAKER_MODEL_SERVER_WORKERS | instance_count (MMS workers per model) |
 
     max_batch_size reaches only models that can batch: it replaces the server's default_max_batch_size
-    where config completion would use that (core/loader.py load_version), never a config's own I/O.
+    where config completion would use that (core/model_loading.py load_version), never a config's own I/O.
     """
 
     dynamic_batching: bool | None = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from modelhost.config.loader import ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.pbtxt import ConfigError
 
 T = TypeVar("T")
 

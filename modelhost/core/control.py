@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from modelhost.core.load_override import LoadRequest, check_load_request
+from modelhost.core.load_request import LoadRequest, check_load_request
 from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.errors import ErrorKind, ModelhostError, public_message
 from modelhost.store.local import LocalStore

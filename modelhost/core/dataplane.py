@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from modelhost.config.loader import config_to_json
+from modelhost.config.pbtxt import config_to_json
 from modelhost.core.manager import ModelManager
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel

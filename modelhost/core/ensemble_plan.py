@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from modelhost.config.loader import ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig, ModelEnsembling
+from modelhost.config.pbtxt import ConfigError
 from modelhost.core.signature import Signature, TensorRule
 from modelhost.errors import ModelhostError
 from modelhost.types import RequestedOutput, format_shape

@@ -18,11 +18,11 @@ from modelhost.config.overrides import ModelOverrides
 from modelhost.core import compute_threads
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
+from modelhost.core.in_flight import InFlight
 from modelhost.core.lifecycle import ModelState
-from modelhost.core.load import ServerLoad
-from modelhost.core.load_override import LoadOverride, write_override
-from modelhost.core.loader import LoadPlan, load_ensemble_version, load_version, plan_model
+from modelhost.core.load_request import LoadOverride, write_override
 from modelhost.core.model_hold import ModelHold
+from modelhost.core.model_loading import LoadPlan, load_ensemble_version, load_version, plan_model
 from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
 from modelhost.core.served_model import ServedModel
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
@@ -36,13 +36,13 @@ __all__ = ["IndexEntry", "ModelManager"]
 
 class ModelManager:
     def __init__(
-        self, store: LocalStore | None, cpu_count: int, default_max_batch_size: int, load: ServerLoad | None = None,
+        self, store: LocalStore | None, cpu_count: int, default_max_batch_size: int, in_flight: InFlight | None = None,
         overrides: ModelOverrides | None = None, work_dir: Path | None = None, code_policy: CodePolicy | None = None,
     ) -> None:
         self._store = store
         self._code_policy = code_policy or CodePolicy()
         self._overrides = overrides
-        self._load = load or ServerLoad()
+        self._in_flight = in_flight or InFlight()
         self._cpu_count = cpu_count
         self._default_max_batch_size = default_max_batch_size
         self._work_dir = work_dir
@@ -191,7 +191,8 @@ class ModelManager:
                 served = load_ensemble_version(record.name, version, plan, self.acquire)
             else:
                 served = await compute_threads.run_loading(
-                    load_version, source, version, plan, self._cpu_count, self._default_max_batch_size, self._load
+                    load_version, source, version, plan, self._cpu_count, self._default_max_batch_size,
+                    self._in_flight,
                 )
         except Exception as exc:
             reason = reason_of(exc)
@@ -205,7 +206,7 @@ class ModelManager:
         previous = status.served
         status.served, status.state, status.reason = served, ModelState.READY, ""
         if previous is not None:
-            self._drain(previous)
+            self._retire_served(previous)
         backend = plan.backend.name if plan.backend else ENSEMBLE
         log.info("%s model %s version %d from %s (%s)", "reloaded" if previous else "loaded", record.name,
                  version, source.path, backend)
@@ -235,16 +236,16 @@ class ModelManager:
         status = record.versions[version] if keep else record.versions.pop(version)
         served, status.served = status.served, None
         status.state, status.reason = ModelState.UNAVAILABLE, reason
-        return self._drain(served) if served is not None else None
+        return self._retire_served(served) if served is not None else None
 
-    def _drain(self, served: ServedModel) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._retire_when_released(served))
+    def _retire_served(self, served: ServedModel) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(self._stop_when_released(served))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
         return task
 
     @staticmethod
-    async def _retire_when_released(served: ServedModel) -> None:
+    async def _stop_when_released(served: ServedModel) -> None:
         """Requests holding the version finish on it (ModelManager.acquire); then its queue closes and drains."""
         await served.pins.released()
         await served.scheduler.stop()
@@ -254,7 +255,7 @@ class ModelManager:
     async def add(self, source: ModelSource) -> None:
         """Load a model the store does not list under `source.name`.
 
-        Raises ALREADY_EXISTS for a name in use, and UNAVAILABLE (forgetting the model) when no version loads.
+        Raises ALREADY_EXISTS for a name in use, and UNAVAILABLE (dropping the model's record) when no version loads.
         """
         if source.name in self._records:
             raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{source.name}' is already loaded")
@@ -264,19 +265,20 @@ class ModelManager:
             self._check_code(source.name, plan, uploaded=False)
             await self._load_versions(record, source, plan, None)
         except BaseException as exc:
-            await self._forget(record)
+            await self._evict_record(record)
             if isinstance(exc, ModelhostError) or not isinstance(exc, Exception):
                 raise
             raise unavailable(f"model '{source.name}' failed to load: {reason_of(exc)}") from exc
 
-    async def remove(self, name: str) -> None:
-        """Stop routing to a model at once, then drain its in-flight requests, unload it and forget it."""
+    async def evict(self, name: str) -> None:
+        """Stop routing to a model at once, then let its in-flight requests finish, unload it and drop its record
+        (a multi-model cache's eviction; a model gone from a polled repository)."""
         record = self._records.get(name)
         if record is None:
             raise not_found(f"Request for unknown model: '{name}' is not found")
-        await self._forget(record)
+        await self._evict_record(record)
 
-    async def _forget(self, record: ModelRecord) -> None:
+    async def _evict_record(self, record: ModelRecord) -> None:
         if self._records.get(record.name) is record:
             del self._records[record.name]
         drained = [self._retire(record, v, "unloaded") for v in list(record.versions)]

@@ -34,16 +34,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from modelhost.core.loader import warm_up_backend_of
 from modelhost.core.manager import ModelManager
 from modelhost.core.memory import COUNTS_FREES, PeakMeter, held_bytes
+from modelhost.core.model_loading import warm_up_backend_of
 from modelhost.core.statistics import Histogram
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
-from modelhost.store.archive import unpack_archive
-from modelhost.store.archives import ArchiveStore, check_target
+from modelhost.store.archive_store import ArchiveStore, check_target
 from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.paths import check_model_name, within
+from modelhost.store.unpack import unpack_archive
 
 log = logging.getLogger("modelhost.model_cache")
 
@@ -263,7 +263,7 @@ class ModelCache:
             if self._on_load is not None:
                 model.attachment = await self._on_load(model)
         except BaseException:
-            await self._release(model)
+            await self._evict_parts(model)
             raise
         self._models[key] = model
         self._sizes += model.size
@@ -321,7 +321,7 @@ class ModelCache:
                 await self._manager.add(ModelSource(served_name, source.path, source.versions))
                 served[name] = served_name
         except BaseException:
-            await asyncio.gather(*(self._manager.remove(n) for n in served.values()), return_exceptions=True)
+            await asyncio.gather(*(self._manager.evict(n) for n in served.values()), return_exceptions=True)
             raise
         return served
 
@@ -363,13 +363,13 @@ class ModelCache:
         self._sizes -= model.size
         self.statistics.evictions += 1
         started = time.monotonic()
-        await self._release(model)
+        await self._evict_parts(model)
         self.statistics.unload.observe(time.monotonic() - started)
         log.info("unloaded model %s (%d bytes)", model.key, model.size)
 
-    async def _release(self, model: CachedModel) -> None:
+    async def _evict_parts(self, model: CachedModel) -> None:
         try:
-            await asyncio.gather(*(self._manager.remove(n) for n in model.served.values()), return_exceptions=True)
+            await asyncio.gather(*(self._manager.evict(n) for n in model.served.values()), return_exceptions=True)
             if self._on_unload is not None:
                 await self._on_unload(model)
         finally:

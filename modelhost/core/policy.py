@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from modelhost.config.loader import ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig, ModelQueuePolicy
 from modelhost.config.parameters import natural_parameter, string_parameters
+from modelhost.config.pbtxt import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

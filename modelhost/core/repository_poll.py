@@ -47,16 +47,16 @@ class RepositoryPoller:
         known = set(self._manager.names())
         changes = [self._apply(name) for name in sorted(names & known)]
         changes += [self._add(name) for name in sorted(names - known)]
-        changes += [self._remove(name) for name in sorted(known - names)]
+        changes += [self._evict(name) for name in sorted(known - names)]
         await asyncio.gather(*changes, return_exceptions=True)
 
     async def _add(self, name: str) -> None:
         log.info("poll: new model %s", name)
         await self._manager.load_all([name])
 
-    async def _remove(self, name: str) -> None:
+    async def _evict(self, name: str) -> None:
         log.info("poll: model %s left the repository, unloading it", name)
-        await self._manager.remove(name)
+        await self._manager.evict(name)
 
     async def _apply(self, name: str) -> None:
         loaded = self._manager.fingerprint(name)

@@ -13,7 +13,7 @@ A cheap request runs on the event loop instead when the server is quiet: handing
 back costs about 0.1 ms of latency, more than a tiny model's whole run. It runs there, synchronously
 in submit, the way a naive server calls its model, when all of these hold: the model's measured
 executions fit the inline_max_microseconds budget for its rows (core/loop_gate.py), at most
-LOOP_MAX_IN_PROGRESS requests are in progress in the process (core/load.py), nothing is queued for
+LOOP_MAX_IN_PROGRESS requests are in progress in the process (core/in_flight.py), nothing is queued for
 the model, an instance is free, and no queue delay is configured. Under more load requests queue and
 batch on the threads, which serve more: in one run of benchmarks/scheduling.py on this 2-core VM,
 tiny at concurrency 32 ran 1.09x (one process) and 1.19x (--workers 2) faster batched on threads than
@@ -33,7 +33,7 @@ import numpy as np
 
 from modelhost.backends.base import Model
 from modelhost.core import compute_threads
-from modelhost.core.load import ServerLoad
+from modelhost.core.in_flight import InFlight
 from modelhost.core.loop_gate import LoopGate
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.request_queue import Pending, RequestQueue
@@ -47,7 +47,7 @@ LOOP_MAX_IN_PROGRESS = 8
 class Scheduler:
     def __init__(
         self, label: str, instances: Sequence[Model], policy: SchedulingPolicy, statistics: ModelStatistics,
-        load: ServerLoad | None = None,
+        in_flight: InFlight | None = None,
     ) -> None:
         self._label = label
         self._policy = policy
@@ -61,7 +61,7 @@ class Scheduler:
         self._instances = [(instance, threading.Lock()) for instance in instances]
         inline = not policy.max_queue_delay_s and all(instance.runs_inline for instance in instances)
         self._gate = LoopGate(policy.inline_max_ns if inline else 0)
-        self._load = load or ServerLoad()
+        self._in_flight = in_flight or InFlight()
         self._threads = [
             threading.Thread(target=self._serve, args=pair, name=f"{label}#{index}", daemon=True)
             for index, pair in enumerate(self._instances)
@@ -160,7 +160,7 @@ class Scheduler:
         ahead of it, no earlier answer it could overtake under preserve_ordering, the model not stopping."""
         return (
             rows <= self._gate.max_rows
-            and self._load.in_progress <= LOOP_MAX_IN_PROGRESS
+            and self._in_flight.requests <= LOOP_MAX_IN_PROGRESS
             and not self._queue.depth()
             and not (self._policy.preserve_ordering and self._inflight)
             and not self._queue.closed

@@ -32,8 +32,8 @@ import numpy as np
 
 from modelhost.backends.base import Model
 from modelhost.config.datatypes import config_type_name, v2_datatype
-from modelhost.config.loader import CONFIG_FILENAME, ConfigError
 from modelhost.config.model_config_pb2 import ModelConfig, ModelInput, ModelWarmup
+from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError
 from modelhost.core.signature import Signature
 from modelhost.errors import ModelhostError
 from modelhost.types import DATATYPE_DTYPES, format_shape

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modelhost.protocols.http_server import ASGIApp
+from modelhost.protocols.http.server import ASGIApp
 
 
 class FrontEnd:
@@ -12,7 +12,7 @@ class FrontEnd:
     port: int
     app: ASGIApp
     shared: bool = True  # with --workers, every process listens on its port (SO_REUSEPORT)
-    counts_load: bool = True  # its requests count in ServerLoad, which tells the schedulers a lone request
+    counts_in_flight: bool = True  # its requests count in InFlight, which tells the schedulers a lone request
 
     async def start(self) -> None:
         return None

@@ -24,7 +24,7 @@ from google.protobuf.message import Message
 
 from modelhost.access import AccessPolicy, Api, Denial
 from modelhost.client_log import client_log
-from modelhost.core.load import ServerLoad
+from modelhost.core.in_flight import InFlight
 from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
 
 log = logging.getLogger("modelhost.grpc")
@@ -107,14 +107,14 @@ class GrpcServer:
     """Serves `services` on host:port: `bind()`, `start()`, `stop(grace)`, all on one event loop."""
 
     def __init__(self, services: Sequence[Service], host: str, port: int, options: GrpcOptions,
-                 load: ServerLoad, access: AccessPolicy | None = None,
+                 in_flight: InFlight, access: AccessPolicy | None = None,
                  credentials: grpc.ServerCredentials | None = None) -> None:
         self.services = list(services)
         self.access = access or AccessPolicy()
         self.credentials = credentials  # TLS (tls.py); None: plaintext
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.options = options
-        self.load = load
+        self.in_flight = in_flight
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Future[None] | None = None
 
@@ -122,7 +122,7 @@ class GrpcServer:
         """Create the server and bind its port (connections then wait until `start()`); ListenError if busy."""
         server = grpc.aio.server(options=server_options(self.options))
         limit = self.options.max_message_bytes
-        server.add_generic_rpc_handlers([_generic_handler(service, self.load, limit, self.access)
+        server.add_generic_rpc_handlers([_generic_handler(service, self.in_flight, limit, self.access)
                                          for service in self.services])
         try:
             if self.credentials is None:
@@ -171,15 +171,15 @@ def _serialize(message: Message, limit: int) -> bytes:
     return data
 
 
-def _generic_handler(service: Service, load: ServerLoad, limit: int, access: AccessPolicy) -> grpc.GenericRpcHandler:
+def _generic_handler(service: Service, in_flight: InFlight, limit: int, access: AccessPolicy) -> grpc.GenericRpcHandler:
     # Requests arrive as bytes (no request_deserializer): grpc answers a message its deserializer cannot
     # read with UNKNOWN and logs a traceback per message; _parse answers INVALID_ARGUMENT in one line.
     handlers = {}
     for rpc in service.rpcs:
         if isinstance(rpc, Unary):
-            handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(_unary_behavior(rpc, load, limit, access))
+            handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(_unary_behavior(rpc, in_flight, limit, access))
         else:
-            handlers[rpc.name] = grpc.stream_stream_rpc_method_handler(_stream_behavior(rpc, load, limit, access))
+            handlers[rpc.name] = grpc.stream_stream_rpc_method_handler(_stream_behavior(rpc, in_flight, limit, access))
     return grpc.method_handlers_generic_handler(service.name, handlers)
 
 
@@ -213,12 +213,12 @@ async def _abort_denied(context: Any, denial: Denial) -> None:
     await context.abort(code, denial.message)
 
 
-def _unary_behavior(rpc: Unary, load: ServerLoad, limit: int,
+def _unary_behavior(rpc: Unary, in_flight: InFlight, limit: int,
                     access: AccessPolicy) -> Callable[[bytes, Any], Awaitable[bytes]]:
     async def behavior(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if access and (denial := _denial(access, rpc.api, context)) is not None:
             await _abort_denied(context, denial)
-        load.in_progress += 1
+        in_flight.requests += 1
         try:
             return _serialize(await rpc.call(_parse(rpc.request_type, data)), limit)
         except Exception as exc:
@@ -226,16 +226,16 @@ def _unary_behavior(rpc: Unary, load: ServerLoad, limit: int,
             trailers = () if error.retry_after is None else (("retry-after", str(math.ceil(error.retry_after))),)
             await context.abort(STATUS[error.kind], public_message(error.message), trailers)
         finally:
-            load.in_progress -= 1
+            in_flight.requests -= 1
         raise AssertionError("unreachable: context.abort raises")
 
     return behavior
 
 
-def _stream_behavior(rpc: Stream, load: ServerLoad, limit: int,
+def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int,
                      access: AccessPolicy) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]:
     async def answer(data: bytes) -> bytes:
-        load.in_progress += 1
+        in_flight.requests += 1
         request = None
         try:
             request = _parse(rpc.request_type, data)
@@ -245,7 +245,7 @@ def _stream_behavior(rpc: Stream, load: ServerLoad, limit: int,
             public = ModelhostError(error.kind, public_message(error.message), error.retry_after)
             return _serialize(rpc.error(request if request is not None else rpc.request_type(), public), limit)
         finally:
-            load.in_progress -= 1
+            in_flight.requests -= 1
 
     async def behavior(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         if access and (denial := _denial(access, rpc.api, context)) is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from modelhost.access import AccessPolicy, Api
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols.front_end import FrontEnd
-from modelhost.protocols.http import HttpApp, HttpRequest, HttpResponse, Route
+from modelhost.protocols.http.app import HttpApp, HttpRequest, HttpResponse, Route
 
 
 def routes(exporter: MetricsExporter) -> list[Route]:
@@ -22,7 +22,7 @@ class MetricsFrontEnd(FrontEnd):
 
     name = "metrics"
     shared = False
-    counts_load = False  # a scrape is not inference work
+    counts_in_flight = False  # a scrape is not inference work
 
     def __init__(self, exporter: MetricsExporter, port: int, access: AccessPolicy) -> None:
         self.port = port

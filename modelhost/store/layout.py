@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelhost.backends import backend_for_filename
-from modelhost.config.loader import CONFIG_FILENAME, ConfigError, read_config
+from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError, read_config
 from modelhost.errors import invalid
 from modelhost.store.paths import check_model_name
 

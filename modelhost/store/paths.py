@@ -12,7 +12,7 @@ Three rules, each raising INVALID_INPUT with a message that names the field, the
 
 Symlinks already in a model repository are the operator's and are followed: the client can only choose
 among the entries the repository holds, never add a ".." or an absolute path (see docs/model_management.md,
-"Names and paths"). An archive's symlinks are checked when it is unpacked (store/archive.py).
+"Names and paths"). An archive's symlinks are checked when it is unpacked (store/unpack.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from modelhost.errors import ModelhostError, not_found, unavailable
-from modelhost.store.archives import ARCHIVE_SUFFIX, check_target, write_atomically
+from modelhost.store.archive_store import ARCHIVE_SUFFIX, check_target, write_atomically
 
 # S3 error codes that mean "no such object" (HeadObject answers a bare 404).
 _MISSING = {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from modelhost.backends.base import InstanceSettings, Model, config_signature
-from modelhost.backends.python import PythonBackend
-from modelhost.backends.python_process import IsolatedModel
+from modelhost.backends.python.backend import PythonBackend
+from modelhost.backends.python.isolated import IsolatedModel
 from modelhost.config.completion import apply_defaults
-from modelhost.config.loader import ConfigError, parse_config
+from modelhost.config.pbtxt import ConfigError, parse_config
 from modelhost.errors import ErrorKind, ModelhostError
 from tests.server import wait_for
 
@@ -188,7 +188,7 @@ def test_signature_is_the_configs(toolbox: Model) -> None:
 def test_bad_outputs_name_the_model_and_output(
     toolbox: Model, caplog: pytest.LogCaptureFixture, code: int, problem: str
 ) -> None:
-    with caplog.at_level(logging.ERROR, "modelhost.backends.python"), pytest.raises(ModelhostError) as raised:
+    with caplog.at_level(logging.ERROR, "modelhost.backends.python.backend"), pytest.raises(ModelhostError) as raised:
         run(toolbox, code)
     assert raised.value.kind is ErrorKind.INTERNAL
     assert raised.value.message == f"Python model 'toolbox' version 1 instance 0: {problem}"
@@ -197,7 +197,7 @@ def test_bad_outputs_name_the_model_and_output(
 
 
 def test_execute_exceptions(toolbox: Model, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR, "modelhost.backends.python"), pytest.raises(ModelhostError) as raised:
+    with caplog.at_level(logging.ERROR, "modelhost.backends.python.backend"), pytest.raises(ModelhostError) as raised:
         run(toolbox, 6)
     assert raised.value.kind is ErrorKind.INTERNAL
     assert raised.value.message.startswith(
@@ -310,7 +310,7 @@ def test_crash_fails_the_batch_and_restarts_the_worker(
     fragile: IsolatedModel, tmp_path: Path, caplog: pytest.LogCaptureFixture, code: int, what: str
 ) -> None:
     before = fragile.worker_pid()
-    with caplog.at_level(logging.ERROR, "modelhost.backends.python"), pytest.raises(ModelhostError) as raised:
+    with caplog.at_level(logging.ERROR, "modelhost.backends.python.backend"), pytest.raises(ModelhostError) as raised:
         run(fragile, code)
     assert raised.value.kind is ErrorKind.INTERNAL
     expected = (f"Python model 'fragile' version 1 instance 0: its worker process (pid {before}) {what} "
@@ -342,7 +342,7 @@ def test_memory_limit_restarts_the_worker_after_answering(
 ) -> None:
     before = fragile.worker_pid()
     assert int(run(fragile, 10.0)["pid"][0, 0]) == before  # under the limit: kept
-    with caplog.at_level(logging.WARNING, "modelhost.backends.python"):
+    with caplog.at_level(logging.WARNING, "modelhost.backends.python.backend"):
         leaked = run(fragile, 999)  # over the limit: answered, then restarted
     assert int(leaked["pid"][0, 0]) == before
     assert "above worker_max_rss_bytes 83886080; restarting it after this batch" in caplog.text
@@ -371,7 +371,7 @@ def test_worker_that_died_between_batches_is_replaced_before_the_next(
     assert before is not None
     os.kill(before, signal.SIGKILL)
     wait_for(lambda: exited(before), timeout=10, what=f"worker {before} to die")
-    with caplog.at_level(logging.ERROR, "modelhost.backends.python"):
+    with caplog.at_level(logging.ERROR, "modelhost.backends.python.backend"):
         after = int(run(fragile, 10.0)["pid"][0, 0])  # no batch is lost
     assert after != before
     assert f"(pid {before}) was killed by signal 9 (SIGKILL) between batches; restarting it" in caplog.text

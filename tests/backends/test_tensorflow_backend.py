@@ -17,8 +17,8 @@ tf = pytest.importorskip("tensorflow")
 from modelhost.backends.base import InstanceSettings, ModelSignature  # noqa: E402
 from modelhost.backends.tensorflow import TensorflowBackend  # noqa: E402
 from modelhost.config.completion import complete_config  # noqa: E402
-from modelhost.config.loader import ConfigError  # noqa: E402
 from modelhost.config.model_config_pb2 import ModelConfig  # noqa: E402
+from modelhost.config.pbtxt import ConfigError  # noqa: E402
 from modelhost.errors import ErrorKind, ModelhostError  # noqa: E402
 from modelhost.types import TensorSpec  # noqa: E402
 

@@ -13,7 +13,7 @@ import torch
 from modelhost.backends.base import InstanceSettings
 from modelhost.backends.torch import TorchBackend, TorchModel
 from modelhost.config.completion import complete_config
-from modelhost.config.loader import ConfigError, parse_config
+from modelhost.config.pbtxt import ConfigError, parse_config
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import TensorSpec
 

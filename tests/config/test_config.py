@@ -12,7 +12,6 @@ from onnx import TensorProto
 from modelhost.backends.base import ModelSignature
 from modelhost.backends.onnx import OnnxBackend
 from modelhost.config.completion import apply_defaults, check_config, complete_config
-from modelhost.config.loader import ConfigError, config_from_json, config_to_json, parse_config, read_config
 from modelhost.config.model_config_pb2 import (
     DataType,
     ModelConfig,
@@ -20,7 +19,8 @@ from modelhost.config.model_config_pb2 import (
     ModelInstanceGroup,
     ModelQueuePolicy,
 )
-from modelhost.core.loader import load_version, plan_model
+from modelhost.config.pbtxt import ConfigError, config_from_json, config_to_json, parse_config, read_config
+from modelhost.core.model_loading import load_version, plan_model
 from modelhost.store.local import LocalStore
 from tests.onnx_models import add_sub_model, identity_model, write_model
 

@@ -10,10 +10,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
-from modelhost.config.loader import parse_config
 from modelhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from modelhost.config.overrides import ModelOverrides, apply_overrides
-from modelhost.core.loader import load_version, plan_model
+from modelhost.config.pbtxt import parse_config
+from modelhost.core.model_loading import load_version, plan_model
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.served_model import ServedModel
 from modelhost.store.local import LocalStore

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from modelhost.config.loader import ConfigError, parse_config
 from modelhost.config.parameters import natural_parameter, string_parameters
+from modelhost.config.pbtxt import ConfigError, parse_config
 
 CONFIG = """
 name: "m"

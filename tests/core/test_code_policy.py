@@ -7,9 +7,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from modelhost.config.loader import read_config
+from modelhost.config.pbtxt import read_config
 from modelhost.core.code_policy import CodePolicy
-from modelhost.core.load_override import LoadOverride
+from modelhost.core.load_request import LoadOverride
 from modelhost.core.manager import ModelManager
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.local import LocalStore

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from modelhost.backends.base import Model
-from modelhost.config.loader import ConfigError, parse_config
+from modelhost.config.pbtxt import ConfigError, parse_config
 from modelhost.core.ensemble import LATEST, EnsemblePlan, EnsembleScheduler
 from modelhost.core.model_hold import ModelHold
 from modelhost.core.policy import SchedulingPolicy

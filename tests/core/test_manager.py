@@ -15,9 +15,9 @@ import numpy as np
 import orjson
 import pytest
 
-from modelhost.config.loader import config_to_json, parse_config
+from modelhost.config.pbtxt import config_to_json, parse_config
 from modelhost.core.dataplane import DataPlane
-from modelhost.core.load_override import LoadRequest, check_load_request
+from modelhost.core.load_request import LoadRequest, check_load_request
 from modelhost.core.manager import ModelManager
 from modelhost.core.repository_poll import RepositoryPoller
 from modelhost.core.served_model import ServedModel

@@ -17,7 +17,7 @@ import pytest
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import CachedModel, ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.store.archives import LocalArchiveStore
+from modelhost.store.archive_store import LocalArchiveStore
 from modelhost.types import InferRequest
 from tests.archives import WIDTH, write_archives
 

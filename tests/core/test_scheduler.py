@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from modelhost.config.loader import ConfigError, parse_config
-from modelhost.core.load import ServerLoad
+from modelhost.config.pbtxt import ConfigError, parse_config
+from modelhost.core.in_flight import InFlight
 from modelhost.core.policy import LevelPolicy, SchedulingPolicy
 from modelhost.core.scheduler import LOOP_MAX_IN_PROGRESS, Scheduler
 from modelhost.core.statistics import ModelStatistics
@@ -70,10 +70,10 @@ class Harness:
     def __init__(self, config: str, instances: tuple[Echo, ...]) -> None:
         self.instances = instances
         self.statistics = ModelStatistics()
-        self.load = ServerLoad()
+        self.in_flight = InFlight()
         if "inline_max_microseconds" not in config:
             config += " " + THREADS_ONLY
-        self.scheduler = Scheduler("m:1", instances, policy_of(config), self.statistics, self.load)
+        self.scheduler = Scheduler("m:1", instances, policy_of(config), self.statistics, self.in_flight)
 
     async def call(self, tag: int, rows: int = 1, width: int = WIDTH, dtype: Any = np.float32,
                    **kwargs: Any) -> np.ndarray:
@@ -870,11 +870,11 @@ def test_a_busy_server_batches_on_threads_instead() -> None:
         async with serving("max_batch_size: 64 dynamic_batching { } " + LOOP, model) as h:
             await h.call(0)
             await h.call(1)
-            h.load.in_progress = LOOP_MAX_IN_PROGRESS + 1
+            h.in_flight.requests = LOOP_MAX_IN_PROGRESS + 1
             await asyncio.gather(*(h.call(tag) for tag in range(2, 34)))
             assert set(model.threads[2:]) == {"m:1#0"}
             assert len(model.batches) < 2 + 32  # they batched
-            h.load.in_progress = LOOP_MAX_IN_PROGRESS
+            h.in_flight.requests = LOOP_MAX_IN_PROGRESS
             await h.call(34)
         assert model.threads[:2] == ["m:1#0", MAIN] and model.threads[-1] == MAIN
 

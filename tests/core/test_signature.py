@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from modelhost.config.loader import parse_config
+from modelhost.config.pbtxt import parse_config
 from modelhost.core.signature import Signature
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import RequestedOutput, TensorSpec

@@ -13,8 +13,8 @@ from onnx import TensorProto
 from modelhost.backends.base import InstanceSettings, Model
 from modelhost.backends.onnx import OnnxBackend
 from modelhost.config.completion import complete_config
-from modelhost.config.loader import ConfigError, parse_config
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.pbtxt import ConfigError, parse_config
 from modelhost.core.warmup import WarmupError, WarmupSample, run_warmup, warmup_samples
 from tests.fakes import Echo
 from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, identity_model, write_model

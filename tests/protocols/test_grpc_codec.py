@@ -12,8 +12,8 @@ import pytest
 from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult, service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 
-from modelhost.config.loader import config_to_json
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.pbtxt import config_to_json
 from modelhost.core.manager import IndexEntry
 from modelhost.core.statistics import ExecutionTiming, ModelStatistics
 from modelhost.errors import ErrorKind, ModelhostError

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import uvloop
 
-from modelhost.core.load import ServerLoad
-from modelhost.protocols.http_connection import HttpConnection
-from modelhost.protocols.http_limits import HttpLimits
-from modelhost.protocols.http_server import HttpServer
+from modelhost.core.in_flight import InFlight
+from modelhost.protocols.http.connection import HttpConnection
+from modelhost.protocols.http.limits import HttpLimits
+from modelhost.protocols.http.server import HttpServer
 from modelhost.settings import ServerSettings, SettingsError, check_settings
 from tests.protocols.test_http_server import (
     Wire,
@@ -200,7 +200,7 @@ def test_pipelined_bodies_are_capped_by_bytes() -> None:
 
         server = HttpServer([], "127.0.0.1", HttpLimits(max_pipeline_bytes=MIB), 1.0)
         loop = asyncio.get_running_loop()
-        listener = await loop.create_server(partial(HttpConnection, server, app, ServerLoad()), "127.0.0.1", 0)
+        listener = await loop.create_server(partial(HttpConnection, server, app, InFlight()), "127.0.0.1", 0)
         sock = connect(listener.sockets[0].getsockname()[1])
         base = tracemalloc.get_traced_memory()[0]
         sender = loop.run_in_executor(None, sock.sendall, data)
@@ -272,7 +272,7 @@ def test_closed_connections_are_freed_without_the_cycle_collector() -> None:
     async def main() -> list[weakref.ref[HttpConnection]]:
         server = HttpServer([], "127.0.0.1", HttpLimits(), 1.0)
         loop = asyncio.get_running_loop()
-        listener = await loop.create_server(partial(HttpConnection, server, app, ServerLoad()), "127.0.0.1", 0)
+        listener = await loop.create_server(partial(HttpConnection, server, app, InFlight()), "127.0.0.1", 0)
         port = listener.sockets[0].getsockname()[1]
         refs = []
         for _ in range(20):

@@ -12,7 +12,7 @@ from openapi_spec_validator import validate
 
 from modelhost.app import Server
 from modelhost.protocols import openapi
-from modelhost.protocols.http import HttpApp
+from modelhost.protocols.http.app import HttpApp
 from modelhost.protocols.sagemaker.runtime_errors import RuntimeErrors
 from modelhost.settings import ServerSettings
 

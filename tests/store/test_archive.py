@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from modelhost.errors import ErrorKind
-from modelhost.store.archive import ArchiveError, unpack_archive
+from modelhost.store.unpack import ArchiveError, unpack_archive
 
 LIMIT = 1 << 20
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.store.archives import LocalArchiveStore, check_target, open_archive_store
+from modelhost.store.archive_store import LocalArchiveStore, check_target, open_archive_store
 from modelhost.store.s3 import S3ArchiveStore
 from tests.s3_server import fake_aws_environment
 

@@ -12,11 +12,11 @@ import pytest
 from onnx import TensorProto
 
 from modelhost.backends.base import InstanceSettings
-from modelhost.core.loader import plan_model
+from modelhost.core.model_loading import plan_model
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.store.archive import unpack_archive
 from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.local import LocalStore
+from modelhost.store.unpack import unpack_archive
 from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, identity_model, slow_loop_model, write_model
 
 NAME = "served"

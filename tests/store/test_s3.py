@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.store.archives import open_archive_store
+from modelhost.store.archive_store import open_archive_store
 from modelhost.store.s3 import S3ArchiveStore
 from tests.s3_server import MotoS3Server
 

@@ -27,7 +27,7 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.internal.containers import MessageMap
 
-from modelhost.core.load_override import FILE_PREFIX, LoadRequest
+from modelhost.core.load_request import FILE_PREFIX, LoadRequest
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.protocols.kserve_v2.codec import tensor_from_bytes, tensor_to_bytes
 from modelhost.protocols.kserve_v2.grpc_service_pb2 import (

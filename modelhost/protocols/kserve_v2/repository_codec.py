@@ -6,7 +6,7 @@ import base64
 import binascii
 from typing import Any
 
-from modelhost.core.load_override import FILE_PREFIX, LoadRequest
+from modelhost.core.load_request import FILE_PREFIX, LoadRequest
 from modelhost.errors import invalid
 
 

@@ -8,7 +8,7 @@ from modelhost.access import Api
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
-from modelhost.protocols.http import HttpRequest, HttpResponse, Route, error_response, json_response
+from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, error_response, json_response
 from modelhost.protocols.json_body import json_object
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
 from modelhost.protocols.kserve_v2.raw_codec import decode_raw_request

@@ -11,7 +11,7 @@ import re
 from importlib import resources
 
 from modelhost.access import Api
-from modelhost.protocols.http import HttpRequest, HttpResponse, Route
+from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route
 
 DOCUMENTS = ("http", "sagemaker", "metrics")
 PATH = "/v2/openapi.yaml"

@@ -20,7 +20,7 @@ from modelhost.core.dataplane import DataPlane
 from modelhost.core.model_cache import CachedModel, ModelCache
 from modelhost.errors import ModelhostError
 from modelhost.protocols.front_end import FrontEnd
-from modelhost.protocols.http import HttpApp
+from modelhost.protocols.http.app import HttpApp
 from modelhost.protocols.sagemaker import rest
 from modelhost.protocols.sagemaker.handlers import Handler, load_handler
 from modelhost.protocols.sagemaker.invoke import Invoker

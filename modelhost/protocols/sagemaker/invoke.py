@@ -19,7 +19,7 @@ import orjson
 
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
-from modelhost.protocols.http import STATUS
+from modelhost.protocols.http.app import STATUS
 from modelhost.protocols.sagemaker.handlers import Handler, HandlerError, RequestInfo, TfsResponse
 from modelhost.protocols.sagemaker.payloads import (
     CSV,

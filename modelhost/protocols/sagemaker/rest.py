@@ -20,11 +20,11 @@ import orjson
 from modelhost.access import Api
 from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ModelhostError, invalid, not_found
-from modelhost.protocols.http import Handler as RouteHandler
-from modelhost.protocols.http import (
+from modelhost.protocols.http.app import (
     HttpRequest,
     HttpResponse,
     Route,
+    RouteHandler,
     error_answer,
     error_response,
     json_response,

@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from modelhost.protocols.http import HttpResponse, Route, json_response
-from modelhost.protocols.http_connection import ASGIApp
+from modelhost.protocols.http.app import HttpResponse, Route, json_response
+from modelhost.protocols.http.connection import ASGIApp
 
 RUNTIME_PREFIX = "/endpoints/"
 UNKNOWN_OPERATION = "UnknownOperationException"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from modelhost.access import Api
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
-from modelhost.protocols.http import HttpRequest, HttpResponse, Route
+from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route
 from modelhost.protocols.tfserving.json_codec import decode_predict, encode_predict
 from modelhost.types import InferRequest, ModelMetadata
 

@@ -24,12 +24,12 @@ from urllib.parse import unquote
 import httptools
 import orjson
 
-from modelhost.core.load import ServerLoad
-from modelhost.protocols.http_exchange import Answer, ASGIApp, Exchange, Request, content_length, response_head
-from modelhost.protocols.http_memory import resize_bytearray
+from modelhost.core.in_flight import InFlight
+from modelhost.protocols.http.exchange import Answer, ASGIApp, Exchange, Request, content_length, response_head
+from modelhost.protocols.http.memory import resize_bytearray
 
 if TYPE_CHECKING:
-    from modelhost.protocols.http_server import HttpServer
+    from modelhost.protocols.http.server import HttpServer
 
 _FIRST_GROWTH = 16 * 1024  # the smallest step a body buffer grows by
 _LINGER_SECONDS = 2.0  # how long an error answer waits for the client to stop sending before closing
@@ -56,14 +56,14 @@ class _Refusal(ValueError):
 class HttpConnection(asyncio.BufferedProtocol):
     """One client connection. Callbacks run on the loop; requests are answered in arrival order."""
 
-    def __init__(self, server: HttpServer, app: ASGIApp, load: ServerLoad) -> None:
+    def __init__(self, server: HttpServer, app: ASGIApp, in_flight: InFlight) -> None:
         self._server = server
         self._limits = server.limits
         self._budget = server.budget
         self._app = app
         self._admit = getattr(app, "admit", None)  # HttpApp.admit: an answer before the body is read
         self._refusal_shape = getattr(app, "refusal", None)  # RuntimeErrors.refusal: the SageMaker port's errors
-        self._load = load
+        self._in_flight = in_flight
         self._loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -118,7 +118,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         self._schedule(self._head_since + self._limits.head_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._load.in_progress -= len(self._pipeline)  # received, never to be answered
+        self._in_flight.requests -= len(self._pipeline)  # received, never to be answered
         for request in (*self._pipeline, self._request):
             self._release(request)
         self._pipeline.clear()
@@ -326,7 +326,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         request.size += self._received
         self._pipeline.append(request)
         self._pipeline_bytes += request.size
-        self._load.in_progress += 1
+        self._in_flight.requests += 1
         if len(self._pipeline) >= self._limits.max_pipeline or self._pipeline_bytes >= self._limits.max_pipeline_bytes:
             self._update_reading()
         if self._worker is None or self._worker.done():
@@ -345,7 +345,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 await Exchange(self, request).run()
             finally:
                 self._busy = False
-                self._load.in_progress -= 1
+                self._in_flight.requests -= 1
                 if request.charge:
                     self._release(request)
             if not request.keep_alive or self._closing:

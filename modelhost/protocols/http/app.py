@@ -21,7 +21,7 @@ import orjson
 from modelhost.access import BEARER_HEADER, AccessPolicy, Api
 from modelhost.client_log import client_log
 from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message, too_large
-from modelhost.protocols.http_exchange import Answer
+from modelhost.protocols.http.exchange import Answer
 
 log = logging.getLogger("modelhost.http")
 
@@ -57,7 +57,7 @@ class HttpResponse:
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
-Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+RouteHandler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ class Route:
 
     method: str
     pattern: str
-    handler: Handler
+    handler: RouteHandler
     api: Api
     admit: Callable[[dict[str, str]], None] | None = None
 

@@ -17,12 +17,12 @@ from modelhost.backends import (
 )
 from modelhost.backends.base import Backend, InstanceSettings, Model
 from modelhost.config.completion import apply_defaults, check_config, complete_config
-from modelhost.config.loader import ConfigError, read_config
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides, apply_overrides
+from modelhost.config.pbtxt import ConfigError, read_config
 from modelhost.core.ensemble import Acquire, EnsemblePlan, EnsembleScheduler
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
-from modelhost.core.load import ServerLoad
+from modelhost.core.in_flight import InFlight
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
@@ -149,7 +149,7 @@ def select_versions(config: ModelConfig, source: ModelSource) -> tuple[int, ...]
 
 def load_version(
     source: ModelSource, version: int, plan: LoadPlan, cpu_count: int, default_max_batch_size: int,
-    load: ServerLoad | None = None,
+    in_flight: InFlight | None = None,
 ) -> ServedModel:
     backend = plan.backend
     assert backend is not None, "an ensemble loads with load_ensemble_version"
@@ -180,7 +180,7 @@ def load_version(
         raise
     label = f"{source.name}:{version}"
     statistics = ModelStatistics()
-    scheduler = Scheduler(label, instances, policy, statistics, load)
+    scheduler = Scheduler(label, instances, policy, statistics, in_flight)
     return ServedModel(source.name, version, config, Signature.from_config(config), scheduler, statistics)
 
 

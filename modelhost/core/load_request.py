@@ -11,8 +11,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from modelhost.config.loader import ConfigError, config_from_json
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.pbtxt import ConfigError, config_from_json
 from modelhost.errors import ModelhostError, invalid
 from modelhost.store.local import ModelSource, model_versions
 from modelhost.store.paths import check_model_name, check_relative, inside

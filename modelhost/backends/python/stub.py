@@ -1,6 +1,6 @@
-"""The worker process of an isolated Python model instance: `python -m modelhost.backends.python_worker FD`.
+"""The worker process of an isolated Python model instance: `python -m modelhost.backends.python.stub FD`.
 
-Started by python_process.WorkerProcess with one end of a socket pair as FD. It serves one model instance:
+Started by isolated.WorkerProcess with one end of a socket pair as FD. It serves one model instance:
 
     server -> worker                      worker -> server
     ("init", UserCodeSpec)                ("ok", None) | ("error", None, message, traceback)
@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Any
 
-from modelhost.backends.python_channel import Channel, ChannelClosed
-from modelhost.backends.python_code import UserCodeError, UserCodeSpec, UserModel, load_user_model
+from modelhost.backends.python.channel import Channel, ChannelClosed
+from modelhost.backends.python.user_model import UserCodeError, UserCodeSpec, UserModel, load_user_model
 from modelhost.errors import ErrorKind, ModelhostError
 
 

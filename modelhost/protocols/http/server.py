@@ -3,11 +3,11 @@
 Why not uvicorn: for a 2 MB tensor body uvicorn's flow control (pause at 64 KB, one ASGI
 message per chunk, a bytes copy per chunk, then our join) cost 1.9 ms per request on
 loopback where the socket itself needs 0.4 ms (benchmarks/http_stack). Connections
-(http_connection.py) read a Content-Length body straight into one buffer instead.
+(protocols/http/connection.py) read a Content-Length body straight into one buffer instead.
 
 Scope: HTTP/1.1 and 1.0, keep-alive, pipelining (answered in order), Content-Length and
 chunked request bodies, `Expect: 100-continue`, write back-pressure, the limits and deadlines
-of HttpLimits (http_limits.py), and graceful shutdown (stop listening, finish in-flight
+of HttpLimits (protocols/http/limits.py), and graceful shutdown (stop listening, finish in-flight
 requests, close idle connections, then the ASGI lifespan shutdown).
 """
 
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from modelhost.core.load import ServerLoad
-from modelhost.protocols.http_connection import HttpConnection
-from modelhost.protocols.http_exchange import ASGIApp
-from modelhost.protocols.http_limits import HttpLimits
-from modelhost.protocols.http_memory import BufferBudget, MemoryReturner
+from modelhost.core.in_flight import InFlight
+from modelhost.protocols.http.connection import HttpConnection
+from modelhost.protocols.http.exchange import ASGIApp
+from modelhost.protocols.http.limits import HttpLimits
+from modelhost.protocols.http.memory import BufferBudget, MemoryReturner
 
 log = logging.getLogger("modelhost.http")
 _READ_SIZE = 256 * 1024
@@ -34,24 +34,24 @@ _MEMORY_WATCH_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class Site:
+class Listener:
     """One ASGI app served on one port; `name` is for the logs."""
 
     name: str
     app: ASGIApp
     port: int
-    load: ServerLoad = field(default_factory=ServerLoad)  # counts this site's requests in progress
+    in_flight: InFlight = field(default_factory=InFlight)  # counts this listener's requests in progress
     shared: bool = True  # with --workers, every process listens on this port (SO_REUSEPORT)
-    tls: ssl.SSLContext | None = None  # None: plain HTTP; shared by sites, reloaded in place (protocols/tls.py)
+    tls: ssl.SSLContext | None = None  # None: plain HTTP; shared by listeners, reloaded in place (protocols/tls.py)
     tls_handshake_seconds: float = 10.0  # a client gets this long for its TLS handshake
 
 
 class HttpServer:
     """Serves ASGI apps on their ports of one host until SIGTERM/SIGINT (or `stop()`)."""
 
-    def __init__(self, sites: Sequence[Site], host: str, limits: HttpLimits, graceful_seconds: float,
+    def __init__(self, listeners: Sequence[Listener], host: str, limits: HttpLimits, graceful_seconds: float,
                  reuse_port: bool = False, on_stop: Callable[[], object] | None = None) -> None:
-        self.sites = list(sites)
+        self.listeners = list(listeners)
         # Called on the loop when stopping begins (a signal or stop()): other servers stop accepting too.
         self._on_stop = on_stop
         self.reuse_port = reuse_port  # several processes share the HTTP port (--workers)
@@ -60,7 +60,7 @@ class HttpServer:
         self.graceful_seconds = graceful_seconds
         self.connections: set[HttpConnection] = set()
         # One read buffer for every connection: callbacks run one at a time and the parser copies what it
-        # keeps, so a connection costs a few KiB, not a buffer (http_connection.py).
+        # keeps, so a connection costs a few KiB, not a buffer (protocols/http/connection.py).
         self.read_buffer = bytearray(_READ_SIZE)
         self._memory = MemoryReturner()
         self.budget = BufferBudget(limits.max_buffered_bytes)
@@ -96,24 +96,27 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self.stop)
-        lifespans = [_Lifespan(site.app) for site in self.sites]
+        lifespans = [_Lifespan(listener.app) for listener in self.listeners]
         for lifespan in lifespans:
             await lifespan.startup()
         servers = []
         try:
-            for site in self.sites:
-                reuse = self.reuse_port and site.shared
-                protocol = partial(HttpConnection, self, site.app, site.load)
-                handshake = site.tls_handshake_seconds if site.tls is not None else None
-                servers.append(await loop.create_server(protocol, self.host, site.port, backlog=2048, reuse_port=reuse,
-                                                        ssl=site.tls, ssl_handshake_timeout=handshake))
-                log.info("%s listening on %s:%d%s", site.name, self.host, site.port, " (TLS)" if site.tls else "")
+            for listener in self.listeners:
+                reuse = self.reuse_port and listener.shared
+                protocol = partial(HttpConnection, self, listener.app, listener.in_flight)
+                handshake = listener.tls_handshake_seconds if listener.tls is not None else None
+                servers.append(await loop.create_server(protocol, self.host, listener.port, backlog=2048,
+                                                        reuse_port=reuse, ssl=listener.tls,
+                                                        ssl_handshake_timeout=handshake))
+                log.info("%s listening on %s:%d%s", listener.name, self.host, listener.port,
+                         " (TLS)" if listener.tls else "")
         except OSError as exc:
             for server in servers:
                 server.close()
             for lifespan in reversed(lifespans):
                 await lifespan.shutdown()
-            raise SystemExit(f"modelhost: cannot listen on {self.host}:{site.port}: {exc.strerror or exc}") from None
+            raise SystemExit(
+                f"modelhost: cannot listen on {self.host}:{listener.port}: {exc.strerror or exc}") from None
         self._watch_memory()
         await self._stopping.wait()
         if self._memory_watch is not None:

@@ -19,7 +19,7 @@ beside it at its top). A model.py that fails to import, or whose Model() or init
 load with a ConfigError carrying the traceback's last line (the whole traceback goes to the log).
 
 By default the model runs in the server's process. With parameter `isolation: "process"` each instance runs
-in a worker process of its own (python_process.py): a crash, a hang or a leak there cannot take the server
+in a worker process of its own (backends/python/isolated.py): a crash, a hang or a leak there cannot take the server
 down. Parameters: see docs/backends/python.md.
 """
 
@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
-from modelhost.backends.python_code import (
+from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions
+from modelhost.backends.python.user_model import (
     ExecuteError,
     OutputRule,
     UserCodeError,
@@ -42,13 +43,12 @@ from modelhost.backends.python_code import (
     UserModel,
     load_user_model,
 )
-from modelhost.backends.python_process import IsolatedModel, IsolationOptions
 from modelhost.client_log import client_log
-from modelhost.config.loader import CONFIG_FILENAME, ConfigError, config_to_json
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError, config_to_json
 from modelhost.errors import ErrorKind, ModelhostError
 
-log = logging.getLogger("modelhost.backends.python")
+log = logging.getLogger("modelhost.backends.python.backend")
 
 ISOLATION_PARAMETER = "isolation"
 ISOLATIONS = ("none", "process")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 
-class ServerLoad:
+class InFlight:
     """Front-ends count a request in when it is fully received and out when it is answered (or its
     client is gone); the schedulers read it to tell a lone request from one among many."""
 
-    __slots__ = ("in_progress",)
+    __slots__ = ("requests",)
 
     def __init__(self) -> None:
-        self.in_progress = 0
+        self.requests = 0

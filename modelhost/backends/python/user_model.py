@@ -2,7 +2,7 @@
 
 Shared by both modes of the Python backend: an in-process model calls it in the server, an isolated one in
 its worker process (so this module imports nothing the worker does not need: no config, no protocols).
-The interface model.py implements is documented in modelhost/backends/python.py and docs/backends/python.md.
+The interface model.py implements is documented in modelhost/backends/python/backend.py and docs/backends/python.md.
 """
 
 from __future__ import annotations

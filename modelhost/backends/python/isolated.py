@@ -1,6 +1,6 @@
 """The server's side of an isolated Python model instance: its worker process, restarted when it fails.
 
-Each instance runs its model.py in a worker process of its own (python_worker.py), started at load with
+Each instance runs its model.py in a worker process of its own (backends/python/stub.py), started at load with
 subprocess (never fork: the server has threads and an event loop). What the model does there cannot take
 the server down: when the worker crashes (exits, or dies of a signal), does not answer within
 execute_timeout_seconds (it is killed), or after a batch is found above worker_max_rss_bytes, the instance
@@ -30,12 +30,12 @@ import numpy as np
 
 import modelhost
 from modelhost.backends.base import Model, ModelSignature
-from modelhost.backends.python_channel import Channel, ChannelClosed
-from modelhost.backends.python_code import UserCodeError, UserCodeSpec
+from modelhost.backends.python.channel import Channel, ChannelClosed
+from modelhost.backends.python.user_model import UserCodeError, UserCodeSpec
 from modelhost.client_log import client_log
 from modelhost.errors import ErrorKind, ModelhostError
 
-log = logging.getLogger("modelhost.backends.python")
+log = logging.getLogger("modelhost.backends.python.backend")
 
 STOP_GRACE_S = 5.0  # after finalize (or a restart's stop request), how long a worker may take to exit
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -59,7 +59,7 @@ class WorkerProcess:
         with theirs:
             try:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "modelhost.backends.python_worker", str(theirs.fileno())],
+                    [sys.executable, "-m", "modelhost.backends.python.stub", str(theirs.fileno())],
                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=_worker_environment(),
                 )
             except OSError as exc:
