@@ -1,13 +1,25 @@
 """Backend registry: names map to "module:Class" and are imported on first use,
-so optional frameworks stay optional."""
+so optional frameworks stay optional.
+
+Besides the built-in backends, an installed distribution may register its own under the entry-point group
+`modelhost.backends` (name = "module:Class", a `modelhost.plugin.Backend`); a model chooses it with
+`backend: "<name>"` in its config.pbtxt, as Triton's custom backends are chosen. A plug-in cannot take a
+built-in backend's name.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import logging
 import threading
 from functools import cache
 
 from modelhost.backends.base import Backend
+
+ENTRY_POINT_GROUP = "modelhost.backends"
+
+log = logging.getLogger("modelhost.backends")
 
 _BACKENDS = {
     "onnxruntime": "modelhost.backends.onnx:OnnxBackend",
@@ -39,11 +51,29 @@ class UnknownBackendError(LookupError):
     pass
 
 
+@cache
+def _plugins() -> dict[str, str]:
+    """The backends installed distributions register (entry points of ENTRY_POINT_GROUP): name -> "module:Class"."""
+    found: dict[str, str] = {}
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name in _BACKENDS:
+            log.warning("backend plug-in '%s' (%s) ignored: '%s' is a built-in backend", entry.name, entry.value,
+                        entry.name)
+            continue
+        found[entry.name] = entry.value
+    return found
+
+
+def _registered() -> dict[str, str]:
+    return {**_plugins(), **_BACKENDS}
+
+
 def backend_name(platform: str, backend: str) -> str:
     """Resolve config `platform`/`backend` to a registered backend name."""
     if backend:
-        if backend not in _BACKENDS:
-            raise UnknownBackendError(f"unknown backend '{backend}' (known: {', '.join(_BACKENDS)})")
+        registered = _registered()
+        if backend not in registered:
+            raise UnknownBackendError(f"unknown backend '{backend}' (known: {', '.join(registered)})")
         return backend
     if platform not in _PLATFORMS:
         raise UnknownBackendError(f"unknown platform '{platform}' (known: {', '.join(_PLATFORMS)})")
@@ -61,14 +91,16 @@ class BackendUnavailableError(ImportError):
 @cache
 def get_backend(name: str) -> Backend:
     """The backend registered as `name`; raises BackendUnavailableError naming the extra to install."""
-    module_name, _, class_name = _BACKENDS[name].partition(":")
+    module_name, _, class_name = _registered()[name].partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         extra = _EXTRAS.get(name)
         hint = f": pip install 'modelhost[{extra}]'" if extra else ""
         raise BackendUnavailableError(f"backend '{name}' cannot be used ({exc}){hint}") from exc
-    backend: Backend = getattr(module, class_name)()
+    backend = getattr(module, class_name)()
+    if not isinstance(backend, Backend):
+        raise BackendUnavailableError(f"backend '{name}' ({_registered()[name]}) is not a modelhost.plugin.Backend")
     return backend
 
 
