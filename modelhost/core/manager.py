@@ -291,6 +291,18 @@ class ModelManager:
         reload, unload or eviction meanwhile lets it finish before the version stops."""
         return ModelHold(lambda: self.hold(name, version))
 
+    def in_use(self, name: str) -> bool:
+        """Whether a request holds a version of the model now (the multi-model cache evicts only idle models)."""
+        record = self._records.get(name)
+        return record is not None and any(
+            status.served is not None and status.served.pins.count for status in record.versions.values())
+
+    async def idle(self, name: str) -> None:
+        """Returns once no request holds a version of the model (at once when none does or it is unknown)."""
+        while (record := self._records.get(name)) is not None and self.in_use(name):
+            await asyncio.gather(*(status.served.pins.released() for status in record.versions.values()
+                                   if status.served is not None))
+
     def hold(self, name: str, version: str = "") -> ServedModel:
         """The version `get` gives, pinned (what `acquire` does on entry, without its objects, for a hot path):
         the caller must call `served.pins.release()` once done."""

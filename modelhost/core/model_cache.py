@@ -4,7 +4,8 @@ A cached model is one archive (or one directory given to the management API), wh
 several models. Each is known by a key: the TargetModel (`X-Amzn-SageMaker-Target-Model`) or the
 `model_name` of `POST /models`. Concurrency contract (everything runs on the event loop):
 - concurrent first requests for a key share one load;
-- a request pins its model (`use`), and a pinned model is never evicted;
+- a request holds its models while it runs (`use`, through ModelManager.hold), and a model a request holds,
+  over any protocol, is never evicted; an unload waits for those requests;
 - the budget is compared with the memory the process holds beyond its baseline (core/memory.py:
   malloc's bytes in use, which drop as soon as an unloaded model is freed), so it bounds real memory
   whatever each load's share of it; where that count is not available, with the sum of each model's
@@ -32,18 +33,18 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from modelhost.core.manager import ModelManager
 from modelhost.core.memory import COUNTS_FREES, PeakMeter, held_bytes
 from modelhost.core.model_loading import warm_up_backend_of
+from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
+from modelhost.store.archive_models import ArchiveModels, FetchedModels
 from modelhost.store.archive_store import ArchiveStore, check_target
-from modelhost.store.layout import ModelLayout, find_layout
+from modelhost.store.layout import ModelLayout
 from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.paths import check_model_name, within
-from modelhost.store.unpack import unpack_archive
 
 log = logging.getLogger("modelhost.model_cache")
 
@@ -67,8 +68,6 @@ class CachedModel:
     size: int  # bytes of memory its load kept (never less than its files on disk)
     work_dir: Path  # the cache's own files for it (the unpacked archive, its layout's links), removed on unload
     last_used: float = field(default_factory=time.monotonic)
-    pins: int = 0
-    attachment: Any = None  # what the front-end's on_load hook made of it (its inference handler)
 
 
 @dataclass(slots=True)
@@ -88,7 +87,7 @@ class CacheStatistics:
     unload: Histogram = field(default_factory=lambda: Histogram(CACHE_BUCKETS))
 
 
-Hook = Callable[[CachedModel], Awaitable[Any]]
+Hook = Callable[[CachedModel], Awaitable[None]]
 
 
 class ModelCache:
@@ -107,12 +106,10 @@ class ModelCache:
     ) -> None:
         self._manager = manager
         self._load_roots = tuple(load_roots)
-        self._max_archive_members = max_archive_members
-        self._archives = archives
         self._work_dir = work_dir
+        self._fetch = ArchiveModels(archives, work_dir / "downloads", max_unpacked_bytes, max_archive_members,
+                                    single_model_name)
         self.budget_bytes = budget_bytes
-        self._max_unpacked_bytes = max_unpacked_bytes
-        self._single_model_name = single_model_name
         self._on_load = on_load
         self._on_unload = on_unload
         self._baseline: int | None = None  # held bytes when the cache last held nothing, plus warm-ups since
@@ -124,7 +121,7 @@ class ModelCache:
         self._measure = asyncio.Lock()
         self._slots = itertools.count()
         self._removals: set[asyncio.Task[None]] = set()
-        self._download_seconds: list[float] = []
+        self._evicting: dict[str, asyncio.Future[None]] = {}  # key -> done when its eviction is
         self.statistics = CacheStatistics()
 
     def set_hooks(self, on_load: Hook | None, on_unload: Hook | None) -> None:
@@ -175,17 +172,24 @@ class ModelCache:
 
     @asynccontextmanager
     async def _pinned(self, model: CachedModel) -> AsyncIterator[CachedModel]:
-        model.pins += 1
+        # Held in the manager, as a request over any protocol holds its model: no await since the lookup.
+        held: list[ServedModel] = []
         try:
+            for name in model.served.values():
+                held.append(self._manager.hold(name))
             yield model
         finally:
-            model.pins -= 1
+            for served in held:
+                served.pins.release()
             model.last_used = time.monotonic()
+
+    def _in_use(self, model: CachedModel) -> bool:
+        return any(self._manager.in_use(name) for name in model.served.values())
 
     async def _loaded(self, key: str) -> CachedModel:
         # A model loaded for us can be evicted by another load before this task resumes: load it again.
         while True:
-            model = await self._load_once(key, key, self._unpacked)
+            model = await self._load_once(key, key, partial(self._fetch.fetch, key))
             if self._models.get(key) is model:
                 return model
 
@@ -204,10 +208,10 @@ class ModelCache:
         path = Path(url)
         if not path.is_dir():
             raise not_found(f"model '{key}': url '{url}' is not a directory")
-        return await self._load_once(key, url, partial(_in_place, path))
+        return await self._load_once(key, url, partial(self._fetch.in_place, path))
 
     async def unload(self, key: str) -> None:
-        """Unload a model at once; requests already running on it finish first."""
+        """Unload a model: no request starts on it from now, and this returns once those running on it finished."""
         await self._evict(self.get(key))
 
     async def stop(self) -> None:
@@ -216,52 +220,38 @@ class ModelCache:
         await asyncio.gather(*(self._evict(m) for m in list(self._models.values())), return_exceptions=True)
         await asyncio.gather(*self._removals, return_exceptions=True)
 
-    async def _load_once(self, key: str, url: str, prepare: Callable[[str, Path], Path]) -> CachedModel:
+    async def _load_once(self, key: str, url: str, fetch: Callable[[Path], FetchedModels]) -> CachedModel:
         task = self._loading.get(key)
         if task is None:
-            task = asyncio.create_task(self._load(key, url, prepare))
+            task = asyncio.create_task(self._load(key, url, fetch))
             self._loading[key] = task
             task.add_done_callback(lambda _: self._loading.pop(key, None))
         # A waiter that goes away (client disconnect) must not cancel a load others wait on.
         return await asyncio.shield(task)
 
-    def _unpacked(self, key: str, work: Path) -> Path:
-        """The archive of `key` unpacked as `work` (blocking): read in place when local, else downloaded."""
-        if self._archives is None:
-            raise not_found(f"no model store is configured to find target model '{key}' in")
-        started = time.monotonic()
-        archive = self._archives.local_path(key)
-        downloaded = archive is None
-        if archive is None:
-            archive = self._archives.download(key, self._work_dir / "downloads")
-        try:
-            unpack_archive(archive, work, self._max_unpacked_bytes, self._max_archive_members)
-        finally:
-            if downloaded:
-                archive.unlink(missing_ok=True)
-        self._download_seconds.append(time.monotonic() - started)
-        return work
-
-    async def _load(self, key: str, url: str, prepare: Callable[[str, Path], Path]) -> CachedModel:
+    async def _load(self, key: str, url: str, fetch: Callable[[Path], FetchedModels]) -> CachedModel:
+        while (evicting := self._evicting.get(key)) is not None:
+            await asyncio.shield(evicting)  # its models still hold their names in the manager
         # Each load gets its own directory: an evicted copy may still be being removed.
         work = self._work_dir / "models" / self._slot(key)
         try:
-            model_dir, layout, on_disk = await asyncio.to_thread(self._prepare, prepare, key, work)
-            self._record_downloads()
+            fetched = await asyncio.to_thread(fetch, work)
+            if fetched.fetch_seconds is not None:
+                self.statistics.download.observe(fetched.fetch_seconds)
+            on_disk = fetched.disk_bytes
             async with self._measure:
-                await self._warm_up(layout)
+                await self._warm_up(fetched.layout)
                 await self._make_room(self._estimate(key, on_disk), key)
                 if self._holding == 0:
                     self._baseline = held_bytes()
-                served, size = await self._measured_load(key, layout, on_disk)
+                served, size = await self._measured_load(key, fetched.layout, on_disk)
         except BaseException:
-            self._record_downloads()
             self._remove_files(work)
             raise
-        model = CachedModel(key, url, model_dir, layout, served, size, work)
+        model = CachedModel(key, url, fetched.root, fetched.layout, served, size, work)
         try:
             if self._on_load is not None:
-                model.attachment = await self._on_load(model)
+                await self._on_load(model)
         except BaseException:
             await self._evict_parts(model)
             raise
@@ -270,13 +260,6 @@ class ModelCache:
         await self._fit(model)
         log.info("cached model %s: %d bytes (%d of %d used)", key, size, self.used_bytes, self.budget_bytes)
         return model
-
-    def _prepare(self, prepare: Callable[[str, Path], Path], key: str, work: Path) -> tuple[Path, ModelLayout, int]:
-        """Blocking, in one thread: the model's directory, its layout, and its size on disk."""
-        model_dir = prepare(key, work)
-        on_disk = _disk_bytes(model_dir)
-        work.mkdir(parents=True, exist_ok=True)
-        return model_dir, find_layout(model_dir, self._single_model_name, work / ".layout"), on_disk
 
     async def _warm_up(self, layout: ModelLayout) -> None:
         """Warm up the backends the layout's models need (under the measure lock): their state is the process's."""
@@ -306,11 +289,6 @@ class ModelCache:
             del self._peaks[next(iter(self._peaks))]
         return served, max(meter.growth, on_disk)
 
-    def _record_downloads(self) -> None:
-        # Threads append their timings; the statistics are updated on the loop only.
-        while self._download_seconds:
-            self.statistics.download.observe(self._download_seconds.pop())
-
     async def _add_models(self, key: str, layout: ModelLayout) -> dict[str, str]:
         store = LocalStore(layout.repository)
         served: dict[str, str] = {}
@@ -332,7 +310,7 @@ class ModelCache:
         for victim in sorted(self._models.values(), key=lambda m: m.last_used):
             if self.used_bytes + needed <= self.budget_bytes:
                 return
-            if victim.pins == 0:
+            if victim.key != key and not self._in_use(victim):
                 await self._evict(victim)
         if self.used_bytes + needed > self.budget_bytes:
             raise self._no_memory(key, f"about {needed} bytes to load")
@@ -340,16 +318,13 @@ class ModelCache:
     async def _fit(self, model: CachedModel) -> None:
         """After a load: evict others until the measured size fits, or unload this one (NO_MEMORY)."""
         try:
-            model.pins += 1  # not its own victim
-            await self._make_room(0, model.key)
+            await self._make_room(0, model.key)  # never its own victim
         except ModelhostError:
-            model.pins -= 1
             await self._evict(model)
             raise self._no_memory(model.key, f"{model.size} bytes") from None
-        model.pins -= 1
 
     def _no_memory(self, key: str, needed: str) -> ModelhostError:
-        held = sum(m.size for m in self._models.values() if m.pins and m.key != key)
+        held = sum(m.size for m in self._models.values() if m.key != key and self._in_use(m))
         return ModelhostError(
             ErrorKind.NO_MEMORY,
             f"model '{key}' needs {needed}: the model cache holds at most {self.budget_bytes} bytes "
@@ -357,13 +332,21 @@ class ModelCache:
         )
 
     async def _evict(self, model: CachedModel) -> None:
+        """No request finds the model through the cache from now; once the requests holding it are done (their
+        own lookups included), its models unload. A load of the same key waits for that."""
         if self._models.get(model.key) is not model:
             return
         del self._models[model.key]
         self._sizes -= model.size
         self.statistics.evictions += 1
         started = time.monotonic()
-        await self._evict_parts(model)
+        done = self._evicting[model.key] = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.gather(*(self._manager.idle(name) for name in model.served.values()))
+            await self._evict_parts(model)
+        finally:
+            del self._evicting[model.key]
+            done.set_result(None)
         self.statistics.unload.observe(time.monotonic() - started)
         log.info("unloaded model %s (%d bytes)", model.key, model.size)
 
@@ -395,11 +378,3 @@ def _warm_up_backends(layout: ModelLayout) -> None:
         except (ModelhostError, OSError):
             continue  # the load reports it
         warm_up_backend_of(source)
-
-
-def _in_place(path: Path, key: str, work: Path) -> Path:
-    return path
-
-
-def _disk_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())

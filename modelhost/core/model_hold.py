@@ -34,9 +34,10 @@ class Pins:
             self._released.set()
 
     async def released(self) -> None:
-        """Returns once no request holds the version (at once if none does)."""
+        """Returns once no request holds the version (at once if none does); any number may wait."""
         while self.count:
-            self._released = asyncio.Event()
+            if self._released is None or self._released.is_set():
+                self._released = asyncio.Event()
             await self._released.wait()
 
 

@@ -19,6 +19,7 @@ from modelhost.config.pbtxt import config_to_json, parse_config
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.load_request import LoadRequest, check_load_request
 from modelhost.core.manager import ModelManager
+from modelhost.core.model_hold import Pins
 from modelhost.core.repository_poll import RepositoryPoller
 from modelhost.core.served_model import ServedModel
 from modelhost.errors import ErrorKind, ModelhostError
@@ -417,3 +418,20 @@ def test_decode_and_infer_looks_the_model_up_once(tmp_path: Path, monkeypatch: p
             assert manager.get("m").pins.count == 0
 
     run(body)
+
+
+def test_every_waiter_on_a_versions_pins_wakes_when_the_last_request_lets_go() -> None:
+    async def scenario() -> None:
+        pins = Pins()
+        pins.hold()
+        pins.hold()
+        waiters = [asyncio.ensure_future(pins.released()) for _ in range(3)]
+        await asyncio.sleep(0)
+        pins.release()
+        await asyncio.sleep(0)
+        assert not any(w.done() for w in waiters)
+        pins.release()
+        await asyncio.wait_for(asyncio.gather(*waiters), 1)
+        await pins.released()  # at once, none held
+
+    asyncio.run(scenario())

@@ -126,6 +126,43 @@ def test_a_model_in_use_is_never_evicted_and_no_room_is_no_memory(tmp_path: Path
     asyncio.run(scenario())
 
 
+def test_a_model_a_request_holds_over_another_protocol_is_not_evicted(tmp_path: Path) -> None:
+    """The cache's models are the manager's: a KServe request to one holds it as the data plane does, and the cache
+    sees that hold."""
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        await h.infer("model-0.tar.gz")
+        h.cache.budget_bytes = h.cache.used_bytes + WIDTH  # no room for a second model
+        served = h.manager.hold(h.cache.get("model-0.tar.gz").served["model"])
+        with pytest.raises(ModelhostError) as caught:
+            await h.infer("model-1.tar.gz")
+        assert caught.value.kind is ErrorKind.NO_MEMORY
+        served.pins.release()
+        assert await h.infer("model-1.tar.gz") == 1.0  # idle now: evicted to make room
+        assert h.loaded() == ["model-1.tar.gz"]
+        await h.cache.stop()
+
+    asyncio.run(scenario())
+
+
+def test_unload_waits_for_the_requests_holding_the_model(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        await h.infer("model-0.tar.gz")
+        async with h.cache.use_target("model-0.tar.gz") as model:
+            unloading = asyncio.create_task(h.cache.unload("model-0.tar.gz"))
+            await asyncio.sleep(0.05)
+            assert not unloading.done()
+            served = h.manager.get(model.served["model"])  # the request can still run on it
+            outputs = await served.scheduler.submit({"INPUT0": np.zeros((1, WIDTH), np.float32)}, ["OUTPUT0"], 1)
+            assert float(outputs["OUTPUT0"][0, 0]) == 0.0
+        await asyncio.wait_for(unloading, 10)
+        assert h.loaded() == [] and h.manager.served() == []
+        await h.cache.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_model_larger_than_the_whole_budget_is_no_memory_and_leaves_nothing(tmp_path: Path) -> None:
     async def scenario() -> None:
         h = Harness(tmp_path, budget=WIDTH)

@@ -78,11 +78,13 @@ class SageMakerFrontEnd(FrontEnd):
         targets: rest.Targets
         if cache is not None:
             cache.set_hooks(self._user_code.on_cache_load, self._user_code.on_cache_unload)
-            targets, ready = rest.MultiModelTargets(cache, options.default_model_name), dataplane.ready
+            targets = rest.MultiModelTargets(cache, options.default_model_name, self._user_code.handlers)
+            ready = dataplane.ready
         else:
             self._single = rest.SingleModelTargets(models, options.default_model_name)
             targets, ready = self._single, self.ready
-        routes = rest.routes(self._invoker, targets, ready, cache) + tfserving_rest.routes(dataplane)
+        routes = rest.routes(self._invoker, targets, ready, cache, self._user_code.handlers)
+        routes += tfserving_rest.routes(dataplane)
         self.app = RuntimeErrors(HttpApp(routes, max_body_bytes=options.max_body_bytes, access=access), routes)
 
     def ready(self) -> bool:
@@ -117,6 +119,7 @@ class UserCode:
         self._program = program
         self._default_name = default_name
         self._policy = policy or CodePolicy()
+        self.handlers: dict[str, Handler] = {}  # a multi-model cache's key -> its archive's inference.py
 
     async def load(self, layout: ModelLayout, model_dir: Path, served: dict[str, str], tag: str,
                    packages: Path) -> Handler | None:
@@ -142,10 +145,13 @@ class UserCode:
         program = find_program(code_dir, self._program)
         return ([f"code/{program.name}"] if program is not None else []) + found
 
-    async def on_cache_load(self, model: CachedModel) -> Handler | None:
-        return await self.load(model.layout, model.root, model.served, f"mme_{model.work_dir.name}",
-                               model.work_dir / "packages")
+    async def on_cache_load(self, model: CachedModel) -> None:
+        handler = await self.load(model.layout, model.root, model.served, f"mme_{model.work_dir.name}",
+                                  model.work_dir / "packages")
+        if handler is not None:
+            self.handlers[model.key] = handler
 
     async def on_cache_unload(self, model: CachedModel) -> None:
-        if isinstance(model.attachment, Handler):
-            model.attachment.close()
+        handler = self.handlers.pop(model.key, None)
+        if handler is not None:
+            handler.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -101,9 +101,10 @@ class SingleModelTargets:
 class MultiModelTargets:
     """`X-Amzn-SageMaker-Target-Model` archives, loaded on first use and cached."""
 
-    def __init__(self, cache: ModelCache, default_name: str) -> None:
+    def __init__(self, cache: ModelCache, default_name: str, handlers: Mapping[str, Handler]) -> None:
         self._cache = cache
         self._default_name = default_name
+        self._handlers = handlers  # cache key -> the archive's inference.py
 
     @asynccontextmanager
     async def resolve(self, headers: dict[bytes, bytes]) -> AsyncIterator[Target]:
@@ -113,10 +114,11 @@ class MultiModelTargets:
                           "(the archive to run, e.g. model-17.tar.gz)")
         async with self._cache.use_target(target) as cached:
             yield select_model(cached.served, _header(headers, CUSTOM_ATTRIBUTES), self._default_name,
-                               cached.attachment)
+                               self._handlers.get(cached.key))
 
 
-def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache: ModelCache | None) -> list[Route]:
+def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache: ModelCache | None,
+           handlers: Mapping[str, Handler] | None = None) -> list[Route]:
     async def run(target: Target, request: HttpRequest) -> HttpResponse:
         call = Call(request.body, _header(request.headers, b"content-type") or None,
                     _header(request.headers, b"accept") or None, _header(request.headers, CUSTOM_ATTRIBUTES))
@@ -160,10 +162,11 @@ def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache:
         *(Route("POST", pattern, unsupported(explanation), Api.INFERENCE)
           for pattern, explanation in _UNSUPPORTED.items()),
     ]
-    return found + (management_routes(cache, run) if cache is not None else [])
+    return found + (management_routes(cache, run, {} if handlers is None else handlers) if cache is not None else [])
 
 
-def management_routes(cache: ModelCache, run: Callable[[Target, HttpRequest], Awaitable[HttpResponse]]) -> list[Route]:
+def management_routes(cache: ModelCache, run: Callable[[Target, HttpRequest], Awaitable[HttpResponse]],
+                      handlers: Mapping[str, Handler]) -> list[Route]:
     """The multi-model container API SageMaker itself calls (protocols §6.3)."""
 
     async def load(request: HttpRequest) -> HttpResponse:
@@ -199,7 +202,7 @@ def management_routes(cache: ModelCache, run: Callable[[Target, HttpRequest], Aw
         try:
             async with cache.use(request.params["name"]) as cached:
                 target = select_model(cached.served, _header(request.headers, CUSTOM_ATTRIBUTES), "",
-                                      cached.attachment)
+                                      handlers.get(cached.key))
                 return await run(target, request)
         except (ModelhostError, MediaTypeError, HandlerError) as exc:
             return _error(exc)
