@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,8 @@ from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
 from modelhost.core.signature import Signature
 from modelhost.core.statistics import ModelStatistics
-from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
+from modelhost.errors import ErrorKind, invalid, not_found
+from tests.helpers import rejected_async, run, until
 
 Arrays = dict[str, np.ndarray]
 THREADS_ONLY = 'parameters { key: "inline_max_microseconds" value: { string_value: "0" } }'
@@ -168,25 +168,6 @@ def rows_of(tag: int, rows: int = 1) -> np.ndarray:
     return (tag * 100 + np.arange(rows * 4)).reshape(rows, 4).astype(np.float32)
 
 
-def run(coroutine: Coroutine[Any, Any, None], timeout: float = 10.0) -> None:
-    asyncio.run(asyncio.wait_for(coroutine, timeout))
-
-
-async def until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.001)
-
-
-async def rejected(awaitable: Any, kind: ErrorKind) -> ModelhostError:
-    with pytest.raises(ModelhostError) as info:
-        await awaitable
-    assert info.value.kind is kind, info.value
-    return info.value
-
-
 # --------------------------------------------------------------------------- execution
 
 
@@ -321,13 +302,13 @@ def test_a_missing_model_or_a_misfit_tensor_fails_the_request_naming_the_step() 
         double = Compute(times(2))
         repo = Repository(served("add1", Compute(add(1))), served("double", double, io=narrow))
         ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.acquire)  # check_models would refuse it
-        error = await rejected(ensemble.submit({"x": rows_of(1)}, ["y"], 1), ErrorKind.INVALID_INPUT)
+        error = await rejected_async(ensemble.submit({"x": rows_of(1)}, ["y"], 1), ErrorKind.INVALID_INPUT)
         assert error.message == (
             "ensemble 'chain' step 2 (model 'double'): input 'IN' has shape [1,4], but model 'double' expects [-1,3]"
         )
         assert double.batches == [] and repo.resolve("double", "").statistics.fail.count == 1
         retired = repo.models.pop("double")[1]
-        error = await rejected(ensemble.submit({"x": rows_of(1)}, ["y"], 1), ErrorKind.UNAVAILABLE)
+        error = await rejected_async(ensemble.submit({"x": rows_of(1)}, ["y"], 1), ErrorKind.UNAVAILABLE)
         assert error.message == (
             "ensemble 'chain' step 2 (model 'double'): Request for unknown model: 'double' is not found"
         )
@@ -365,7 +346,7 @@ def test_a_failing_step_fails_the_request_naming_it_and_cancels_the_others(
         call = asyncio.ensure_future(ensemble.submit({"x": rows_of(6)}, ["y"], 1))
         await until(lambda: right_scheduler.queued() == 1, "the right step to queue")
         left_gate.set()
-        error = await rejected(call, kind)
+        error = await rejected_async(call, kind)
         assert error.message == message
         assert right_scheduler.queued() == 0  # withdrawn before it ran
         right_gate.set()
@@ -407,11 +388,11 @@ def test_priority_and_timeout_reach_each_step() -> None:
             default_queue_policy { allow_timeout_override: true } }"""
         repo = Repository(served("add1", add1, config), served("double", Compute(times(2))))
         ensemble = EnsembleScheduler("chain:1", plan_of(CHAIN), repo.acquire)
-        error = await rejected(ensemble.submit({"x": rows_of(1)}, ["y"], 1, priority=3), ErrorKind.INVALID_INPUT)
+        error = await rejected_async(ensemble.submit({"x": rows_of(1)}, ["y"], 1, priority=3), ErrorKind.INVALID_INPUT)
         assert error.message.startswith("ensemble 'chain' step 1 (model 'add1'): request priority 3")
         holder = asyncio.ensure_future(ensemble.submit({"x": rows_of(2)}, ["y"], 1, priority=1))
         await until(lambda: len(add1.batches) == 1, "the holder to run")
-        error = await rejected(ensemble.submit({"x": rows_of(3)}, ["y"], 1, timeout_us=20_000), ErrorKind.TIMEOUT)
+        error = await rejected_async(ensemble.submit({"x": rows_of(3)}, ["y"], 1, timeout_us=20_000), ErrorKind.TIMEOUT)
         assert error.message.startswith("ensemble 'chain' step 1 (model 'add1'): ")
         gate.set()
         await holder
@@ -431,7 +412,7 @@ def test_stop_refuses_new_requests_and_waits_for_those_in_flight() -> None:
         stopping = asyncio.ensure_future(ensemble.stop())
         await asyncio.sleep(0.01)
         assert not stopping.done() and ensemble.inflight() == 1
-        error = await rejected(ensemble.submit({"x": rows_of(2)}, ["y"], 1), ErrorKind.UNAVAILABLE)
+        error = await rejected_async(ensemble.submit({"x": rows_of(2)}, ["y"], 1), ErrorKind.UNAVAILABLE)
         assert "chain:1 is stopping" in error.message
         gate.set()
         await asyncio.wait_for(stopping, WAIT)

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from modelhost.core.served_model import ServedModel
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.local import LocalStore
 from modelhost.types import InferRequest
+from tests.helpers import run
 from tests.onnx_models import scale_model, write_model
 
 CONFIG = """
@@ -57,10 +58,6 @@ async def serving(repo: Path, tmp_path: Path, load: bool = True) -> AsyncIterato
         yield manager, DataPlane(manager, "test", True)
     finally:
         await manager.stop()
-
-
-def run(body: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(body())
 
 
 async def factor_of(dataplane: DataPlane, name: str, version: str = "") -> float:
@@ -100,7 +97,7 @@ def test_version_policy_selects_versions(tmp_path: Path, policy: str, served: li
                     await factor_of(dataplane, "m", str(version))
                 assert error.value.kind is ErrorKind.NOT_FOUND
 
-    run(body)
+    run(body())
 
 
 def test_specific_version_without_directory_fails_alone(tmp_path: Path) -> None:
@@ -115,7 +112,7 @@ def test_specific_version_without_directory_fails_alone(tmp_path: Path) -> None:
             assert "version(s) [4]" in entries["m"].reason
             assert manager.versions("other") == [1]
 
-    run(body)
+    run(body())
 
 
 # --------------------------------------------------------------------------- load, reload, unload
@@ -138,7 +135,7 @@ def test_reload_swaps_in_the_new_files(tmp_path: Path) -> None:
             assert [e.state for e in manager.index()] == ["READY"]
         assert model_dir.exists()
 
-    run(body)
+    run(body())
 
 
 def test_requests_during_a_reload_all_succeed(tmp_path: Path) -> None:
@@ -166,7 +163,7 @@ def test_requests_during_a_reload_all_succeed(tmp_path: Path) -> None:
         switched = results.index(3.0)
         assert 2.0 not in results[switched + 8:], "requests went to the old version long after the swap"
 
-    run(body)
+    run(body())
 
 
 def test_failed_reload_keeps_the_loaded_version(tmp_path: Path) -> None:
@@ -188,7 +185,7 @@ def test_failed_reload_keeps_the_loaded_version(tmp_path: Path) -> None:
                 await manager.load("m")
             assert await factor_of(dataplane, "m") == 2.0
 
-    run(body)
+    run(body())
 
 
 def test_unload_then_load_again(tmp_path: Path) -> None:
@@ -209,7 +206,7 @@ def test_unload_then_load_again(tmp_path: Path) -> None:
             await manager.load("m")
             assert await factor_of(dataplane, "m") == 2.0
 
-    run(body)
+    run(body())
 
 
 def test_load_of_a_model_not_in_the_repository(tmp_path: Path) -> None:
@@ -226,7 +223,7 @@ def test_load_of_a_model_not_in_the_repository(tmp_path: Path) -> None:
             await manager.unload("nope")
         assert error.value.kind is ErrorKind.NOT_FOUND
 
-    run(body)
+    run(body())
 
 
 def test_load_with_a_config_override(tmp_path: Path) -> None:
@@ -242,7 +239,7 @@ def test_load_with_a_config_override(tmp_path: Path) -> None:
             await manager.load("m", override)
             assert manager.get("m").config.max_batch_size == 2
 
-    run(body)
+    run(body())
 
 
 def test_load_with_override_files(tmp_path: Path) -> None:
@@ -257,7 +254,7 @@ def test_load_with_override_files(tmp_path: Path) -> None:
             assert manager.versions("m") == [5]
             assert await factor_of(dataplane, "m") == 9.0
 
-    run(body)
+    run(body())
 
 
 @pytest.mark.parametrize(("request_", "message"), [
@@ -328,7 +325,7 @@ def test_repository_changes_apply(tmp_path: Path) -> None:
             await poller.stop()
             await manager.stop()
 
-    run(body)
+    run(body())
 
 
 def test_a_held_version_serves_its_request_after_a_reload_swaps_it_out(tmp_path: Path) -> None:
@@ -353,7 +350,7 @@ def test_a_held_version_serves_its_request_after_a_reload_swaps_it_out(tmp_path:
             new = manager.get("m")
             assert (await new.scheduler.submit({"INPUT0": x}, ["OUTPUT0"], 1))["OUTPUT0"].tolist() == [[5.0] * 4]
 
-    run(body)
+    run(body())
 
 
 def test_requests_that_await_between_lookup_and_submit_survive_reloads(tmp_path: Path,
@@ -388,7 +385,7 @@ def test_requests_that_await_between_lookup_and_submit_survive_reloads(tmp_path:
             await asyncio.gather(*clients)  # raises if any request failed
             assert results and results[-1] == 6.0
 
-    run(body)
+    run(body())
 
 
 def test_decode_and_infer_looks_the_model_up_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -417,7 +414,7 @@ def test_decode_and_infer_looks_the_model_up_once(tmp_path: Path, monkeypatch: p
             assert response.model_name == "m" and response.outputs["OUTPUT0"].tolist() == [[2.0] * 4]
             assert manager.get("m").pins.count == 0
 
-    run(body)
+    run(body())
 
 
 def test_every_waiter_on_a_versions_pins_wakes_when_the_last_request_lets_go() -> None:

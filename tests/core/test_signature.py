@@ -7,8 +7,8 @@ import pytest
 
 from modelhost.config.pbtxt import parse_config
 from modelhost.core.signature import Signature
-from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import RequestedOutput, TensorSpec
+from tests.helpers import rejected
 from tests.onnx_models import ADD_SUB_CONFIG
 
 
@@ -16,13 +16,6 @@ def signature(text: str, name: str = "m") -> Signature:
     config = parse_config(text)
     config.name = name
     return Signature.from_config(config)
-
-
-def rejected(call, match: str) -> ModelhostError:  # type: ignore[no-untyped-def]
-    with pytest.raises(ModelhostError, match=match) as info:
-        call()
-    assert info.value.kind is ErrorKind.INVALID_INPUT
-    return info.value
 
 
 ADD_SUB = signature(ADD_SUB_CONFIG, name="add_sub")

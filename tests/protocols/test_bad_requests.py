@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import requests
 
+from tests.helpers import assert_error
 from tests.server import ServerProcess
 
 GOOD_TINY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
@@ -26,19 +27,6 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 def http() -> Iterator[requests.Session]:
     with requests.Session() as session:
         yield session
-
-
-def assert_error(response: requests.Response, status: int, *fragments: str) -> str:
-    """Status, JSON content type, body exactly {"error": str}, and every fragment in the message."""
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/json"
-    document = response.json()
-    assert isinstance(document, dict) and list(document) == ["error"], document
-    message = document["error"]
-    assert isinstance(message, str) and message
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return message
 
 
 def assert_still_serving(http: requests.Session, server: ServerProcess) -> None:

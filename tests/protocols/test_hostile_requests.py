@@ -27,6 +27,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from modelhost.client_log import BURST
+from tests.helpers import assert_error
 from tests.onnx_models import scale_model, write_model
 from tests.server import ServerProcess
 
@@ -59,14 +60,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(server.grpc_url) as opened:
         yield opened
-
-
-def assert_error(response: requests.Response, status: int, *fragments: str) -> str:
-    assert response.status_code == status, response.text
-    message = response.json()["error"]
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return str(message)
 
 
 def assert_serving(server: ServerProcess) -> None:

@@ -28,7 +28,7 @@ from modelhost.protocols.http.connection import HttpConnection
 from modelhost.protocols.http.limits import HttpLimits
 from modelhost.protocols.http.server import HttpServer
 from modelhost.settings import ServerSettings, SettingsError, check_settings
-from tests.protocols.test_http_server import (
+from tests.protocols.http_wire import (
     Wire,
     assert_json_error,
     assert_tiny,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.protocols.test_http_server import Wire, request
+from tests.protocols.http_wire import Wire, request
 from tests.server import ServerProcess
 
 SLOW = '''

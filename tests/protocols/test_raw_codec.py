@@ -7,7 +7,8 @@ import pytest
 
 from modelhost.protocols.kserve_v2.raw_codec import decode_raw_request
 from modelhost.types import ModelMetadata
-from tests.core.test_signature import rejected, signature
+from tests.core.test_signature import signature
+from tests.helpers import rejected
 
 
 def metadata(text: str) -> ModelMetadata:

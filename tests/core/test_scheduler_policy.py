@@ -1,0 +1,192 @@
+"""Scheduler: the policy read from config.pbtxt, and running cheap requests on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelhost.config.pbtxt import ConfigError
+from modelhost.core.policy import LevelPolicy
+from modelhost.core.scheduler import LOOP_MAX_IN_PROGRESS
+from tests.core.scheduler_harness import (
+    THREADS_ONLY,
+    on_loop_within,
+    policy_of,
+    serving,
+    tags_of,
+)
+from tests.fakes import Echo, Slow
+from tests.helpers import run
+
+# --------------------------------------------------------------------------- policy from config
+
+
+def test_policy_from_config_reads_dynamic_batching() -> None:
+    policy = policy_of("""
+        max_batch_size: 16
+        dynamic_batching {
+          preferred_batch_size: [ 4, 8, 4 ]
+          max_queue_delay_microseconds: 1500
+          preserve_ordering: true
+          priority_levels: 3
+          default_priority_level: 2
+          default_queue_policy { max_queue_size: 5 default_timeout_microseconds: 250000 }
+          priority_queue_policy { key: 1 value: { timeout_action: DELAY allow_timeout_override: true } }
+        }""")
+    assert policy.batching and policy.max_batch_size == 16
+    assert policy.preferred_batch_sizes == (8, 4)
+    assert policy.max_queue_delay_s == pytest.approx(0.0015)
+    assert policy.preserve_ordering
+    assert policy.default_level == 1
+    assert policy.levels == (
+        LevelPolicy(allow_timeout_override=True, delay_on_timeout=True),
+        LevelPolicy(max_queue_size=5, default_timeout_s=0.25),
+        LevelPolicy(max_queue_size=5, default_timeout_s=0.25),
+    )
+
+
+def test_policy_without_dynamic_batching_does_not_batch() -> None:
+    policy = policy_of("max_batch_size: 8")
+    assert not policy.batching and len(policy.levels) == 1
+
+
+@pytest.mark.parametrize("config, match", [
+    ("max_batch_size: 8 dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+     "default_priority_level"),
+    ("max_batch_size: 8 dynamic_batching { priority_levels: 2 }", "default_priority_level"),
+    ("max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 4, 16 ] }", "preferred_batch_size 16"),
+    ("max_batch_size: 8 dynamic_batching { preferred_batch_size: 0 }", "preferred_batch_size 0"),
+    ("max_batch_size: 8 dynamic_batching { priority_levels: 2 default_priority_level: 1 "
+     "priority_queue_policy { key: 3 value: { max_queue_size: 1 } } }", "priority_queue_policy level 3"),
+])
+def test_policy_from_config_rejects_bad_configs(config: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        policy_of(config)
+
+
+def test_default_priority_level_without_priority_levels_does_not_break_requests() -> None:
+    """Triton checks default_priority_level only when priority_levels is set, and otherwise ignores it.
+    Either it is ignored here too, or the config is rejected at load: never an error on every request."""
+    config = "max_batch_size: 8 dynamic_batching { default_priority_level: 2 }"
+    try:
+        policy = policy_of(config)
+    except ConfigError:
+        return
+    assert 0 <= policy.default_level < len(policy.levels), policy
+
+    async def scenario() -> None:
+        async with serving(config, Echo()) as h:
+            await h.call(1)
+
+    run(scenario())
+
+
+# --------------------------------------------------------------------------- execution on the event loop
+
+LOOP = on_loop_within(50_000)  # generous: a loaded CI machine must not push the fakes over budget
+MAIN = threading.main_thread().name
+
+
+def _threads_after_warmup(config: str, model: Echo, calls: int = 6) -> list[str]:
+    """Run `calls` requests one after another; return the thread each ran on."""
+    async def scenario() -> None:
+        async with serving(config, model) as h:
+            for tag in range(calls):
+                await h.call(tag)
+
+    run(scenario())
+    return model.threads
+
+
+def test_a_fast_model_runs_on_the_loop_once_measured() -> None:
+    threads = _threads_after_warmup("max_batch_size: 8 " + LOOP, Echo())
+    assert threads[0] == "m:1#0"  # not measured yet: its instance thread
+    assert set(threads[1:]) == {MAIN}
+
+
+def test_a_fast_model_with_dynamic_batching_runs_on_the_loop_too() -> None:
+    threads = _threads_after_warmup("max_batch_size: 8 dynamic_batching { } " + LOOP, Echo())
+    assert set(threads[1:]) == {MAIN}
+
+
+def test_a_slow_model_never_runs_on_the_loop() -> None:
+    threads = _threads_after_warmup("max_batch_size: 8 " + on_loop_within(200), Slow(seconds=0.002))
+    assert set(threads) == {"m:1#0"}
+
+
+def test_the_loop_is_on_by_default_with_a_20_microsecond_budget() -> None:
+    assert policy_of("max_batch_size: 8").inline_max_ns == 20_000
+    assert policy_of("max_batch_size: 8 " + THREADS_ONLY).inline_max_ns == 0
+    assert set(_threads_after_warmup("max_batch_size: 8 " + THREADS_ONLY, Echo())) == {"m:1#0"}
+
+
+def test_a_batching_delay_is_never_bypassed_on_the_loop() -> None:
+    config = "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 100 } " + LOOP
+    assert set(_threads_after_warmup(config, Echo())) == {"m:1#0"}
+
+
+def test_requests_larger_than_the_learned_rows_run_on_threads() -> None:
+    async def scenario() -> None:
+        model = Echo()
+        async with serving("max_batch_size: 64 " + LOOP, model) as h:
+            await h.call(0)  # thread, measured: 1 row fits, so the loop may take up to 2
+            await h.call(1, rows=2)  # loop: now up to 4
+            await h.call(2, rows=9)
+        assert model.threads == ["m:1#0", MAIN, "m:1#0"]
+
+    run(scenario())
+
+
+def test_loop_runs_are_counted_in_statistics() -> None:
+    async def scenario() -> None:
+        async with serving("max_batch_size: 8 " + LOOP, Echo()) as h:
+            for tag in range(5):
+                await h.call(tag, rows=2)
+            assert h.statistics.execution_count == 5
+            assert h.statistics.inference_count == 10
+
+    run(scenario())
+
+
+def test_a_busy_server_batches_on_threads_instead() -> None:
+    """With more than LOOP_MAX_IN_PROGRESS requests in progress, even a cheap model's requests queue
+    for its threads, where they batch; a quiet server brings them back to the loop."""
+    async def scenario() -> None:
+        model = Echo()
+        async with serving("max_batch_size: 64 dynamic_batching { } " + LOOP, model) as h:
+            await h.call(0)
+            await h.call(1)
+            h.in_flight.requests = LOOP_MAX_IN_PROGRESS + 1
+            await asyncio.gather(*(h.call(tag) for tag in range(2, 34)))
+            assert set(model.threads[2:]) == {"m:1#0"}
+            assert len(model.batches) < 2 + 32  # they batched
+            h.in_flight.requests = LOOP_MAX_IN_PROGRESS
+            await h.call(34)
+        assert model.threads[:2] == ["m:1#0", MAIN] and model.threads[-1] == MAIN
+
+    run(scenario())
+
+
+class FailsOnThirteen(Echo):
+    def infer(self, inputs: dict[str, np.ndarray], outputs: Any) -> dict[str, np.ndarray]:
+        if 13 in tags_of(inputs):
+            raise RuntimeError("boom")
+        return super().infer(inputs, outputs)
+
+
+def test_a_failure_on_the_loop_reaches_only_its_request() -> None:
+    async def scenario() -> None:
+        model = FailsOnThirteen()
+        async with serving("max_batch_size: 8 " + LOOP, model) as h:
+            await h.call(1)
+            await h.call(2)
+            with pytest.raises(RuntimeError, match="boom"):
+                await h.call(13)
+            await h.call(3)
+        assert model.threads == ["m:1#0", MAIN, MAIN]
+
+    run(scenario())
