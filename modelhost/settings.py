@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from modelhost.access import AccessPolicy, Restriction, parse_token_file
 from modelhost.config.overrides import ModelOverrides
+from modelhost.core.code_policy import USER_CODE_MODES
 from modelhost.core.compute_threads import PRIORITIES, Priority
 from modelhost.cpus import available_cpus
 from modelhost.types import MAX_RANK, RequestLimits
@@ -74,7 +75,6 @@ def parse_byte_size(text: str) -> int:
 
 
 CONTROL_MODES = ("none", "poll", "explicit")
-USER_CODE_MODES = ("all", "repository", "none")  # --user-code; core/code_policy.py says what each allows
 TLS_SITES = ("http", "grpc", "sagemaker", "metrics")
 
 

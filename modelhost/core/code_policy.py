@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from modelhost.errors import invalid
-from modelhost.settings import USER_CODE_MODES
 
-__all__ = ["USER_CODE_MODES", "CodePolicy"]
+USER_CODE_MODES = ("all", "repository", "none")  # --user-code
 
 
 @dataclass(frozen=True, slots=True)
