@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from modelhost.backends.base import Model
+from modelhost.core.clock import Clock
 
 GATE_TIMEOUT = 5.0  # a held instance never blocks a failing test longer than this
 
@@ -74,3 +77,50 @@ class Failing(Slow):
     def work(self) -> None:
         super().work()
         raise RuntimeError("boom")
+
+
+class ManualClock(Clock):
+    """A scheduler clock the test moves with `advance`: queue delays and timeouts end exactly when it says.
+
+    Instance threads waiting on the queue look at it every millisecond of real time (a short real wait), so
+    what `advance` makes due happens within a few milliseconds; timers run inside `advance`, on the loop.
+    It counts whole nanoseconds from 0, so a delay of N microseconds ends at exactly the float the scheduler
+    computes for it (N / 1e6), with no rounding left over to wait for.
+    """
+
+    def __init__(self) -> None:
+        self._ns = 0
+        self._timers: list[_Timer] = []
+
+    def now(self) -> float:
+        return self._ns / 1e9
+
+    def wait(self, condition: threading.Condition, timeout: float) -> None:
+        condition.wait(0.001)
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> _Timer:
+        timer = _Timer(self.now() + delay, callback, args)
+        self._timers.append(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock on, running the timers that fall due in order (call it on the event loop)."""
+        target = self._ns + round(seconds * 1e9)
+        while due := sorted((t for t in self._timers if t.when <= target / 1e9 and not t.cancelled),
+                            key=lambda t: t.when):
+            timer = due[0]
+            self._timers.remove(timer)
+            self._ns = max(self._ns, round(timer.when * 1e9))
+            timer.callback(*timer.args)
+        self._ns = target
+
+
+@dataclass
+class _Timer:
+    when: float
+    callback: Callable[..., Any]
+    args: tuple[Any, ...]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.errors import ErrorKind, ModelhostError
 
@@ -30,15 +30,16 @@ class Pending:
     key: Any  # requests batch together only when their keys are equal
     level: int
     future: asyncio.Future[Any]
-    enqueued: float = field(default_factory=time.monotonic)
+    enqueued: float = 0.0  # the queue's clock when it was put
     sequence: int = 0
     taken: bool = False
     delayed: bool = False
 
 
 class RequestQueue:
-    def __init__(self, policy: SchedulingPolicy) -> None:
+    def __init__(self, policy: SchedulingPolicy, clock: Clock = MONOTONIC) -> None:
         self._policy = policy
+        self._clock = clock
         self._cond = threading.Condition()
         self._levels: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
         self._delayed: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
@@ -53,6 +54,7 @@ class RequestQueue:
             waiting = len(queue) + len(self._delayed[pending.level])
             if level_policy.max_queue_size and waiting >= level_policy.max_queue_size:
                 raise self._full(pending.level, model)
+            pending.enqueued = self._clock.now()
             queue.append(pending)
             self._cond.notify()
 
@@ -114,12 +116,12 @@ class RequestQueue:
                     self._cond.wait()
                     continue
                 batch, complete = self._form(head)
-                wait = head.enqueued + self._policy.max_queue_delay_s - time.monotonic()
+                wait = head.enqueued + self._policy.max_queue_delay_s - self._clock.now()
                 if complete or wait <= 0 or self._closed:
                     for pending in batch:
                         self._remove(pending)
                     return batch
-                self._cond.wait(wait)
+                self._clock.wait(self._cond, wait)
 
     def _head(self) -> Pending | None:
         for queue, delayed in zip(self._levels, self._delayed):

@@ -33,6 +33,7 @@ import numpy as np
 
 from modelhost.backends.base import Model
 from modelhost.core import compute_threads
+from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
 from modelhost.core.loop_gate import LoopGate
 from modelhost.core.policy import SchedulingPolicy
@@ -47,12 +48,13 @@ LOOP_MAX_IN_PROGRESS = 8
 class Scheduler:
     def __init__(
         self, label: str, instances: Sequence[Model], policy: SchedulingPolicy, statistics: ModelStatistics,
-        in_flight: InFlight | None = None,
+        in_flight: InFlight | None = None, clock: Clock = MONOTONIC,
     ) -> None:
         self._label = label
         self._policy = policy
         self._statistics = statistics
-        self._queue = RequestQueue(policy)
+        self._clock = clock
+        self._queue = RequestQueue(policy, clock)
         self._inflight = 0
         self._sequence = 0
         self._next_to_settle = 0
@@ -127,7 +129,7 @@ class Scheduler:
                 self._finish(pending, None, None)
 
     async def _wait(self, pending: Pending, timeout: float) -> Outputs:
-        timer = asyncio.get_running_loop().call_later(timeout, self._expire, pending) if timeout else None
+        timer = self._clock.call_later(timeout, self._expire, pending) if timeout else None
         try:
             return await pending.future
         except asyncio.CancelledError:
@@ -216,7 +218,7 @@ class Scheduler:
             loop = batch[0].future.get_loop()
             try:
                 with lock:
-                    results, timing = _run(instance, batch)
+                    results, timing = _run(instance, batch, self._clock.now())
             except BaseException as exc:  # delivered to every request of the batch
                 loop.call_soon_threadsafe(self._complete, batch, None, exc, None)
             else:
@@ -251,9 +253,9 @@ def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> Any:
     return tuple((name, array.shape[1:], array.dtype.str) for name, array in inputs.items()), tuple(outputs)
 
 
-def _run(instance: Model, batch: list[Pending]) -> tuple[list[Outputs], ExecutionTiming]:
-    """Run one batch on an instance thread: concatenate along dim 0, run once, give each its rows."""
-    taken = time.monotonic()
+def _run(instance: Model, batch: list[Pending], taken: float) -> tuple[list[Outputs], ExecutionTiming]:
+    """Run one batch on an instance thread (taken from the queue at `taken` on its clock): concatenate along
+    dim 0, run once, give each its rows."""
     queue_ns = [int((taken - p.enqueued) * 1e9) for p in batch]
     first = batch[0]
     if len(batch) == 1:

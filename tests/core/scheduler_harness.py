@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from modelhost.config.pbtxt import parse_config
+from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
@@ -50,13 +51,13 @@ class Harness:
     inline_max_microseconds: the fakes are fast enough for the event loop, and most of these tests
     are about queues and threads."""
 
-    def __init__(self, config: str, instances: tuple[Echo, ...]) -> None:
+    def __init__(self, config: str, instances: tuple[Echo, ...], clock: Clock = MONOTONIC) -> None:
         self.instances = instances
         self.statistics = ModelStatistics()
         self.in_flight = InFlight()
         if "inline_max_microseconds" not in config:
             config += " " + THREADS_ONLY
-        self.scheduler = Scheduler("m:1", instances, policy_of(config), self.statistics, self.in_flight)
+        self.scheduler = Scheduler("m:1", instances, policy_of(config), self.statistics, self.in_flight, clock)
 
     async def call(self, tag: int, rows: int = 1, width: int = WIDTH, dtype: Any = np.float32,
                    **kwargs: Any) -> np.ndarray:
@@ -86,8 +87,8 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def serving(config: str, *instances: Echo) -> AsyncIterator[Harness]:
-    harness = Harness(config, instances)
+async def serving(config: str, *instances: Echo, clock: Clock = MONOTONIC) -> AsyncIterator[Harness]:
+    harness = Harness(config, instances, clock)
     try:
         yield harness
     finally:

@@ -16,7 +16,7 @@ from tests.core.scheduler_harness import (
     serving,
     tags_of,
 )
-from tests.fakes import Echo
+from tests.fakes import Echo, ManualClock
 from tests.helpers import rejected_async, run, until
 
 # --------------------------------------------------------------------------- batch forming
@@ -187,15 +187,14 @@ def test_preferred_batch_size_counts_rows_not_requests() -> None:
 def test_max_queue_delay_waits_for_a_full_batch() -> None:
     async def scenario() -> None:
         model = Echo()
+        clock = ManualClock()  # never moved: the 2 s delay never ends
         async with serving("max_batch_size: 4 dynamic_batching { max_queue_delay_microseconds: 2000000 }",
-                           model) as h:
-            started = time.monotonic()
+                           model, clock=clock) as h:
             first = h.spawn(1)
             await asyncio.sleep(0.05)
             assert not first.done() and model.started == 0  # waiting for more requests
             rest = [h.spawn(tag) for tag in (2, 3, 4)]
-            await asyncio.gather(first, *rest)
-            assert time.monotonic() - started < 1.5  # sent when full, not after the 2 s delay
+            await asyncio.gather(first, *rest)  # sent when full
             assert model.sizes == [4]
 
     run(scenario())
@@ -204,11 +203,15 @@ def test_max_queue_delay_waits_for_a_full_batch() -> None:
 def test_max_queue_delay_sends_what_it_has_when_the_delay_ends() -> None:
     async def scenario() -> None:
         model = Echo()
+        clock = ManualClock()
         async with serving("max_batch_size: 4 dynamic_batching { max_queue_delay_microseconds: 80000 }",
-                           model) as h:
-            started = time.monotonic()
-            await h.call(1)
-            assert time.monotonic() - started >= 0.075
+                           model, clock=clock) as h:
+            call = await h.queue(1)
+            clock.advance(0.079)
+            await asyncio.sleep(0.05)
+            assert model.started == 0  # 1 ms of the delay left
+            clock.advance(0.001)
+            await asyncio.gather(*call)
             assert model.sizes == [1]
 
     run(scenario())
@@ -218,10 +221,8 @@ def test_max_queue_delay_stops_at_a_preferred_size() -> None:
     async def scenario() -> None:
         model = Echo()
         config = "max_batch_size: 8 dynamic_batching { preferred_batch_size: 2 max_queue_delay_microseconds: 2000000 }"
-        async with serving(config, model) as h:
-            started = time.monotonic()
+        async with serving(config, model, clock=ManualClock()) as h:  # the 2 s delay never ends
             await asyncio.gather(h.call(1), h.call(2))
-            assert time.monotonic() - started < 1.5
             assert model.sizes == [2]
 
     run(scenario())

@@ -19,7 +19,7 @@ from tests.core.scheduler_harness import (
     serving,
     tags_of,
 )
-from tests.fakes import Echo, Failing
+from tests.fakes import Echo, Failing, ManualClock
 from tests.helpers import rejected_async, run, until
 
 # --------------------------------------------------------------------------- queue policy
@@ -67,11 +67,16 @@ def test_default_timeout_expires_a_queued_request_before_it_runs() -> None:
     async def scenario() -> None:
         model = gated()
         config = "max_batch_size: 8 dynamic_batching { default_queue_policy { default_timeout_microseconds: 50000 } }"
-        async with serving(config, model) as h:
+        clock = ManualClock()
+        async with serving(config, model, clock=clock) as h:
             blocker = await h.hold(model)
-            started = time.monotonic()
-            error = await rejected_async(h.call(1), ErrorKind.TIMEOUT)
-            assert 0.045 <= time.monotonic() - started < 1.0
+            call = asyncio.ensure_future(rejected_async(h.call(1), ErrorKind.TIMEOUT))
+            await until(lambda: h.scheduler.queued() == 1)
+            clock.advance(0.049)
+            await asyncio.sleep(0.01)
+            assert not call.done()
+            clock.advance(0.001)  # its 50 ms, exactly
+            error = await call
             assert "timed out" in error.message
             assert h.scheduler.queued() == 0 and not blocker.done()
             model.open()
@@ -88,16 +93,24 @@ def test_request_timeout_override_may_only_shorten_the_default() -> None:
         model = gated()
         config = """max_batch_size: 8 dynamic_batching { default_queue_policy {
             default_timeout_microseconds: 150000 allow_timeout_override: true } }"""
-        async with serving(config, model) as h:
+        clock = ManualClock()
+        async with serving(config, model, clock=clock) as h:
             blocker = await h.hold(model)
             expired: list[int] = []
             tasks = {tag: h.spawn(tag, timeout_us=timeout) for tag, timeout in
                      ((1, 20_000), (2, 60_000_000), (3, None))}
             for tag, task in tasks.items():
                 task.add_done_callback(functools.partial(lambda tag, _: expired.append(tag), tag))
+            await until(lambda: h.scheduler.queued() == 3)
+            clock.advance(0.020)  # its own 20 ms beat the 150 ms default
+            await until(lambda: expired == [1])
+            clock.advance(0.129)
+            await asyncio.sleep(0.01)
+            assert expired == [1]
+            clock.advance(0.001)  # 60 s could not extend the default, nor no timeout at all
             for task in tasks.values():
                 await rejected_async(task, ErrorKind.TIMEOUT)
-            assert expired[0] == 1  # its own 20 ms beat the 150 ms default; 60 s could not extend it
+            await until(lambda: sorted(expired) == [1, 2, 3])
             assert not blocker.done()
             model.open()
             await blocker
@@ -109,10 +122,13 @@ def test_request_timeout_override_may_only_shorten_the_default() -> None:
 def test_request_timeout_is_ignored_without_allow_timeout_override() -> None:
     async def scenario() -> None:
         model = gated()
-        async with serving("max_batch_size: 8 dynamic_batching { }", model) as h:
+        clock = ManualClock()
+        async with serving("max_batch_size: 8 dynamic_batching { }", model, clock=clock) as h:
             blocker = await h.hold(model)
             task = h.spawn(1, timeout_us=10_000)
-            await asyncio.sleep(0.06)
+            await until(lambda: h.scheduler.queued() == 1)
+            clock.advance(60.0)
+            await asyncio.sleep(0.01)
             assert not task.done()
             model.open()
             await asyncio.gather(blocker, task)
@@ -124,9 +140,16 @@ def test_request_timeout_alone_expires_with_allow_timeout_override() -> None:
     async def scenario() -> None:
         model = gated()
         config = "max_batch_size: 8 dynamic_batching { default_queue_policy { allow_timeout_override: true } }"
-        async with serving(config, model) as h:
+        clock = ManualClock()
+        async with serving(config, model, clock=clock) as h:
             blocker = await h.hold(model)
-            await rejected_async(h.call(1, timeout_us=30_000), ErrorKind.TIMEOUT)
+            call = asyncio.ensure_future(rejected_async(h.call(1, timeout_us=30_000), ErrorKind.TIMEOUT))
+            await until(lambda: h.scheduler.queued() == 1)
+            clock.advance(0.029)
+            await asyncio.sleep(0.01)
+            assert not call.done()
+            clock.advance(0.001)
+            await call
             model.open()
             await blocker
             assert model.sizes == [1]
@@ -139,10 +162,13 @@ def test_timeout_action_delay_runs_an_expired_request_after_the_others() -> None
         model = gated()
         config = """max_batch_size: 1 dynamic_batching { default_queue_policy {
             timeout_action: DELAY allow_timeout_override: true } }"""
-        async with serving(config, model) as h:
+        clock = ManualClock()
+        async with serving(config, model, clock=clock) as h:
             blocker = await h.hold(model)
             late = h.spawn(1, timeout_us=20_000)
-            await asyncio.sleep(0.06)  # request 1 is past its timeout
+            await until(lambda: h.scheduler.queued() == 1)
+            clock.advance(0.020)  # request 1 is at its timeout
+            await asyncio.sleep(0.01)
             assert not late.done()
             in_time = await h.queue(2, 3)
             model.open()
@@ -159,10 +185,12 @@ def test_timeout_action_delay_keeps_the_request_ahead_of_lower_priority_levels()
         model = gated()
         config = """max_batch_size: 1 dynamic_batching { priority_levels: 2 default_priority_level: 2
             priority_queue_policy { key: 1 value: { timeout_action: DELAY allow_timeout_override: true } } }"""
-        async with serving(config, model) as h:
+        clock = ManualClock()
+        async with serving(config, model, clock=clock) as h:
             blocker = await h.hold(model)
             late = h.spawn(1, priority=1, timeout_us=20_000)
-            await asyncio.sleep(0.06)  # request 1 (level 1) is past its timeout: delayed
+            await until(lambda: h.scheduler.queued() == 1)
+            clock.advance(0.020)  # request 1 (level 1) is at its timeout: delayed
             low = await h.queue(2, priority=2)
             high = await h.queue(3, priority=1)
             model.open()
@@ -178,10 +206,12 @@ def test_delayed_requests_still_count_toward_max_queue_size() -> None:
         model = gated()
         config = """max_batch_size: 1 dynamic_batching { default_queue_policy {
             max_queue_size: 1 timeout_action: DELAY allow_timeout_override: true } }"""
-        async with serving(config, model) as h:
+        clock = ManualClock()
+        async with serving(config, model, clock=clock) as h:
             blocker = await h.hold(model)
             late = h.spawn(1, timeout_us=20_000)
-            await asyncio.sleep(0.06)  # delayed, still queued
+            await until(lambda: h.scheduler.queued() == 1)
+            clock.advance(0.020)  # delayed, still queued
             assert h.scheduler.queued() == 1
             try:
                 await rejected_async(asyncio.wait_for(h.call(2), 0.3), ErrorKind.OVERLOADED)
