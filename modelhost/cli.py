@@ -15,10 +15,10 @@ from dataclasses import replace
 
 from modelhost import __version__
 from modelhost.access import API_NAMES, GRPC_HEADER_PREFIX, Restriction, parse_restriction
+from modelhost.core.code_policy import USER_CODE_MODES
 from modelhost.core.compute_threads import PRIORITIES
 from modelhost.settings import (
     TLS_SITES,
-    USER_CODE_MODES,
     ServerSettings,
     SettingsError,
     parse_byte_size,

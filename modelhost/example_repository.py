@@ -32,7 +32,8 @@ def _init(name: str, array: np.ndarray) -> TensorProto:
 
 
 def _weights(rng: np.random.Generator, fan_in: int, fan_out: int, gain: float = 2.0) -> np.ndarray:
-    return (rng.standard_normal((fan_in, fan_out)) * np.sqrt(gain / fan_in)).astype(np.float32)
+    weights: np.ndarray = rng.standard_normal((fan_in, fan_out)) * np.sqrt(gain / fan_in)
+    return weights.astype(np.float32)
 
 
 def _dense(rng: np.random.Generator, prefix: str, x: str, sizes: list[int],

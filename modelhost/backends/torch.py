@@ -92,7 +92,7 @@ class TorchBackend(Backend):
         torch.jit.save(torch.jit.script(_WarmUp()), buffer)
         buffer.seek(0)
         with torch.inference_mode():
-            torch.jit.load(buffer, map_location="cpu")(torch.zeros(1))
+            torch.jit.load(buffer, map_location="cpu")(torch.zeros(1))  # type: ignore[no-untyped-call]
 
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         signature = _config_signature(path, config)
@@ -198,7 +198,8 @@ def _load_module(path: Path) -> tuple[Any, list[_Argument]]:
             parameters = inspect.signature(module.forward).parameters.values()
             arguments = [_Argument(p.name, _REQUIRED if p.default is p.empty else p.default, "") for p in parameters]
         else:
-            module = torch.jit.load(str(path), map_location="cpu").eval()  # an exported program has no eval()
+            # An exported program has no eval(); torch.jit.load has no annotations.
+            module = torch.jit.load(str(path), map_location="cpu").eval()  # type: ignore[no-untyped-call]
             arguments = [
                 _Argument(a.name, a.default_value if a.has_default_value() else _REQUIRED, str(a.type))
                 for a in module.forward.schema.arguments[1:]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -52,7 +52,7 @@ def config_to_json(config: ModelConfig) -> dict[str, Any]:
     document = json_format.MessageToDict(
         config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
-    _unquote_int64(document, ModelConfig.DESCRIPTOR)
+    _unquote_int64(document, cast(Descriptor, ModelConfig.DESCRIPTOR))
     return document
 
 

@@ -54,9 +54,9 @@ class SchedulingPolicy:
                     f"dynamic_batching preferred_batch_size {size} must be between 1 and max_batch_size "
                     f"{config.max_batch_size}"
                 )
-        for level in batching.priority_queue_policy:
-            if not 1 <= level <= count:
-                raise ConfigError(f"dynamic_batching priority_queue_policy level {level} is not in 1..{count}")
+        for key in batching.priority_queue_policy:
+            if not 1 <= key <= count:
+                raise ConfigError(f"dynamic_batching priority_queue_policy level {key} is not in 1..{count}")
         default = _level(batching.default_queue_policy)
         levels = tuple(
             _level(batching.priority_queue_policy[n]) if n in batching.priority_queue_policy else default

@@ -131,7 +131,8 @@ class Scheduler:
     async def _wait(self, pending: Pending, timeout: float) -> Outputs:
         timer = self._clock.call_later(timeout, self._expire, pending) if timeout else None
         try:
-            return await pending.future
+            outputs: Outputs = await pending.future
+            return outputs
         except asyncio.CancelledError:
             # The client is gone: a request still queued is dropped before it runs.
             if self._queue.withdraw(pending):

@@ -181,7 +181,8 @@ def _from_file(model_dir: Path, filename: str, datatype: str, dims: tuple[int, .
         raise ConfigError(f"{where}: input_data_file {path} has {len(data)} bytes; dims {format_shape(dims)} "
                           f"of {datatype} need {need}")
     if dtype == np.bool_:
-        return (np.frombuffer(data, np.uint8, count) != 0).reshape(dims)
+        flags: np.ndarray = np.frombuffer(data, np.uint8, count) != 0
+        return flags.reshape(dims)
     # Raw tensor bytes are little-endian (as Triton's wire format); astype copies into native order.
     return np.frombuffer(data, dtype.newbyteorder("<"), count).astype(dtype).reshape(dims)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modelhost.protocols.http.server import ASGIApp
+from modelhost.protocols.http.exchange import ASGIApp
 
 
 class FrontEnd:

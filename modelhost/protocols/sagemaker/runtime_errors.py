@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from modelhost.protocols.http.app import HttpResponse, Route, json_response
-from modelhost.protocols.http.connection import ASGIApp
+from modelhost.protocols.http.exchange import ASGIApp
 
 RUNTIME_PREFIX = "/endpoints/"
 UNKNOWN_OPERATION = "UnknownOperationException"
