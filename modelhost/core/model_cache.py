@@ -6,18 +6,11 @@ several models. Each is known by a key: the TargetModel (`X-Amzn-SageMaker-Targe
 - concurrent first requests for a key share one load;
 - a request holds its models while it runs (`use`, through ModelManager.hold), and a model a request holds,
   over any protocol, is never evicted; an unload waits for those requests;
-- the budget is compared with the memory the process holds beyond its baseline (core/memory.py:
-  malloc's bytes in use, which drop as soon as an unloaded model is freed), so it bounds real memory
-  whatever each load's share of it; where that count is not available, with the sum of each model's
-  growth at its load;
-- an empty cache holds 0 bytes by definition: the baseline is taken again whenever a load starts with
-  no model held, so memory the process kept since (a refused load's imports) never counts against
-  later models;
-- a framework's process-wide state (importing torch alone holds about 85 MB) is no model's: the backends
-  a load needs are warmed up before it is measured, and what that warm-up holds joins the baseline;
+- the budget is compared with what the models hold in memory as core/cache_memory.py counts it (real
+  memory above a baseline); the backends a load needs are warmed up before it is measured;
 - loads run one at a time. Before one starts, idle models are evicted until its expected peak fits
-  (`_estimate`), so memory stays within the budget during the load too, not only after it; each
-  model's own growth is kept as its `size`. Downloads and unpacking run concurrently in threads.
+  (`CacheMemory.estimate`), so memory stays within the budget during the load too, not only after it;
+  each model's own growth is kept as its `size`. Downloads and unpacking run concurrently in threads.
 """
 
 from __future__ import annotations
@@ -34,8 +27,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from modelhost.core.cache_memory import CacheMemory
 from modelhost.core.manager import ModelManager
-from modelhost.core.memory import COUNTS_FREES, PeakMeter, held_bytes
 from modelhost.core.model_loading import warm_up_backend_of
 from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram
@@ -50,12 +43,6 @@ log = logging.getLogger("modelhost.model_cache")
 
 # Seconds; cold loads run from tens of milliseconds to minutes.
 CACHE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-# A first load's expected peak: a backend reads the model's files and builds tensors from them, and holds
-# both at once (measured: ONNX Runtime 2.0x its file, TorchScript 1.0x, a TF SavedModel 2.7x), plus a fixed
-# part for sessions, configs and schedulers. A key loaded before is expected to take what it took then.
-PEAK_PER_FILE_BYTE = 2
-PEAK_OVERHEAD_BYTES = 1 << 20
-_REMEMBERED_PEAKS = 10_000
 
 
 @dataclass(slots=True)
@@ -112,10 +99,7 @@ class ModelCache:
         self.budget_bytes = budget_bytes
         self._on_load = on_load
         self._on_unload = on_unload
-        self._baseline: int | None = None  # held bytes when the cache last held nothing, plus warm-ups since
-        self._holding = 0  # loads whose memory is held: measured or measuring, not yet released
-        self._peaks: dict[str, int] = {}  # key -> the most its last load held at once
-        self._sizes = 0
+        self._memory = CacheMemory()
         self._models: dict[str, CachedModel] = {}
         self._loading: dict[str, asyncio.Task[CachedModel]] = {}
         self._measure = asyncio.Lock()
@@ -131,11 +115,7 @@ class ModelCache:
     @property
     def used_bytes(self) -> int:
         """Memory the loaded models hold, as the budget counts it."""
-        if not COUNTS_FREES:
-            return self._sizes
-        if self._holding == 0 or self._baseline is None:
-            return 0  # whatever the process holds, no model holds it
-        return max(0, held_bytes() - self._baseline)
+        return self._memory.used_bytes
 
     def models(self) -> list[CachedModel]:
         return sorted(self._models.values(), key=lambda m: m.key)
@@ -240,11 +220,13 @@ class ModelCache:
                 self.statistics.download.observe(fetched.fetch_seconds)
             on_disk = fetched.disk_bytes
             async with self._measure:
-                await self._warm_up(fetched.layout)
-                await self._make_room(self._estimate(key, on_disk), key)
-                if self._holding == 0:
-                    self._baseline = held_bytes()
-                served, size = await self._measured_load(key, fetched.layout, on_disk)
+                await self._memory.warm_up(partial(_warm_up_backends, fetched.layout))
+                await self._make_room(self._memory.estimate(key, on_disk), key)
+                started = time.monotonic()
+                async with self._memory.measuring(key, on_disk) as measured:
+                    served = await self._add_models(key, fetched.layout)
+                self.statistics.load.observe(time.monotonic() - started)
+                size = measured.size
         except BaseException:
             self._remove_files(work)
             raise
@@ -256,38 +238,10 @@ class ModelCache:
             await self._evict_parts(model)
             raise
         self._models[key] = model
-        self._sizes += model.size
+        self._memory.keep(model.size)
         await self._fit(model)
         log.info("cached model %s: %d bytes (%d of %d used)", key, size, self.used_bytes, self.budget_bytes)
         return model
-
-    async def _warm_up(self, layout: ModelLayout) -> None:
-        """Warm up the backends the layout's models need (under the measure lock): their state is the process's."""
-        before = held_bytes()
-        await asyncio.to_thread(_warm_up_backends, layout)
-        if self._baseline is not None:
-            self._baseline += max(0, held_bytes() - before)
-
-    def _estimate(self, key: str, on_disk: int) -> int:
-        """The most a load of `key` is expected to hold at once (see PEAK_PER_FILE_BYTE)."""
-        return max(on_disk * PEAK_PER_FILE_BYTE + PEAK_OVERHEAD_BYTES, self._peaks.get(key, 0))
-
-    async def _measured_load(self, key: str, layout: ModelLayout, on_disk: int) -> tuple[dict[str, str], int]:
-        """Load the models (under the measure lock): the manager's names for them, and what they hold."""
-        self._holding += 1
-        started = time.monotonic()
-        try:
-            with PeakMeter() as meter:
-                served = await self._add_models(key, layout)
-        except BaseException:
-            self._holding -= 1
-            raise
-        self.statistics.load.observe(time.monotonic() - started)
-        self._peaks.pop(key, None)
-        self._peaks[key] = meter.peak_growth
-        if len(self._peaks) > _REMEMBERED_PEAKS:
-            del self._peaks[next(iter(self._peaks))]
-        return served, max(meter.growth, on_disk)
 
     async def _add_models(self, key: str, layout: ModelLayout) -> dict[str, str]:
         store = LocalStore(layout.repository)
@@ -337,7 +291,7 @@ class ModelCache:
         if self._models.get(model.key) is not model:
             return
         del self._models[model.key]
-        self._sizes -= model.size
+        self._memory.forget(model.size)
         self.statistics.evictions += 1
         started = time.monotonic()
         done = self._evicting[model.key] = asyncio.get_running_loop().create_future()
@@ -356,7 +310,7 @@ class ModelCache:
             if self._on_unload is not None:
                 await self._on_unload(model)
         finally:
-            self._holding -= 1
+            self._memory.release()
             self._remove_files(model.work_dir)
 
     def _remove_files(self, work: Path) -> None:

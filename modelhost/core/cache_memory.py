@@ -1,0 +1,93 @@
+"""What the multi-model cache's models hold in memory, as its budget (`--model-cache-bytes`) counts it.
+
+- Held bytes are compared with a baseline (core/memory.py: malloc's bytes in use, which drop as soon as an
+  unloaded model is freed), so the count bounds real memory whatever each load's share of it; where that
+  count is not available, it is the sum of each model's growth at its load.
+- An empty cache holds 0 bytes by definition: the baseline is taken again whenever a load starts with no
+  model held, so memory the process kept since (a refused load's imports) never counts against later models.
+- A framework's process-wide state (importing torch alone holds about 85 MB) is no model's: what warming up a
+  backend holds joins the baseline.
+- A load is expected to peak at twice its files plus 1 MiB (`estimate`), or at what the same key's last load
+  peaked at; its own size is what it still holds when done, never less than its files on disk.
+
+Runs on the event loop only; the cache calls it under its one-load-at-a-time lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from modelhost.core.memory import COUNTS_FREES, PeakMeter, held_bytes
+
+# A first load's expected peak: a backend reads the model's files and builds tensors from them, and holds
+# both at once (measured: ONNX Runtime 2.0x its file, TorchScript 1.0x, a TF SavedModel 2.7x), plus a fixed
+# part for sessions, configs and schedulers. A key loaded before is expected to take what it took then.
+PEAK_PER_FILE_BYTE = 2
+PEAK_OVERHEAD_BYTES = 1 << 20
+_REMEMBERED_PEAKS = 10_000
+
+
+@dataclass(slots=True)
+class Measured:
+    size: int = 0  # what the load still holds, set when it succeeds
+
+
+class CacheMemory:
+    def __init__(self) -> None:
+        self._baseline: int | None = None  # held bytes when the cache last held nothing, plus warm-ups since
+        self._holding = 0  # loads whose memory is held: measured or measuring, not yet released
+        self._peaks: dict[str, int] = {}  # key -> the most its last load held at once
+        self._sizes = 0  # the models' own sizes, added up
+
+    @property
+    def used_bytes(self) -> int:
+        if not COUNTS_FREES:
+            return self._sizes
+        if self._holding == 0 or self._baseline is None:
+            return 0  # whatever the process holds, no model holds it
+        return max(0, held_bytes() - self._baseline)
+
+    def estimate(self, key: str, disk_bytes: int) -> int:
+        """The most a load of `key` is expected to hold at once."""
+        return max(disk_bytes * PEAK_PER_FILE_BYTE + PEAK_OVERHEAD_BYTES, self._peaks.get(key, 0))
+
+    async def warm_up(self, warm: Callable[[], None]) -> None:
+        """Run `warm` (a backend warm-up, blocking) in a thread; what it holds is the process's, not a model's."""
+        before = held_bytes()
+        await asyncio.to_thread(warm)
+        if self._baseline is not None:
+            self._baseline += max(0, held_bytes() - before)
+
+    @asynccontextmanager
+    async def measuring(self, key: str, disk_bytes: int) -> AsyncIterator[Measured]:
+        """Around one load: its memory is held from here until `release`, unless the load fails."""
+        if self._holding == 0:
+            self._baseline = held_bytes()
+        self._holding += 1
+        measured = Measured()
+        try:
+            with PeakMeter() as meter:
+                yield measured
+        except BaseException:
+            self._holding -= 1
+            raise
+        self._peaks.pop(key, None)
+        self._peaks[key] = meter.peak_growth
+        if len(self._peaks) > _REMEMBERED_PEAKS:
+            del self._peaks[next(iter(self._peaks))]
+        measured.size = max(meter.growth, disk_bytes)
+
+    def keep(self, size: int) -> None:
+        """A measured load became a cached model of `size` bytes."""
+        self._sizes += size
+
+    def forget(self, size: int) -> None:
+        """A cached model of `size` bytes left the cache (its memory is released with `release`)."""
+        self._sizes -= size
+
+    def release(self) -> None:
+        """A measured load's memory is gone: its models unloaded."""
+        self._holding -= 1
