@@ -1,15 +1,5 @@
-"""KServe V2 / Triton over gRPC, spoken by Triton's own clients (`tritonclient.grpc` and `.aio`, unmodified).
-
-One server (module scope) serves a repository built here:
-- `simple`: Triton's add/sub model (INPUT0, INPUT1 FP32 [batch, 16] -> OUTPUT0 = a + b, OUTPUT1 = a - b);
-- `identity_<datatype>`: an Identity model per V2 datatype (INPUT0 -> OUTPUT0, dims [-1]);
-- `shared`: the add/sub model with one instance and a 300 ms queue delay (HTTP and gRPC batched together);
-- `slow`: a Loop of MatMuls as slow as each request asks, one instance, max_queue_size 1, timeouts overridable;
-- `double`: OUTPUT0 is INPUT0 twice over (a response larger than its request).
-A second server with `--grpc-max-message-bytes 1MiB` checks the size limits and then graceful shutdown.
-Typed tensor contents go out in tritonclient's own generated messages (Triton's .proto) over a plain grpc
-channel, since tritonclient itself always sends raw contents.
-"""
+"""KServe V2 over gRPC: errors, queues and deadlines, streams, the aio client, one batch shared with HTTP,
+ports, message limits and graceful shutdown (a second server with `--grpc-max-message-bytes 1MiB`)."""
 
 from __future__ import annotations
 
@@ -19,10 +9,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,342 +21,30 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
-from google.protobuf import json_format
-from onnx import TensorProto, helper
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from modelhost.cli import modelhost_settings
 from modelhost.protocols.grpc_server import GrpcOptions, server_options
 from tests.onnx_models import (
     ADD_SUB_CONFIG,
-    IR_VERSION,
-    OPSET,
     add_sub_model,
-    identity_model,
-    slow_loop_config,
-    slow_loop_model,
     write_model,
 )
+from tests.protocols.grpc.models import (
+    BLOCK_SECONDS,
+    UNKNOWN,
+    S,
+    Served,
+    counts,
+    grpc_error,
+    infer_slow,
+    pair,
+    simple_inputs,
+    slow_inputs,
+    unique_x,
+)
 from tests.server import ServerProcess, free_port, pending, wait_for
-
-# V2 datatype -> (ONNX element type, numpy dtype, InferTensorContents field or None when raw only)
-DATATYPES: dict[str, tuple[int, type, str | None]] = {
-    "BOOL": (TensorProto.BOOL, np.bool_, "bool_contents"),
-    "UINT8": (TensorProto.UINT8, np.uint8, "uint_contents"),
-    "UINT16": (TensorProto.UINT16, np.uint16, "uint_contents"),
-    "UINT32": (TensorProto.UINT32, np.uint32, "uint_contents"),
-    "UINT64": (TensorProto.UINT64, np.uint64, "uint64_contents"),
-    "INT8": (TensorProto.INT8, np.int8, "int_contents"),
-    "INT16": (TensorProto.INT16, np.int16, "int_contents"),
-    "INT32": (TensorProto.INT32, np.int32, "int_contents"),
-    "INT64": (TensorProto.INT64, np.int64, "int64_contents"),
-    "FP16": (TensorProto.FLOAT16, np.float16, None),
-    "FP32": (TensorProto.FLOAT, np.float32, "fp32_contents"),
-    "FP64": (TensorProto.DOUBLE, np.float64, "fp64_contents"),
-    "BYTES": (TensorProto.STRING, np.object_, "bytes_contents"),
-}
-STRINGS = ["", "plain ascii", "héllo wörld ✓", "日本語テキスト", "emoji 🚀", "a" * 300]
-S = 64  # the slow model's X is [batch, S, S]
-BLOCK_SECONDS = 0.4  # how long a blocking request holds the slow model's only instance
-SHARED_DELAY_US = 300_000
-UNKNOWN = "Request for unknown model: 'nope' is not found"
-
-
-def identity_config(datatype: str) -> str:
-    config_type = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
-    return (f'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-            f'input [ {{ name: "INPUT0" data_type: {config_type} dims: [ -1 ] }} ]\n'
-            f'output [ {{ name: "OUTPUT0" data_type: {config_type} dims: [ -1 ] }} ]\n')
-
-
-def double_model() -> Any:
-    graph = helper.make_graph(
-        [helper.make_node("Concat", ["INPUT0", "INPUT0"], ["OUTPUT0"], axis=1)], "double",
-        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "n"])],
-        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", "twice_n"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    model.ir_version = IR_VERSION
-    return model
-
-
-def build_repository(root: Path) -> Path:
-    write_model(root, "simple", add_sub_model(), ADD_SUB_CONFIG)
-    for datatype, (element_type, _, _) in DATATYPES.items():
-        write_model(root, f"identity_{datatype.lower()}", identity_model(element_type), identity_config(datatype))
-    shared = ADD_SUB_CONFIG + ("instance_group [ { count: 1 kind: KIND_CPU } ]\n"
-                               f"dynamic_batching {{ max_queue_delay_microseconds: {SHARED_DELAY_US} }}\n")
-    write_model(root, "shared", add_sub_model(), shared)
-    queue = "dynamic_batching { default_queue_policy { max_queue_size: 1 allow_timeout_override: true } }"
-    write_model(root, "slow", slow_loop_model(S, batched=True), slow_loop_config(S, max_batch_size=4, extra=queue))
-    write_model(root, "double", double_model(), identity_config("FP32"))
-    return root
-
-
-@dataclass
-class Served:
-    server: ServerProcess
-    client: grpcclient.InferenceServerClient
-    block_iterations: int  # ITERATIONS that hold the slow instance ~BLOCK_SECONDS
-
-
-@pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_repository(tmp_path_factory.mktemp("grpc-repository"))
-
-
-@pytest.fixture(scope="module")
-def served(repository: Path) -> Iterator[Served]:
-    server = ServerProcess(repository, "--strict-readiness").wait_ready()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        x = np.zeros((1, S, S), np.float32)
-        infer_slow(client, x, 100)  # warm-up
-        probe = 10_000
-        started = time.monotonic()
-        infer_slow(client, x, probe)
-        per_iteration = max((time.monotonic() - started) / probe, 1e-7)
-        yield Served(server, client, int(min(max(BLOCK_SECONDS / per_iteration, 1000), 5_000_000)))
-    finally:
-        client.close()
-        server.stop()
-
-
-@pytest.fixture
-def client(served: Served) -> grpcclient.InferenceServerClient:
-    return served.client
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def simple_inputs(a: np.ndarray, b: np.ndarray) -> list[grpcclient.InferInput]:
-    return [grpcclient.InferInput("INPUT0", list(a.shape), "FP32").set_data_from_numpy(a),
-            grpcclient.InferInput("INPUT1", list(b.shape), "FP32").set_data_from_numpy(b)]
-
-
-def pair(seed: int, rows: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((rows, 16)).astype(np.float32), rng.standard_normal((rows, 16)).astype(np.float32)
-
-
-def slow_inputs(x: np.ndarray, iterations: int) -> list[grpcclient.InferInput]:
-    counts = np.full((len(x), 1), iterations, np.int64)
-    return [grpcclient.InferInput("X", list(x.shape), "FP32").set_data_from_numpy(x),
-            grpcclient.InferInput("ITERATIONS", [len(x), 1], "INT64").set_data_from_numpy(counts)]
-
-
-def infer_slow(client: grpcclient.InferenceServerClient, x: np.ndarray, iterations: int, **kwargs: Any) -> np.ndarray:
-    result = client.infer("slow", slow_inputs(x, iterations), **kwargs).as_numpy("Y")
-    assert result is not None
-    return result
-
-
-def unique_x(tag: int) -> np.ndarray:
-    return np.full((1, S, S), float(tag), np.float32) + np.arange(S, dtype=np.float32) / 128
-
-
-def grpc_error(call: Callable[[], Any]) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as caught:
-        call()
-    return caught.value
-
-
-def counts(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:
-    (stat,) = client.get_inference_statistics(model).model_stats
-    return stat.execution_count, stat.inference_count
-
-
-def extremes(datatype: str) -> np.ndarray:
-    """A [2, n] batch holding the edge values of a datatype."""
-    dtype = np.dtype(DATATYPES[datatype][1])
-    if datatype == "BOOL":
-        return np.array([[True, False, True, True], [False, False, True, False]])
-    if datatype == "BYTES":
-        return np.array([[s.encode() for s in STRINGS], [s.encode() for s in reversed(STRINGS)]], dtype=object)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return np.array([[info.min, info.max, 0, 1], [info.max - 1, info.min + 1, info.max // 3, 7]], dtype=dtype)
-    info = np.finfo(dtype)
-    return np.array([[info.min, info.max, info.tiny, info.smallest_subnormal, np.nan, np.inf],
-                     [-0.0, 0.0, 1 / 3, -2.5, -np.inf, 1.0]], dtype=dtype)
-
-
-def assert_same(actual: np.ndarray | None, expected: np.ndarray) -> None:
-    assert actual is not None and actual.shape == expected.shape
-    if expected.dtype == object:
-        assert actual.tolist() == expected.tolist()
-    else:  # bit for bit: -0.0 apart from 0.0, NaN equal to NaN
-        assert actual.dtype == expected.dtype and actual.tobytes() == expected.tobytes()
-
-
-# --------------------------------------------------------------------------- health, metadata, config, repository
-
-
-def test_health(client: grpcclient.InferenceServerClient) -> None:
-    assert client.is_server_live() is True
-    assert client.is_server_ready() is True  # --strict-readiness: every model loaded
-    assert client.is_model_ready("simple") is True
-    assert client.is_model_ready("simple", "1") is True
-    assert client.is_model_ready("simple", "2") is False
-    assert client.is_model_ready("nope") is False
-
-
-def test_server_metadata(client: grpcclient.InferenceServerClient, served: Served) -> None:
-    metadata = client.get_server_metadata()
-    http = requests.get(served.server.base + "/v2", timeout=5).json()
-    assert (metadata.name, metadata.version, list(metadata.extensions)) == (
-        http["name"], http["version"], http["extensions"])
-    assert metadata.name == "modelhost" and "statistics" in metadata.extensions
-    assert client.get_server_metadata(as_json=True)["name"] == "modelhost"
-
-
-def test_model_metadata(client: grpcclient.InferenceServerClient) -> None:
-    metadata = client.get_model_metadata("simple")
-    assert metadata == client.get_model_metadata("simple", "1")
-    assert (metadata.name, list(metadata.versions), metadata.platform) == ("simple", ["1"], "onnxruntime_onnx")
-    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.inputs] == [
-        ("INPUT0", "FP32", [-1, 16]), ("INPUT1", "FP32", [-1, 16])]
-    assert [(t.name, t.datatype, list(t.shape)) for t in metadata.outputs] == [
-        ("OUTPUT0", "FP32", [-1, 16]), ("OUTPUT1", "FP32", [-1, 16])]
-    error = grpc_error(lambda: client.get_model_metadata("nope"))
-    assert error.status() == "StatusCode.NOT_FOUND" and UNKNOWN in error.message()
-    assert grpc_error(lambda: client.get_model_metadata("simple", "2")).status() == "StatusCode.NOT_FOUND"
-
-
-def test_model_config_is_the_http_config(client: grpcclient.InferenceServerClient, served: Served) -> None:
-    config = client.get_model_config("slow").config
-    assert (config.name, config.max_batch_size) == ("slow", 4)
-    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
-        ("X", model_config_pb2.TYPE_FP32, [S, S]), ("ITERATIONS", model_config_pb2.TYPE_INT64, [1])]
-    assert config.dynamic_batching.default_queue_policy.max_queue_size == 1
-    http = requests.get(served.server.base + "/v2/models/slow/config", timeout=5).json()
-    assert config == json_format.ParseDict(http, model_config_pb2.ModelConfig())  # Triton's own message
-    assert client.get_model_config("slow", as_json=True)["config"]["name"] == "slow"
-    error = grpc_error(lambda: client.get_model_config("nope"))
-    assert error.status() == "StatusCode.NOT_FOUND" and UNKNOWN in error.message()
-
-
-def test_repository_index(client: grpcclient.InferenceServerClient) -> None:
-    index = client.get_model_repository_index()
-    names = {model.name for model in index.models}
-    assert {"simple", "shared", "slow", "double", "identity_bytes"} <= names
-    assert all((model.version, model.state) == ("1", "READY") for model in index.models)
-
-
-def test_statistics_are_the_http_statistics(client: grpcclient.InferenceServerClient, served: Served) -> None:
-    array = np.array([[1, 2, 3]], np.int8)
-    infer_input = grpcclient.InferInput("INPUT0", [1, 3], "INT8").set_data_from_numpy(array)
-    client.infer("identity_int8", [infer_input])
-    stats = client.get_inference_statistics("identity_int8")
-    (stat,) = stats.model_stats
-    assert (stat.name, stat.version) == ("identity_int8", "1")
-    assert stat.inference_stats.success.count >= 1 and stat.inference_count >= 1
-    http = requests.get(served.server.base + "/v2/models/identity_int8/stats", timeout=5).json()
-    assert stats == json_format.ParseDict(http, service_pb2.ModelStatisticsResponse())
-    every = client.get_inference_statistics()
-    assert {s.name for s in every.model_stats} >= {"simple", "slow", "identity_int8"}
-    error = grpc_error(lambda: client.get_inference_statistics("nope"))
-    assert error.status() == "StatusCode.NOT_FOUND" and UNKNOWN in error.message()
-
-
-def test_load_and_unload_are_unimplemented_with_the_http_message(client: grpcclient.InferenceServerClient,
-                                                                  served: Served) -> None:
-    http = httpclient.InferenceServerClient(served.server.url)
-    try:
-        for grpc_call, http_call in ((client.load_model, http.load_model), (client.unload_model, http.unload_model)):
-            error = grpc_error(partial(grpc_call, "simple"))
-            assert error.status() == "StatusCode.UNIMPLEMENTED"
-            assert "model control mode is 'none'" in error.message()
-            assert error.message() == grpc_error(partial(http_call, "simple")).message()
-    finally:
-        http.close()
-    assert client.is_model_ready("simple")
-
-
-# --------------------------------------------------------------------------- inference
-
-
-def test_infer_with_request_id_parameters_and_every_output(client: grpcclient.InferenceServerClient) -> None:
-    a, b = pair(1, rows=3)
-    result = client.infer("simple", simple_inputs(a, b), request_id="req-7", parameters={"note": "kept", "n": 3},
-                          priority=1)
-    response = result.get_response()
-    assert (response.model_name, response.model_version, response.id) == ("simple", "1", "req-7")
-    assert [o.name for o in response.outputs] == ["OUTPUT0", "OUTPUT1"]
-    assert all(len(raw) == 3 * 16 * 4 for raw in response.raw_output_contents)  # tritonclient reads raw only
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-
-
-def test_requested_outputs(client: grpcclient.InferenceServerClient) -> None:
-    a, b = pair(2)
-    result = client.infer("simple", simple_inputs(a, b), model_version="1",
-                          outputs=[grpcclient.InferRequestedOutput("OUTPUT1")])
-    assert [o.name for o in result.get_response().outputs] == ["OUTPUT1"]
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-    assert result.as_numpy("OUTPUT0") is None
-
-
-@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
-def test_compressed_messages(client: grpcclient.InferenceServerClient, algorithm: str) -> None:
-    a, b = pair(4, rows=8)
-    result = client.infer("simple", simple_inputs(a, b), compression_algorithm=algorithm)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-
-
-@pytest.mark.parametrize("datatype", list(DATATYPES))
-def test_every_datatype_raw(client: grpcclient.InferenceServerClient, datatype: str) -> None:
-    array = extremes(datatype)
-    infer_input = grpcclient.InferInput("INPUT0", list(array.shape), datatype).set_data_from_numpy(array)
-    result = client.infer(f"identity_{datatype.lower()}", [infer_input])
-    (output,) = result.get_response().outputs
-    assert (output.name, output.datatype, list(output.shape)) == ("OUTPUT0", datatype, list(array.shape))
-    assert_same(result.as_numpy("OUTPUT0"), array)
-
-
-@pytest.fixture(scope="module")
-def stub(served: Served) -> Iterator[service_pb2_grpc.GRPCInferenceServiceStub]:
-    channel = grpc.insecure_channel(served.server.grpc_url)
-    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
-    channel.close()
-
-
-def typed_request(datatype: str, array: np.ndarray, field: str) -> service_pb2.ModelInferRequest:
-    request = service_pb2.ModelInferRequest(model_name=f"identity_{datatype.lower()}", id="typed")
-    tensor = request.inputs.add(name="INPUT0", datatype=datatype, shape=array.shape)
-    getattr(tensor.contents, field).extend(array.ravel().tolist())
-    return request
-
-
-@pytest.mark.parametrize("datatype", [d for d, (_, _, field) in DATATYPES.items() if field])
-def test_every_datatype_typed(stub: service_pb2_grpc.GRPCInferenceServiceStub, datatype: str) -> None:
-    array = extremes(datatype)
-    response = stub.ModelInfer(typed_request(datatype, array, DATATYPES[datatype][2] or ""), timeout=10)
-    assert response.id == "typed" and len(response.raw_output_contents) == 1
-    assert_same(grpcclient.InferResult(response).as_numpy("OUTPUT0"), array)
-
-
-@pytest.mark.parametrize("datatype, field, words", [
-    ("FP16", "fp32_contents", "raw_input_contents"),  # FP16 has no typed field
-    ("INT32", "fp32_contents", "int_contents"),  # the wrong field for the datatype
-    ("INT8", "int_contents", "range of INT8"),  # a value past the datatype's range
-])
-def test_bad_typed_contents_are_invalid(stub: service_pb2_grpc.GRPCInferenceServiceStub, datatype: str, field: str,
-                                        words: str) -> None:
-    array = np.array([[1.0, 2.0]]) if datatype != "INT8" else np.array([[1, 300]])
-    with pytest.raises(grpc.RpcError) as caught:
-        stub.ModelInfer(typed_request(datatype, array, field), timeout=10)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert words in caught.value.details() and "INPUT0" in caught.value.details()
-
-
-def test_a_large_request_passes_the_default_limit(client: grpcclient.InferenceServerClient) -> None:
-    """8 MB, twice grpc's own 4 MiB default (500 candidates x 4 KB is 2 MB)."""
-    array = np.arange(2 * 1_000_000, dtype=np.float32).reshape(2, 1_000_000)
-    infer_input = grpcclient.InferInput("INPUT0", list(array.shape), "FP32").set_data_from_numpy(array)
-    assert_same(client.infer("identity_fp32", [infer_input]).as_numpy("OUTPUT0"), array)
-
 
 # --------------------------------------------------------------------------- errors
 
