@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto
 from tritonclient.utils import InferenceServerException
 
+from tests.datatype_values import extremes
 from tests.onnx_models import identity_model, write_model
 from tests.server import ServerProcess
 
@@ -39,7 +40,6 @@ DATATYPES: dict[str, tuple[int, type]] = {
 }
 INTEGERS = [d for d, (_, t) in DATATYPES.items() if np.dtype(t).kind in "iu"]
 FLOATS = ["FP16", "FP32", "FP64"]
-STRINGS = ["", "plain ascii", "héllo wörld ✓", "日本語テキスト", "emoji 🚀", "a" * 300]
 
 
 def model_name(datatype: str) -> str:
@@ -70,25 +70,6 @@ def client(server: ServerProcess) -> Iterator[httpclient.InferenceServerClient]:
     triton = httpclient.InferenceServerClient(server.url, network_timeout=30.0)
     yield triton
     triton.close()
-
-
-def extremes(datatype: str, binary: bool) -> np.ndarray:
-    """A [2, n] batch holding the edge values of a datatype (NaN/inf only where JSON is not used)."""
-    dtype = np.dtype(DATATYPES[datatype][1])
-    if datatype == "BOOL":
-        return np.array([[True, False, True, True], [False, False, True, False]])
-    if datatype == "BYTES":
-        return np.array([[s.encode() for s in STRINGS], [s.encode() for s in reversed(STRINGS)]], dtype=object)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        top = int(info.max)
-        if datatype == "UINT64" and not binary:
-            top = 2**63 - 1  # values >= 2**63 in JSON: see test_uint64_max_in_json_raw
-        return np.array([[info.min, top, 0, 1], [top - 1, info.min + 1, top // 3, 7]], dtype=dtype)
-    info = np.finfo(dtype)
-    finite = [info.min, info.max, info.tiny, info.smallest_subnormal, -0.0, 0.0, 1 / 3, -2.5]
-    special = [np.nan, np.inf, -np.inf, 1.0] if binary else [1.0, -1.0, 0.1, 1e-3]
-    return np.array([finite[:4] + special[:2], finite[4:] + special[2:]], dtype=dtype)
 
 
 def roundtrip(

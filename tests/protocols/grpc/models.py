@@ -51,7 +51,6 @@ DATATYPES: dict[str, tuple[int, type, str | None]] = {
     "FP64": (TensorProto.DOUBLE, np.float64, "fp64_contents"),
     "BYTES": (TensorProto.STRING, np.object_, "bytes_contents"),
 }
-STRINGS = ["", "plain ascii", "héllo wörld ✓", "日本語テキスト", "emoji 🚀", "a" * 300]
 S = 64  # the slow model's X is [batch, S, S]
 BLOCK_SECONDS = 0.4  # how long a blocking request holds the slow model's only instance
 SHARED_DELAY_US = 300_000
@@ -130,21 +129,6 @@ def grpc_error(call: Callable[[], Any]) -> InferenceServerException:
 def counts(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:
     (stat,) = client.get_inference_statistics(model).model_stats
     return stat.execution_count, stat.inference_count
-
-
-def extremes(datatype: str) -> np.ndarray:
-    """A [2, n] batch holding the edge values of a datatype."""
-    dtype = np.dtype(DATATYPES[datatype][1])
-    if datatype == "BOOL":
-        return np.array([[True, False, True, True], [False, False, True, False]])
-    if datatype == "BYTES":
-        return np.array([[s.encode() for s in STRINGS], [s.encode() for s in reversed(STRINGS)]], dtype=object)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return np.array([[info.min, info.max, 0, 1], [info.max - 1, info.min + 1, info.max // 3, 7]], dtype=dtype)
-    info = np.finfo(dtype)
-    return np.array([[info.min, info.max, info.tiny, info.smallest_subnormal, np.nan, np.inf],
-                     [-0.0, 0.0, 1 / 3, -2.5, -np.inf, 1.0]], dtype=dtype)
 
 
 def assert_same(actual: np.ndarray | None, expected: np.ndarray) -> None:

@@ -14,13 +14,13 @@ import tritonclient.http as httpclient
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
+from tests.datatype_values import extremes
 from tests.protocols.grpc.models import (
     DATATYPES,
     UNKNOWN,
     S,
     Served,
     assert_same,
-    extremes,
     grpc_error,
     pair,
     simple_inputs,
