@@ -76,7 +76,7 @@ def main() -> None:
         with (copy / "tiny" / "config.pbtxt").open("a") as config:
             config.write('\nparameters { key: "inline_max_microseconds" value: { string_value: "0" } }\n')
         repository = copy
-    server = Server(ServerSettings(model_repository=repository))
+    server = Server(ServerSettings(model_repository=str(repository)))
     sequential_us, rate = uvloop.run(measure(server, args.tasks, args.requests))
     print(f"sequential: {sequential_us:.1f} us per request")
     print(f"{args.tasks} concurrent tasks: {rate:.0f} requests/s (best of 3)")

@@ -98,7 +98,10 @@ class DataPlane:
         # Held for the whole request: ModelManager.acquire without its context manager objects (~1 µs less).
         served = self._manager.hold(request.model_name, request.model_version)
         try:
-            return await self._run(served, request)
+            priority, timeout_us = _scheduling(request.parameters)
+            outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
+                                       self.limits.max_output_bytes)
+            return InferResponse(served.name, str(served.version), outputs, request.id)
         finally:
             served.pins.release()
 
@@ -111,16 +114,17 @@ class DataPlane:
         try:
             request, context = decode(self._metadata_of(served))
             request.model_name, request.model_version = name, version
-            return await self._run(served, request), context
+            priority, timeout_us = _scheduling(request.parameters)
+            outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
+                                       self.limits.max_output_bytes)
+            return InferResponse(served.name, str(served.version), outputs, request.id), context
         finally:
             served.pins.release()
 
-    async def _run(self, served: ServedModel, request: InferRequest) -> InferResponse:
-        parameters = request.parameters
-        priority = _natural_parameter(parameters, "priority")
-        timeout_us = _natural_parameter(parameters, "timeout")
-        outputs = await served.run(request.inputs, request.outputs, priority, timeout_us, self.limits.max_output_bytes)
-        return InferResponse(model_name=served.name, model_version=str(served.version), outputs=outputs, id=request.id)
+
+def _scheduling(parameters: dict[str, Any]) -> tuple[int, int]:
+    """The request's `priority` and `timeout` (µs) parameters, 0 when absent."""
+    return _natural_parameter(parameters, "priority"), _natural_parameter(parameters, "timeout")
 
 
 def _natural_parameter(parameters: dict[str, Any], name: str) -> int:
