@@ -180,3 +180,10 @@ def test_case(example_server: ServerProcess, case: Case, protocol: str) -> None:
         assert sorted(answer.outputs) == sorted(case.expect)
         for name, expected in case.expect.items():
             np.testing.assert_allclose(answer.outputs[name], expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if isinstance(c.expect, ErrorKind)], ids=lambda case: case.id)
+def test_the_v2_protocols_say_the_same_words(example_server: ServerProcess, case: Case) -> None:
+    """KServe V2 over JSON, binary tensors and gRPC reach one core: a refused request reads the same in all three."""
+    messages = {protocol: ADAPTERS[protocol](example_server, case).message for protocol in sorted(TYPED)}
+    assert len(set(messages.values())) == 1, messages
