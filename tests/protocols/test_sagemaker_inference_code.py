@@ -201,3 +201,14 @@ def test_slow_handlers_do_not_hold_up_loading_another_model(tmp_path: Path, star
         assert not any(future.done() for future in sleeping)  # the handlers were all still sleeping
         assert took < 2.5
         assert all(future.result().status_code == 200 for future in sleeping)
+
+
+def test_a_handler_past_the_invocation_timeout_is_answered_504_and_the_endpoint_keeps_serving(
+        tmp_path: Path, start_server: Any) -> None:
+    server = start(start_server, opt_ml_model(tmp_path, SLEEPY), "--invocation-timeout-seconds", "0.5")
+    started = time.monotonic()
+    late = post(server, b"3", "text/plain")
+    assert late.status_code == 504, late.text
+    assert "0.5 s" in late.json()["error"] and time.monotonic() - started < 2.5
+    quick = post(server, b"0", "text/plain")  # while the late handler still sleeps in its thread
+    assert quick.status_code == 200 and quick.text.startswith("sagemaker-handler")
