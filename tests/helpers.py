@@ -46,8 +46,12 @@ async def rejected_async(awaitable: Awaitable[Any], kind: ErrorKind) -> Modelhos
 def assert_error(response: requests.Response, status: int, *fragments: str) -> str:
     """An HTTP error answer: the status, a JSON body that is exactly {"error": str}, every fragment in the message."""
     assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/json"
-    document = response.json()
+    return error_message(response.headers["content-type"], response.json(), *fragments)
+
+
+def error_message(content_type: str | None, document: Any, *fragments: str) -> str:
+    """The message of a JSON error body that is exactly {"error": str}, with every fragment in it."""
+    assert content_type == "application/json"
     assert isinstance(document, dict) and list(document) == ["error"], document
     message = document["error"]
     assert isinstance(message, str) and message

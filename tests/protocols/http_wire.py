@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.helpers import error_message
 from tests.server import ServerProcess
 
 TIMEOUT = 10.0  # any single socket operation
@@ -182,14 +183,7 @@ def assert_tiny(response: Response, values: list[float]) -> None:
 
 def assert_json_error(response: Response, status: int, *fragments: str) -> str:
     assert response.status == status, (response.status, response.body)
-    assert response.header("content-type") == "application/json"
-    document = response.json()
-    assert isinstance(document, dict) and list(document) == ["error"], document
-    message = document["error"]
-    assert isinstance(message, str) and message
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return message
+    return error_message(response.header("content-type"), response.json(), *fragments)
 
 
 def binary_infer(model: str, inputs: dict[str, np.ndarray], output: str) -> bytes:

@@ -141,7 +141,7 @@ def rows_body(case: Case) -> dict[str, Any]:
     return {"instances": [{name: array[i].tolist() for name, array in case.inputs.items()} for i in range(rows)]}
 
 
-def predictions(document: dict[str, Any], case: Case) -> Answer:
+def predictions(document: dict[str, Any]) -> Answer:
     return Answer({"y": np.array(document["predictions"], np.float32)})
 
 
@@ -149,7 +149,7 @@ def tfs_rest(server: ServerProcess, case: Case) -> Answer:
     response = requests.post(f"{server.base}/v1/models/{case.model}:predict", json=rows_body(case), timeout=30)
     if response.status_code != 200:
         return http_error(response)
-    return predictions(response.json(), case)
+    return predictions(response.json())
 
 
 def sagemaker(server: ServerProcess, case: Case) -> Answer:
@@ -157,7 +157,7 @@ def sagemaker(server: ServerProcess, case: Case) -> Answer:
         "X-Amzn-SageMaker-Custom-Attributes": f"tfs-model-name={case.model}", "Accept": "application/json"})
     if response.status_code != 200:
         return http_error(response)
-    return predictions(response.json(), case)
+    return predictions(response.json())
 
 
 ADAPTERS: dict[str, Callable[[ServerProcess, Case], Answer]] = {
