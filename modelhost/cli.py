@@ -93,7 +93,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--workers", type=int, help="server processes sharing the HTTP port; each loads every model "
         f"(default {d.workers}, or SAGEMAKER_TFS_INSTANCE_COUNT)")
     add("--compute-priority", choices=PRIORITIES, help="CPU priority of model threads below the event loop's: "
-        "low (SCHED_IDLE: the loop preempts them at once), nice (nice 10) or normal; see README "
+        "low (SCHED_IDLE: the loop preempts them at once), nice (nice 10), normal, or auto (low on 2 CPUs "
+        "or more; on one, low once a model's executions take milliseconds); see README "
         f"(default {d.compute_priority})")
     add("--graceful-shutdown-seconds", type=float,
         help=f"how long SIGTERM waits for in-flight requests (default {d.graceful_shutdown_seconds})")

@@ -167,7 +167,7 @@ class ServerSettings:
     grpc_keepalive_timeout_seconds: float = 20.0
     cpu_count: int = field(default_factory=available_cpus)  # model threads are sized to these
     workers: int = 1
-    compute_priority: Priority = "low"  # of model threads, below the event loop's (core/compute_threads.py)
+    compute_priority: Priority = "auto"  # of model threads, below the event loop's (core/compute_threads.py)
     worker_index: int = 0  # set for each process of --workers
     cache_dir: Path = _default_cache_dir()
     sagemaker_port: int = 8080

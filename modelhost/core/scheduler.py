@@ -215,6 +215,7 @@ class Scheduler:
 
     def _serve(self, instance: Model, lock: threading.Lock) -> None:
         compute_threads.enter()
+        watch = compute_threads.execution_watch()
         while (batch := self._queue.take()) is not None:
             loop = batch[0].future.get_loop()
             try:
@@ -224,6 +225,8 @@ class Scheduler:
                 loop.call_soon_threadsafe(self._complete, batch, None, exc, None)
             else:
                 loop.call_soon_threadsafe(self._complete, batch, results, None, timing)
+                if watch is not None and watch(timing.infer_ns):
+                    watch = None
         with lock:
             instance.unload()
 

@@ -6,11 +6,15 @@ import asyncio
 import os
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from modelhost.core import compute_threads
+from tests.core.scheduler_harness import serving
+from tests.fakes import Slow
+from tests.helpers import until
 from tests.server import ServerProcess
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
@@ -75,16 +79,103 @@ def test_loading_runs_on_a_lowered_thread(monkeypatch: pytest.MonkeyPatch) -> No
     assert policy == os.SCHED_IDLE
 
 
+def test_auto_is_low_on_two_cpus_or_more_and_adaptive_on_one() -> None:
+    assert compute_threads.configure("auto", cpus=2) == "low"
+    assert compute_threads.configure("auto", cpus=16) == "low"
+    assert compute_threads.configure("auto", cpus=1) == "adaptive"
+    assert compute_threads.configure("nice", cpus=1) == "nice"  # what the operator names is kept
+
+
+@linux_only
+def test_adaptive_lowers_a_thread_only_after_a_run_of_long_executions() -> None:
+    compute_threads.configure("auto", cpus=1)
+    long, short = compute_threads.LONG_EXECUTION_NS, compute_threads.LONG_EXECUTION_NS - 1
+    runs = compute_threads.LONG_RUNS
+
+    def job() -> list[tuple[bool, int]]:
+        compute_threads.enter()
+        watch = compute_threads.execution_watch()
+        assert watch is not None
+        seen = [(False, os.sched_getscheduler(0))]
+        for duration in [long] * (runs - 1) + [short] + [long] * (runs - 1):  # a short one restarts the count
+            seen.append((watch(duration), os.sched_getscheduler(0)))
+        seen.append((watch(long), os.sched_getscheduler(0)))
+        return seen
+
+    seen = _in_new_thread(job)
+    assert seen[:-1] == [(False, os.SCHED_OTHER)] * (2 * runs)  # type: ignore[index]
+    assert seen[-1] == (True, os.SCHED_IDLE)  # type: ignore[index]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
+def test_only_adaptive_watches_executions() -> None:
+    for priority in ("low", "nice", "normal"):
+        compute_threads.configure(priority)  # type: ignore[arg-type]
+        assert compute_threads.execution_watch() is None
+
+
 def test_unknown_priority_is_refused() -> None:
-    with pytest.raises(ValueError, match="compute priority must be one of low, nice, normal"):
+    with pytest.raises(ValueError, match="compute priority must be one of auto, low, nice, normal"):
         compute_threads.configure("high")  # type: ignore[arg-type]
 
 
 @linux_only
 def test_a_served_models_threads_run_below_the_event_loop(example_server: ServerProcess) -> None:
-    # The example server runs with the default (low): its instance threads and the intra-op threads
-    # ONNX Runtime started while loading are SCHED_IDLE; the event loop (main) thread is not.
+    # The example server runs with the default (auto: low on two CPUs or more): its instance threads and the
+    # intra-op threads ONNX Runtime started while loading are SCHED_IDLE; the event loop (main) thread is not.
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("auto is adaptive on one CPU (the next tests)")
     pid = example_server.process.pid
     policies = {int(task.name): os.sched_getscheduler(int(task.name)) for task in Path(f"/proc/{pid}/task").iterdir()}
     assert policies[pid] == os.SCHED_OTHER
     assert sum(policy == os.SCHED_IDLE for policy in policies.values()) >= 3  # one instance per example model
+
+
+@linux_only
+def test_an_instance_thread_whose_model_runs_long_lowers_itself_under_adaptive() -> None:
+    class Recording(Slow):
+        thread = 0
+
+        def work(self) -> None:
+            self.thread = threading.get_native_id()
+            super().work()
+
+    async def main() -> tuple[int, int]:
+        compute_threads.configure("auto", cpus=1)
+        model = Recording(seconds=2 * compute_threads.LONG_EXECUTION_NS / 1e9)
+        async with serving("", model) as harness:
+            for tag in range(compute_threads.LONG_RUNS - 1):
+                await harness.call(tag)
+            before = os.sched_getscheduler(model.thread)
+            await harness.call(99)
+            await until(lambda: os.sched_getscheduler(model.thread) == os.SCHED_IDLE, what="the thread to lower")
+            return before, os.sched_getscheduler(model.thread)
+
+    assert asyncio.run(main()) == (os.SCHED_OTHER, os.SCHED_IDLE)
+
+
+@linux_only
+def test_a_server_pinned_to_one_cpu_keeps_a_cheap_models_threads_at_the_loops_priority(tmp_path: Path) -> None:
+    # auto on one CPU: a lowered thread holding the GIL would make the loop wait on it (module docstring).
+    import requests
+
+    from modelhost.example_repository import ensure_example_repository
+
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(own)})  # inherited by the server
+    try:
+        server = ServerProcess(ensure_example_repository(tmp_path))
+    finally:
+        os.sched_setaffinity(0, own)
+    try:
+        server.wait_ready()
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+        url = f"{server.base}/v2/models/tiny/infer"
+        # More clients than LOOP_MAX_IN_PROGRESS, so that requests run on the instance threads.
+        with requests.Session() as session, ThreadPoolExecutor(16) as clients:
+            list(clients.map(lambda _: session.post(url, json=body, timeout=10).raise_for_status(), range(200)))
+        pid = server.process.pid
+        policies = [os.sched_getscheduler(int(task.name)) for task in Path(f"/proc/{pid}/task").iterdir()]
+        assert len(policies) >= 4 and set(policies) == {os.SCHED_OTHER}
+    finally:
+        server.stop()
