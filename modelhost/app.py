@@ -43,9 +43,11 @@ from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMaker
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
 from modelhost.settings import ServerSettings, handler_threads, model_load_roots, request_limits
-from modelhost.store.archive_store import open_archive_store
+from modelhost.store.archive_repository import ArchiveRepository
+from modelhost.store.archive_store import holds_only_archives, open_archive_store
 from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.local import LocalStore
+from modelhost.store.model_store import ModelStore
 
 log = logging.getLogger("modelhost")
 
@@ -70,7 +72,8 @@ class Server:
         self.grpc_access = AccessPolicy(settings.grpc_restricted_protocols + settings.token_restrictions)
         self.root: Path | None = None  # the directory served (one endpoint), None with a multi-model cache
         self.layout: ModelLayout | None = None
-        store = None if settings.multi_model else self._single_model_store()
+        self.source = ""  # where the models come from, for the log
+        store = None if settings.multi_model else self._model_store()
         self.code_policy = CodePolicy(settings.user_code)
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy)
@@ -112,8 +115,19 @@ class Server:
             return
         log.info("SIGHUP: reloaded the TLS certificate %s (open connections keep theirs)", self.tls.files.cert)
 
-    def _single_model_store(self) -> LocalStore:
-        """The models of a directory in any layout find_layout knows: a repository, one model, a model file."""
+    def _model_store(self) -> ModelStore:
+        """The models of a directory in any layout find_layout knows (a repository, one model, a model file),
+        or of a repository of archives: an S3 prefix, or a directory holding only `*.tar.gz` files."""
+        location = self.settings.model_repository
+        if location is not None and (location.startswith("s3://") or holds_only_archives(Path(location))):
+            s = self.settings
+            try:
+                archives = open_archive_store(location, s.s3_endpoint_url)
+            except ModelhostError as exc:
+                raise SystemExit(f"--model-repository {location}: {exc.message}") from None
+            self.source = archives.description
+            return ArchiveRepository(archives, self.work_dir / "archives", s.max_unpacked_bytes,
+                                     s.max_archive_members)
         if self.settings.model_repository is None:
             from modelhost.example_repository import ensure_example_repository
 
@@ -128,6 +142,7 @@ class Server:
                                       allow_empty=True)
         except ModelhostError as exc:
             raise SystemExit(f"--model-repository {self.root}: {exc.message}") from None
+        self.source = str(self.root)
         return LocalStore(self.layout.repository)
 
     def _model_cache(self) -> ModelCache:
@@ -204,7 +219,7 @@ class Server:
         if self.cache is not None:
             log.info("multi-model endpoint: models load on first use (cache %d bytes)", self.cache.budget_bytes)
         else:
-            log.info("loading models from %s (model control mode %s)", self.root, self.settings.model_control_mode)
+            log.info("loading models from %s (model control mode %s)", self.source, self.settings.model_control_mode)
         await self.manager.load_all(self._models_at_start())
         for entry in self.manager.index():
             if entry.state == "READY":

@@ -8,11 +8,11 @@ from dataclasses import replace
 from modelhost.core.load_request import LoadRequest, check_load_request
 from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.errors import ErrorKind, ModelhostError, public_message
-from modelhost.store.local import LocalStore
+from modelhost.store.model_store import ModelStore
 
 
 class Control:
-    def __init__(self, manager: ModelManager, mode: str = "none", store: LocalStore | None = None) -> None:
+    def __init__(self, manager: ModelManager, mode: str = "none", store: ModelStore | None = None) -> None:
         self._manager = manager
         self._mode = mode
         self._store = store

@@ -26,7 +26,8 @@ from modelhost.core.model_loading import LoadPlan, load_ensemble_version, load_v
 from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
 from modelhost.core.served_model import ServedModel
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
-from modelhost.store.local import LocalStore, ModelFingerprint, ModelSource
+from modelhost.store.local import ModelFingerprint, ModelSource
+from modelhost.store.model_store import ModelStore
 from modelhost.store.paths import check_model_name
 
 log = logging.getLogger("modelhost.manager")
@@ -36,7 +37,7 @@ __all__ = ["IndexEntry", "ModelManager"]
 
 class ModelManager:
     def __init__(
-        self, store: LocalStore | None, cpu_count: int, default_max_batch_size: int, in_flight: InFlight | None = None,
+        self, store: ModelStore | None, cpu_count: int, default_max_batch_size: int, in_flight: InFlight | None = None,
         overrides: ModelOverrides | None = None, work_dir: Path | None = None, code_policy: CodePolicy | None = None,
     ) -> None:
         self._store = store

@@ -13,13 +13,13 @@ import asyncio
 import logging
 
 from modelhost.core.manager import ModelManager
-from modelhost.store.local import LocalStore
+from modelhost.store.model_store import ModelStore
 
 log = logging.getLogger("modelhost.poll")
 
 
 class RepositoryPoller:
-    def __init__(self, manager: ModelManager, store: LocalStore, interval_seconds: float) -> None:
+    def __init__(self, manager: ModelManager, store: ModelStore, interval_seconds: float) -> None:
         self._manager = manager
         self._store = store
         self._interval = interval_seconds

@@ -37,6 +37,11 @@ class ArchiveStore(Protocol):
         """The targets (relative paths of *.tar.gz archives) the store holds, sorted."""
         ...
 
+    def stamp(self, target: str) -> str:
+        """What identifies the archive's current content (a local file's size and modification time, an S3
+        object's ETag): it changes when the archive is replaced. NOT_FOUND when it is missing."""
+        ...
+
 
 def check_target(target: str) -> str:
     """A TargetModel checked and normalized ("./a/b.tar.gz" -> "a/b.tar.gz"); raises INVALID_INPUT otherwise.
@@ -66,6 +71,10 @@ class LocalArchiveStore:
         source = self.local_path(target)
         return write_atomically(into, source.name, lambda path: shutil.copyfile(source, path))
 
+    def stamp(self, target: str) -> str:
+        stat = self.local_path(target).stat()
+        return f"{stat.st_size}-{stat.st_mtime_ns}"
+
     def list(self) -> list[str]:
         found = []
         for path in self.root.rglob(f"*{ARCHIVE_SUFFIX}"):
@@ -73,6 +82,15 @@ class LocalArchiveStore:
             if path.is_file() and not any(part.startswith(".") for part in relative.parts):
                 found.append(relative.as_posix())
         return sorted(found)
+
+
+def holds_only_archives(root: Path) -> bool:
+    """A directory whose entries, hidden ones aside, are all `*.tar.gz` files (one at least): a repository of
+    archives rather than a Triton layout."""
+    if not root.is_dir():
+        return False
+    entries = [entry for entry in root.iterdir() if not entry.name.startswith(".")]
+    return bool(entries) and all(entry.is_file() and entry.name.endswith(ARCHIVE_SUFFIX) for entry in entries)
 
 
 def open_archive_store(location: str, endpoint_url: str | None = None) -> ArchiveStore:

@@ -59,6 +59,15 @@ class S3ArchiveStore:
         except self._failures as exc:
             raise unavailable(f"cannot download model archive '{target}' from {self.description}: {exc}") from None
 
+    def stamp(self, target: str) -> str:
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=self._key(check_target(target)))
+        except self._client_error as exc:
+            raise self._answer_error(exc, f"model archive '{target}' not found in {self.description}") from None
+        except self._failures as exc:
+            raise unavailable(f"cannot read model archive '{target}' in {self.description}: {exc}") from None
+        return f"{head.get('ETag', '')}-{head.get('ContentLength', '')}"
+
     def list(self) -> list[str]:
         start = f"{self.prefix}/" if self.prefix else ""
         targets = []
