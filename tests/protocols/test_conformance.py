@@ -5,7 +5,9 @@ Adapters: KServe V2 over HTTP as JSON (`requests`) and as binary tensors (`trito
 gRPC (`tritonclient.grpc`), TF Serving's REST predict, and SageMaker's /invocations (JSON `instances`). Each
 turns a case into its protocol's request and the answer back into outputs or an ErrorKind, read from the
 protocol's own status code; the error's message must name what the case says it names. Runs against the
-session's example server (`tiny`: y = 2x + 1, x FP32 [-1, 4], max_batch_size 1024; `deepfm`: two inputs).
+session's example server (`tiny`: y = 2x + 1, x FP32 [-1, 4], max_batch_size 1024; `rank`: features FP32
+[-1, 1000]; `deepfm`: two inputs). Wire-level refusals (JSON framing, the binary extension, encodings) are in
+each protocol's own tests (test_bad_requests.py for KServe V2 over HTTP).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Case:
     inputs: dict[str, np.ndarray]
     expect: dict[str, np.ndarray] | ErrorKind
     names: tuple[str, ...] = ()  # what the error message must mention
+    v2_names: tuple[str, ...] = ()  # what KServe V2's messages mention besides (TF Serving's speak per instance)
     model: str = "tiny"
     outputs: tuple[str, ...] = ()  # requested outputs; () for all
     protocols: frozenset[str] = ALL
@@ -54,17 +57,27 @@ CASES = [
     Case("named-output", {"x": f32([1, 2, 3, 4])}, {"y": f32([3, 5, 7, 9])}, outputs=("y",), protocols=TYPED),
     Case("unknown-model", {"x": f32([1, 2, 3, 4])}, ErrorKind.NOT_FOUND, ("nope",), model="nope"),
     Case("wrong-width", {"x": f32([1, 2, 3, 4, 5])}, ErrorKind.INVALID_INPUT, ("x", "4]")),
+    Case("wrong-shape", {"features": np.full((2, 999), 0.5, np.float32)}, ErrorKind.INVALID_INPUT,
+         ("'features'", "999", "1000"), v2_names=("[2,999]", "[-1,1000]"), model="rank"),
+    Case("wrong-rank", {"x": np.array([1, 2, 3, 4], np.float32)}, ErrorKind.INVALID_INPUT, ("'x'", "[4]", "[-1,4]"),
+         protocols=TYPED),
     Case("unexpected-input", {"x": f32([1, 2, 3, 4]), "z": f32([1, 2, 3, 4])}, ErrorKind.INVALID_INPUT, ("z",)),
+    Case("unknown-input", {"nope_in": f32([1, 2, 3, 4])}, ErrorKind.INVALID_INPUT, ("'nope_in'", "'tiny'", "'x'"),
+         protocols=TYPED),
     Case("over-max-batch", {"x": np.zeros((1025, 4), np.float32)}, ErrorKind.INVALID_INPUT,
-         ("x", "max_batch_size")),
+         ("x", "1025", "max_batch_size", "1024")),
+    Case("over-max-batch-4mb", {"features": np.zeros((1025, 1000), np.float32)}, ErrorKind.INVALID_INPUT,
+         ("'features'", "1025", "max_batch_size", "1024"), model="rank", protocols=TYPED),
     Case("wrong-datatype", {"x": np.array([[1, 2, 3, 4]], np.int32)}, ErrorKind.INVALID_INPUT, ("x", "INT32", "FP32"),
          protocols=TYPED),
-    Case("missing-input", {"feat_ids": np.ones((1, 39), np.int64)}, ErrorKind.INVALID_INPUT, ("missing", "feat_vals"),
-         model="deepfm"),
+    Case("wrong-datatype-fp64", {"features": np.full((1, 1000), 0.5, np.float64)}, ErrorKind.INVALID_INPUT,
+         ("'features'", "FP64", "FP32"), model="rank", protocols=TYPED),
+    Case("missing-input", {"feat_ids": np.ones((1, 39), np.int64)}, ErrorKind.INVALID_INPUT,
+         ("missing", "'feat_vals'"), v2_names=("'deepfm'",), model="deepfm"),
     Case("batch-mismatch", {"feat_ids": np.ones((1, 39), np.int64), "feat_vals": np.full((2, 39), 0.5, np.float32)},
-         ErrorKind.INVALID_INPUT, ("feat_vals",), model="deepfm", protocols=TYPED),
-    Case("unknown-output", {"x": f32([1, 2, 3, 4])}, ErrorKind.INVALID_INPUT, ("nope",), outputs=("nope",),
-         protocols=TYPED),
+         ErrorKind.INVALID_INPUT, ("'feat_vals'", "batch"), model="deepfm", protocols=TYPED),
+    Case("unknown-output", {"x": f32([1, 2, 3, 4])}, ErrorKind.INVALID_INPUT, ("'nope_out'", "'y'"),
+         outputs=("nope_out",), protocols=TYPED),
 ]
 
 
@@ -173,7 +186,7 @@ def test_case(example_server: ServerProcess, case: Case, protocol: str) -> None:
     answer = ADAPTERS[protocol](example_server, case)
     if isinstance(case.expect, ErrorKind):
         assert (answer.kind, answer.outputs) == (case.expect, {}), answer
-        for name in case.names:
+        for name in case.names + (case.v2_names if protocol in TYPED else ()):
             assert name in answer.message, f"{name!r} not in {answer.message!r}"
     else:
         assert answer.kind is None, answer
