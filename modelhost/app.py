@@ -14,6 +14,7 @@ import shutil
 import signal
 import ssl
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import uvloop
@@ -44,7 +45,7 @@ from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
 from modelhost.settings import ServerSettings, handler_threads, model_load_roots, request_limits
 from modelhost.store.archive_repository import ArchiveRepository
-from modelhost.store.archive_store import holds_only_archives, open_archive_store
+from modelhost.store.archive_store import ArchiveStore, holds_only_archives, open_archive_store
 from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.local import LocalStore
 from modelhost.store.model_store import ModelStore
@@ -73,15 +74,24 @@ class Server:
         self.root: Path | None = None  # the directory served (one endpoint), None with a multi-model cache
         self.layout: ModelLayout | None = None
         self.source = ""  # where the models come from, for the log
+        self._listing: ArchiveRepository | None = None  # a multi-model endpoint's archives, by name
         store = None if settings.multi_model else self._model_store()
         self.code_policy = CodePolicy(settings.user_code)
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings))
-        self.control = Control(self.manager, settings.model_control_mode, store)
+        archives = self._archive_store() if settings.multi_model else None
+        self.cache = self._model_cache(archives) if settings.multi_model else None
+        if self.cache is None:
+            self.control = Control(self.manager, settings.model_control_mode, store)
+        else:  # every load goes through the cache, within its budget; the store's archives are listed by name
+            listing = None if archives is None else ArchiveRepository(archives, self.work_dir / "archives",
+                                                                      settings.max_unpacked_bytes,
+                                                                      settings.max_archive_members)
+            self.control = Control(self.manager, settings.model_control_mode, listing, self.cache)
+            self._listing = listing
         self.poller = (RepositoryPoller(self.manager, store, settings.repository_poll_seconds)
                        if store is not None and settings.model_control_mode == "poll" else None)
-        self.cache = self._model_cache() if settings.multi_model else None
         # The front-ends with a port of their own besides the HTTP port, each served when its port is set.
         self.front_ends: list[FrontEnd] = [
             front_end for port, make in ((settings.sagemaker_port, self._sagemaker_front_end),
@@ -145,14 +155,18 @@ class Server:
         self.source = str(self.root)
         return LocalStore(self.layout.repository)
 
-    def _model_cache(self) -> ModelCache:
+    def _archive_store(self) -> ArchiveStore | None:
+        """A multi-model endpoint's archives: --model-repository (a directory or an S3 prefix), if given."""
         s = self.settings
-        archives = None
-        if s.model_repository is not None:
-            try:
-                archives = open_archive_store(s.model_repository, s.s3_endpoint_url)
-            except ModelhostError as exc:
-                raise SystemExit(f"--model-repository {s.model_repository}: {exc.message}") from None
+        if s.model_repository is None:
+            return None
+        try:
+            return open_archive_store(s.model_repository, s.s3_endpoint_url)
+        except ModelhostError as exc:
+            raise SystemExit(f"--model-repository {s.model_repository}: {exc.message}") from None
+
+    def _model_cache(self, archives: ArchiveStore | None) -> ModelCache:
+        s = self.settings
         return ModelCache(
             self.manager, archives, self.work_dir / "cache", s.model_cache_bytes, s.max_unpacked_bytes,
             s.default_model_name, load_roots=model_load_roots(s), max_archive_members=s.max_archive_members,
@@ -218,6 +232,7 @@ class Server:
     async def _load(self) -> None:
         if self.cache is not None:
             log.info("multi-model endpoint: models load on first use (cache %d bytes)", self.cache.budget_bytes)
+            await self._load_into_cache(self.settings.load_models)
         else:
             log.info("loading models from %s (model control mode %s)", self.source, self.settings.model_control_mode)
         await self.manager.load_all(self._models_at_start())
@@ -233,6 +248,17 @@ class Server:
         self.dataplane.mark_started()
         grpc = f", gRPC on {self.settings.host}:{self.settings.grpc_port}" if self.grpc else ""
         log.info("ready: HTTP on %s:%d%s", self.settings.host, self.settings.http_port, grpc)
+
+    async def _load_into_cache(self, names: Sequence[str]) -> None:
+        """A multi-model endpoint's --load-model names (`*`: every archive of the store), one after another."""
+        assert self.cache is not None
+        if "*" in names:
+            names = [] if self._listing is None else await asyncio.to_thread(self._listing.list)
+        for name in names:
+            try:
+                await self.cache.load_named(name)
+            except ModelhostError as exc:
+                log.error("cannot load model %r: %s", name, exc.message)
 
     def _models_at_start(self) -> list[str] | None:
         """None (every model of the repository), or in explicit mode the --load-model names."""

@@ -276,9 +276,10 @@ def check_settings(settings: ServerSettings) -> None:
                             f"a load or unload request would reach one process of the {settings.workers}")
     if settings.model_control_mode == "poll" and settings.repository_poll_seconds <= 0:
         raise SettingsError(f"--repository-poll-secs must be positive, got {settings.repository_poll_seconds:g}")
-    if settings.model_control_mode != "none" and settings.multi_model:
-        raise SettingsError("--model-control-mode poll/explicit cannot be combined with multi-model mode, whose "
-                            "models load and unload through /models")
+    if settings.model_control_mode == "poll" and settings.multi_model:
+        raise SettingsError("--model-control-mode poll cannot be combined with multi-model mode, whose models load "
+                            "on first use and are evicted within --model-cache-bytes; use explicit (the repository "
+                            "API loads and unloads through the cache) or none")
     # request and log limits (issue 12: codecs)
     if not 1 <= settings.json_max_depth <= MAX_RANK:
         raise SettingsError(f"--json-max-depth must be between 1 and {MAX_RANK}, got {settings.json_max_depth}")

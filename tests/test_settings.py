@@ -190,6 +190,7 @@ class TestCheckSettings:
     @pytest.mark.parametrize(("changes", "message"), [
         ({"workers": 0}, "--workers must be at least 1, got 0"),
         ({"workers": 2, "multi_model": True}, "cannot be combined with multi-model mode"),
+        ({"model_control_mode": "poll", "multi_model": True}, "poll cannot be combined with multi-model mode"),
         ({"sagemaker_port": 70000}, "--sagemaker-port must be a port 0-65535, got 70000"),
         ({"http_port": -1}, "--http-port must be a port"),
         ({"model_cache_bytes": 0}, "--model-cache-bytes must be positive, got 0"),
@@ -200,6 +201,9 @@ class TestCheckSettings:
     def test_errors(self, changes: dict[str, Any], message: str) -> None:
         with pytest.raises(SettingsError, match=message):
             check_settings(replace(BASE, **changes))
+
+    def test_a_multi_model_endpoint_takes_explicit_mode(self) -> None:
+        check_settings(replace(BASE, multi_model=True, model_control_mode="explicit", load_models=("m",)))
 
     def test_workers_with_multi_model_from_the_environment(self) -> None:
         with pytest.raises(SettingsError, match="SAGEMAKER_TFS_INSTANCE_COUNT 2 cannot be combined"):

@@ -34,7 +34,7 @@ from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.store.archive_models import ArchiveModels, FetchedModels
-from modelhost.store.archive_store import ArchiveStore, check_target
+from modelhost.store.archive_store import ARCHIVE_SUFFIX, ArchiveStore, check_target
 from modelhost.store.layout import ModelLayout
 from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.paths import check_model_name, within
@@ -189,6 +189,16 @@ class ModelCache:
         if not path.is_dir():
             raise not_found(f"model '{key}': url '{url}' is not a directory")
         return await self._load_once(key, url, partial(self._fetch.in_place, path))
+
+    async def load_named(self, name: str) -> CachedModel:
+        """The repository API's load (explicit mode): the store's archive `<name>.tar.gz`, cached under `name`
+        within the budget like any other. A model already cached under that name stays as it is."""
+        check_model_name(name)
+        model = self._models.get(name)
+        if model is not None:
+            return model
+        target = name + ARCHIVE_SUFFIX
+        return await self._load_once(name, target, partial(self._fetch.fetch, target))
 
     async def unload(self, key: str) -> None:
         """Unload a model: no request starts on it from now, and this returns once those running on it finished."""

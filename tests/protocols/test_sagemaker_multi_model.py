@@ -12,15 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import numpy as np
 import onnx
 import orjson
 import pytest
 import requests
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.archives import weighted_model, write_archive, write_archives
 from tests.protocols.test_sagemaker_server import runtime_client
 from tests.s3_server import FAKE_ENVIRONMENT, MotoS3Server
-from tests.server import ServerProcess
+from tests.server import ServerProcess, wait_for
 
 ROW = b"1,1,1,1\n"
 
@@ -288,3 +291,55 @@ def _onnx_bytes(tmp_path: Path, width: int) -> bytes:
     data = path.read_bytes()
     path.unlink()
     return data
+
+
+def v2_output(client: httpclient.InferenceServerClient, name: str) -> float:
+    x = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    x.set_data_from_numpy(np.ones((1, 4), np.float32))
+    return float(client.infer(name, [x]).as_numpy("OUTPUT0")[0, 0])
+
+
+def test_explicit_mode_loads_and_unloads_through_the_cache(archives: Path, start_server: Any) -> None:
+    # Triton on SageMaker runs its multi-model endpoints in explicit mode: the repository API works here too,
+    # each load cached within the budget beside the TargetModel loads.
+    server = start_server(archives, "--multi-model", "--model-control-mode", "explicit", "--load-model", "model-2",
+                          ready_path="/v2/health/live")
+    wait_for(lambda: requests.get(server.sagemaker + "/ping", timeout=5).status_code == 200, what="ping")
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        assert v2_output(client, "model-2") == 3.0  # loaded at start
+        listed = {e["name"]: e.get("state", "") for e in requests.post(server.base + "/v2/repository/index",
+                                                                        timeout=10).json()}
+        assert listed["model-2"] == "READY" and listed["model-0"] == ""  # the store's archives, by name
+        assert not any(name.startswith("team-a") for name in listed)  # nested archives are TargetModels only
+
+        cached = metric(server, "modelhost_model_cache_bytes")
+        client.load_model("model-4")
+        assert v2_output(client, "model-4") == 5.0
+        assert metric(server, "modelhost_model_cache_bytes") > cached
+        assert csv_prediction(invoke(server, "model-1.tar.gz")) == 2.0  # TargetModels beside them
+
+        client.unload_model("model-4")
+        assert not client.is_model_ready("model-4")
+        assert metric(server, "modelhost_loaded_models") == 2
+        with pytest.raises(InferenceServerException, match="multi-model endpoint"):
+            client.load_model("model-3", config='{"max_batch_size": 2}')
+        response = requests.post(server.base + "/v2/repository/models/absent/load", timeout=30)
+        assert response.status_code == 404 and "absent.tar.gz" in response.json()["error"]
+        assert str(archives) not in response.text
+    finally:
+        client.close()
+
+
+def test_a_repository_load_is_held_to_the_cache_budget(tmp_path: Path, start_server: Any) -> None:
+    write_archives(tmp_path, 1, width=4)
+    server = start_server(tmp_path, "--multi-model", "--model-control-mode", "explicit", "--model-cache-bytes", "100",
+                          ready_path="/v2/health/live")
+    response = requests.post(server.base + "/v2/repository/models/model-0/load", timeout=30)
+    assert response.status_code == 507 and "--model-cache-bytes" in response.json()["error"]
+
+
+def test_poll_mode_is_refused_for_a_multi_model_endpoint(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path, "--multi-model", "--model-control-mode", "poll")
+    assert server.process.wait(timeout=30) != 0
+    assert "poll cannot be combined with multi-model" in server.stop()
