@@ -29,6 +29,7 @@ from modelhost.core.in_flight import InFlight
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import ModelCache
 from modelhost.core.repository_poll import RepositoryPoller
+from modelhost.core.worker_statistics import WorkerStatistics
 from modelhost.errors import ModelhostError, hide_paths_under
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols import openapi
@@ -80,6 +81,10 @@ class Server:
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings))
+        self.worker_statistics = (WorkerStatistics(Path(settings.workers_dir), settings.worker_index, settings.workers)
+                                  if settings.workers > 1 and settings.workers_dir else None)
+        if self.worker_statistics is not None:
+            self.dataplane.sum_statistics_with(self.worker_statistics)
         archives = self._archive_store() if settings.multi_model else None
         self.cache = self._model_cache(archives) if settings.multi_model else None
         if self.cache is None:
@@ -209,6 +214,8 @@ class Server:
         return next(front_end for front_end in self.front_ends if front_end.name == name)
 
     async def _start(self) -> None:
+        if self.worker_statistics is not None:  # before the models load: the other workers may ask any time
+            await self.worker_statistics.serve(self.dataplane.local_statistics)
         if self.settings.workers > 1:
             # Workers share the port: one that binds before its models load would take connections
             # it can only answer 503, so it loads first and binds after.
@@ -280,6 +287,8 @@ class Server:
         if self.cache is not None:
             await self.cache.stop()
         await self.manager.stop()
+        if self.worker_statistics is not None:
+            await self.worker_statistics.stop()
         await asyncio.to_thread(shutil.rmtree, self.work_dir, True)
         log.info("stopped")
 

@@ -169,6 +169,7 @@ class ServerSettings:
     workers: int = 1
     compute_priority: Priority = "auto"  # of model threads, below the event loop's (core/compute_threads.py)
     worker_index: int = 0  # set for each process of --workers
+    workers_dir: str | None = None  # set for each process of --workers: their statistics sockets' directory
     cache_dir: Path = _default_cache_dir()
     sagemaker_port: int = 8080
     multi_model: bool = False

@@ -2,9 +2,10 @@
 
 Why: at small requests one process is bound by its event loop's Python (HTTP, JSON, checks), not
 by the model; two processes on two cores serve ~1.9x the requests of one (tiny, 1 row, c=32).
-The trade-off: each worker loads its own copy of every model, batches only its own requests, and
-keeps its own statistics; worker i serves metrics on --metrics-port + i, so Prometheus scrapes
-each worker as its own target.
+The trade-off: each worker loads its own copy of every model and batches only its own requests. Each
+keeps its own statistics, and a statistics request to any of them answers for all of them
+(core/worker_statistics.py, through Unix sockets in a directory made here); worker i serves metrics
+on --metrics-port + i, so Prometheus scrapes each worker as its own target.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import tempfile
 from types import FrameType
 
 from modelhost.settings import ServerSettings
@@ -24,12 +26,17 @@ log = logging.getLogger("modelhost.workers")
 
 def run_workers(settings: ServerSettings) -> int:
     """Start the workers, forward SIGTERM/SIGINT to them, and return 0 when all of them exit cleanly."""
+    with tempfile.TemporaryDirectory(prefix="modelhost-workers-") as directory:  # mode 0700: this server's alone
+        return _run(settings, directory)
+
+
+def _run(settings: ServerSettings, directory: str) -> int:
     context = multiprocessing.get_context("spawn")
     cores = max(1, settings.cpu_count // settings.workers)
     processes = [
         context.Process(
             target=_worker_main,
-            args=(dataclasses.replace(settings, worker_index=index, cpu_count=cores),),
+            args=(dataclasses.replace(settings, worker_index=index, cpu_count=cores, workers_dir=directory),),
             name=f"modelhost-worker-{index}",
         )
         for index in range(settings.workers)

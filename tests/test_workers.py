@@ -6,6 +6,7 @@ import signal
 import socket
 
 import requests
+import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server import ServerProcess, free_port
@@ -58,6 +59,33 @@ def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type:
         output = server.stop()
     assert server.process.returncode == 0, output
     assert "worker 0" in output and "worker 1" in output
+
+
+def test_statistics_answer_for_every_worker_whichever_answers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # perf_analyzer reads statistics before and after a run over its own connection: whichever worker that
+    # lands on, the counts must be the server's, or its deltas go backwards.
+    server = ServerProcess(None, "--workers", "2", cache_dir=tmp_path).wait_ready()
+    try:
+        for _ in range(40):  # new connections: the kernel spreads them over the workers
+            response = requests.post(f"{server.base}/v2/models/tiny/infer", json=TINY, timeout=10,
+                                     headers={"Connection": "close"})
+            assert response.status_code == 200, response.text
+        seen = set()
+        for _ in range(12):
+            response = requests.get(f"{server.base}/v2/models/tiny/stats", headers={"Connection": "close"},
+                                    timeout=10)
+            assert response.status_code == 200, response.text
+            seen.add(response.json()["model_stats"][0]["inference_count"])
+            with grpcclient.InferenceServerClient(server.grpc_url) as client:  # a new channel: any worker
+                stats = client.get_inference_statistics("tiny", as_json=True)
+            seen.add(int(stats["model_stats"][0]["inference_count"]))
+        assert seen == {40}
+        everything = requests.get(f"{server.base}/v2/models/stats", timeout=10).json()["model_stats"]
+        assert [s["name"] for s in everything] == sorted({s["name"] for s in everything})  # one entry each
+    finally:
+        server.signal(signal.SIGTERM)
+        output = server.stop()
+    assert server.process.returncode == 0, output
 
 
 def test_workers_must_be_positive() -> None:

@@ -9,6 +9,7 @@ from modelhost.config.pbtxt import config_to_json
 from modelhost.core.manager import ModelManager
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
+from modelhost.core.worker_statistics import WorkerStatistics, merge
 from modelhost.errors import ModelhostError, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
 
@@ -29,6 +30,11 @@ class DataPlane:
         self._version = version
         self._strict_readiness = strict_readiness
         self._started = False
+        self._workers: WorkerStatistics | None = None
+
+    def sum_statistics_with(self, workers: WorkerStatistics) -> None:
+        """Under --workers N: statistics answer for every worker (core/worker_statistics.py)."""
+        self._workers = workers
 
     def mark_started(self) -> None:
         self._started = True
@@ -72,8 +78,16 @@ class DataPlane:
             max_batch_size=signature.max_batch_size,
         )
 
-    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
-        """Triton's `model_stats`: every loaded version, of every model or of one model, or one version."""
+    async def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """Triton's `model_stats`: every loaded version, of every model or of one model, or one version; summed
+        over the server's workers."""
+        local = self.local_statistics(name, version)
+        if self._workers is None:
+            return local
+        return merge([local, *await self._workers.gather(name, version)])
+
+    def local_statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """`statistics` of this process alone."""
         models = [self._manager.get(name, version)] if version else self._manager.served(name)
         return [m.statistics.as_json(m.name, m.version) for m in sorted(models, key=lambda m: (m.name, m.version))]
 

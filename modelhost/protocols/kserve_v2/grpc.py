@@ -56,7 +56,7 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         return config_to_proto(dataplane.model_config(request.name, request.version))
 
     async def model_statistics(request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
-        return statistics_to_proto(dataplane.statistics(request.name, request.version))
+        return statistics_to_proto(await dataplane.statistics(request.name, request.version))
 
     async def repository_index(request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
         return index_to_proto(await control.index(request.ready))

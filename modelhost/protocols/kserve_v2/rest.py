@@ -62,7 +62,8 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         return json_response(dataplane.model_config(request.params["model"], _version(request)))
 
     async def statistics(request: HttpRequest) -> HttpResponse:
-        return json_response({"model_stats": dataplane.statistics(request.params.get("model", ""), _version(request))})
+        stats = await dataplane.statistics(request.params.get("model", ""), _version(request))
+        return json_response({"model_stats": stats})
 
     async def index(request: HttpRequest) -> HttpResponse:
         body = json_object(request.body)

@@ -1,0 +1,129 @@
+"""Statistics for the whole server under --workers N: each worker answers for its own models on a Unix socket,
+and a statistics request to any worker sums every worker's.
+
+Each worker process keeps its own counters (it batches and runs its own requests); a client's statistics
+request lands on whichever worker accepted its connection. Summed, the answer is the same whichever worker
+gives it, so perf_analyzer's before/after deltas and a poller's counters only grow. The sockets live in a
+directory the parent process made for this server alone (mode 0700), named by worker index.
+
+The exchange: the asking worker sends one line, `<model>\\t<version>\\n` (empty for all), and reads a JSON
+list of Triton `model_stat` objects until EOF. A worker that does not answer within ANSWER_TIMEOUT_S
+makes the request fail (UNAVAILABLE) rather than return a sum that would go backwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from modelhost.errors import ModelhostError, unavailable
+
+ANSWER_TIMEOUT_S = 5.0
+MAX_QUERY_BYTES = 1024
+Statistics = list[dict[str, Any]]
+DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
+             "cache_miss")
+
+
+class WorkerStatistics:
+    """One worker's side: its socket (serve) and the other workers' (gather)."""
+
+    def __init__(self, directory: Path, index: int, workers: int) -> None:
+        self._directory = directory
+        self._index = index
+        self._others = [i for i in range(workers) if i != index]
+        self._server: asyncio.AbstractServer | None = None
+
+    def socket_path(self, index: int) -> Path:
+        return self._directory / f"{index}.sock"
+
+    async def serve(self, local: Callable[[str, str], Statistics]) -> None:
+        """Answer the other workers with `local(model, version)`, this worker's own statistics."""
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                line = await asyncio.wait_for(reader.readline(), ANSWER_TIMEOUT_S)
+                name, _, version = line[:MAX_QUERY_BYTES].decode().rstrip("\n").partition("\t")
+                try:
+                    body = orjson.dumps(local(name, version))
+                except ModelhostError:  # a model this worker does not have (yet): nothing to add
+                    body = b"[]"
+                writer.write(body)
+                await writer.drain()
+            except (OSError, asyncio.TimeoutError, UnicodeDecodeError):
+                pass
+            finally:
+                writer.close()
+
+        path = self.socket_path(self._index)
+        path.unlink(missing_ok=True)
+        self._server = await asyncio.start_unix_server(answer, path)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self.socket_path(self._index).unlink(missing_ok=True)
+
+    async def gather(self, name: str, version: str) -> list[Statistics]:
+        """The other workers' statistics for the same query; UNAVAILABLE if one of them does not answer."""
+        return list(await asyncio.gather(*(self._ask(i, name, version) for i in self._others)))
+
+    async def _ask(self, index: int, name: str, version: str) -> Statistics:
+        try:
+            return await asyncio.wait_for(self._exchange(index, name, version), ANSWER_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError, orjson.JSONDecodeError) as exc:
+            raise unavailable(f"worker {index} did not answer for the server's statistics ({type(exc).__name__}); "
+                              "retry") from None
+
+    async def _exchange(self, index: int, name: str, version: str) -> Statistics:
+        reader, writer = await asyncio.open_unix_connection(self.socket_path(index))
+        try:
+            writer.write(f"{name}\t{version}\n".encode())
+            await writer.drain()
+            answer: Statistics = orjson.loads(await reader.read())
+            return answer
+        finally:
+            writer.close()
+
+
+def merge(parts: Iterable[Statistics]) -> Statistics:
+    """Sum Triton `model_stat` lists by (name, version): counts and durations add, last_inference is the latest,
+    batch_stats add by batch size. The order is the first list's, then models only later lists have."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for part in parts:
+        for stat in part:
+            key = (stat["name"], stat["version"])
+            if key not in merged:
+                merged[key] = orjson.loads(orjson.dumps(stat))  # a copy the sums may change
+            else:
+                _add(merged[key], stat)
+    return list(merged.values())
+
+
+def _add(into: dict[str, Any], stat: dict[str, Any]) -> None:
+    into["last_inference"] = max(into["last_inference"], stat["last_inference"])
+    into["inference_count"] += stat["inference_count"]
+    into["execution_count"] += stat["execution_count"]
+    for name in DURATIONS:
+        _add_duration(into["inference_stats"][name], stat["inference_stats"][name])
+    batches = {batch["batch_size"]: batch for batch in into["batch_stats"]}
+    for batch in stat["batch_stats"]:
+        mine = batches.get(batch["batch_size"])
+        if mine is None:
+            into["batch_stats"].append(orjson.loads(orjson.dumps(batch)))
+            continue
+        for name in ("compute_input", "compute_infer", "compute_output"):
+            _add_duration(mine[name], batch[name])
+    into["batch_stats"].sort(key=lambda batch: batch["batch_size"])
+
+
+def _add_duration(into: dict[str, int], duration: dict[str, int]) -> None:
+    into["count"] += duration["count"]
+    into["ns"] += duration["ns"]
