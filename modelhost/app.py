@@ -87,6 +87,7 @@ class Server:
             self.dataplane.sum_statistics_with(self.worker_statistics)
         archives = self._archive_store() if settings.multi_model else None
         self.cache = self._model_cache(archives) if settings.multi_model else None
+        self.metrics = MetricsExporter(self.manager.served, self.in_flight, self.cache)
         if self.cache is None:
             self.control = Control(self.manager, settings.model_control_mode, store)
         else:  # every load goes through the cache, within its budget; the store's archives are listed by name
@@ -206,8 +207,7 @@ class Server:
                                  self.layout, self.root, self.work_dir, self.code_policy, self.http_access)
 
     def _metrics_front_end(self) -> MetricsFrontEnd:
-        exporter = MetricsExporter(self.manager.served, self.in_flight, self.cache)
-        return MetricsFrontEnd(exporter, self.settings.metrics_port + self.settings.worker_index, self.http_access)
+        return MetricsFrontEnd(self.metrics, self.settings.metrics_port, self.http_access, self.worker_statistics)
 
     def front_end(self, name: str) -> FrontEnd:
         """The front-end of that name (e.g. "SageMaker"), when its port is set."""
@@ -215,7 +215,7 @@ class Server:
 
     async def _start(self) -> None:
         if self.worker_statistics is not None:  # before the models load: the other workers may ask any time
-            await self.worker_statistics.serve(self.dataplane.local_statistics)
+            await self.worker_statistics.serve(self.dataplane.local_statistics, self.metrics.render)
         if self.settings.workers > 1:
             # Workers share the port: one that binds before its models load would take connections
             # it can only answer 503, so it loads first and binds after.

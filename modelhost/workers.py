@@ -3,9 +3,9 @@
 Why: at small requests one process is bound by its event loop's Python (HTTP, JSON, checks), not
 by the model; two processes on two cores serve ~1.9x the requests of one (tiny, 1 row, c=32).
 The trade-off: each worker loads its own copy of every model and batches only its own requests. Each
-keeps its own statistics, and a statistics request to any of them answers for all of them
-(core/worker_statistics.py, through Unix sockets in a directory made here); worker i serves metrics
-on --metrics-port + i, so Prometheus scrapes each worker as its own target.
+keeps its own statistics, and a statistics request or a metrics scrape (every worker listens on
+--metrics-port) to any of them answers for all of them (core/worker_statistics.py, through Unix sockets
+in a directory made here).
 """
 
 from __future__ import annotations

@@ -132,3 +132,22 @@ def test_requests_in_progress_forgets_requests_whose_client_left(example_server:
     settles_at_zero(example_server)
     assert requests.post(f"{example_server.base}/v2/models/tiny/infer", data=body, timeout=5).status_code == 200
     settles_at_zero(example_server)
+
+
+def test_expositions_of_several_workers_sum_sample_by_sample() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from modelhost.metrics_sum import sum_expositions
+
+    one = (b'# HELP nv_inference_count Rows\n# TYPE nv_inference_count untyped\n'
+           b'nv_inference_count{model="a",version="1"} 3.0\nnv_inference_count{model="b",version="1"} 1.0\n'
+           b'# HELP lat Latency\n# TYPE lat histogram\nlat_bucket{le="0.1",model="a"} 1.0\n'
+           b'lat_bucket{le="+Inf",model="a"} 2.0\nlat_count{model="a"} 2.0\nlat_sum{model="a"} 0.25\n').decode()
+    two = one.replace("3.0", "4.0").replace("0.25", "0.5").replace('model="b"', 'model="c"')
+    families = {f.name: f for f in text_string_to_metric_families(sum_expositions([one, two]).decode())}
+    counts = {s.labels["model"]: s.value for s in families["nv_inference_count"].samples}
+    assert counts == {"a": 7.0, "b": 1.0, "c": 1.0}
+    assert families["lat"].type == "histogram"
+    latency = {(s.name, s.labels.get("le")): s.value for s in families["lat"].samples}
+    assert latency == {("lat_bucket", "0.1"): 2.0, ("lat_bucket", "+Inf"): 4.0, ("lat_count", None): 4.0,
+                       ("lat_sum", None): 0.75}

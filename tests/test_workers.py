@@ -1,9 +1,12 @@
-"""--workers N: several server processes share the HTTP port; each has its own models and metrics."""
+"""--workers N: several server processes share the ports; each has its own models, and statistics and metrics
+answer for all of them."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
+from pathlib import Path
 
 import requests
 import tritonclient.grpc as grpcclient
@@ -14,21 +17,8 @@ from tests.server import ServerProcess, free_port
 TINY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
 
 
-def two_free_ports() -> int:
-    """A port p with p + 1 free too: worker i serves metrics on --metrics-port + i."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
-
-
 def tiny_count(port: int) -> float:
-    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", headers={"Connection": "close"}, timeout=10).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "nv_inference_count" and sample.labels["model"] == "tiny":
@@ -36,14 +26,27 @@ def tiny_count(port: int) -> float:
     raise AssertionError("no nv_inference_count for tiny")
 
 
+def own_counts(workers_tmp: Path) -> list[int]:
+    """Each worker's own inference count of tiny, asked on its statistics socket as the other workers ask it."""
+    (directory,) = workers_tmp.glob("modelhost-workers-*")
+    counts = []
+    for index in range(2):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(directory / f"{index}.sock"))
+            sock.sendall(b"stats\ttiny\t\n")
+            answer = b"".join(iter(lambda: sock.recv(65536), b""))
+        counts.append(json.loads(answer)[0]["inference_count"])
+    return counts
+
+
 def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    metrics = two_free_ports()
-    server = ServerProcess(None, "--workers", "2", "--metrics-port", str(metrics), cache_dir=tmp_path).wait_ready()
-    server.metrics_port = metrics
+    metrics = free_port()
+    workers_tmp = tmp_path / "tmp"
+    workers_tmp.mkdir()
+    server = ServerProcess(None, "--workers", "2", "--metrics-port", str(metrics), cache_dir=tmp_path,
+                           env={"TMPDIR": str(workers_tmp)}).wait_ready()
     try:
-        # The HTTP port answers once either worker is up; each worker binds its metrics port when it is.
-        for port in (metrics, metrics + 1):
-            server.wait_ready(path=f"http://127.0.0.1:{port}/metrics")
+        server.wait_ready(path=f"http://127.0.0.1:{metrics}/metrics")
         sent = 0
         for _ in range(40):  # a new connection each time, so the kernel spreads them over the workers
             response = requests.post(f"{server.base}/v2/models/tiny/infer", json=TINY, timeout=10,
@@ -51,9 +54,10 @@ def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type:
             assert response.status_code == 200, response.text
             assert response.json()["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
             sent += 1
-        counts = [tiny_count(server.metrics_port), tiny_count(server.metrics_port + 1)]
-        assert sum(counts) == sent
-        assert all(count > 0 for count in counts), counts  # both workers served
+        # Every worker listens on the metrics port and answers for the whole server, whichever a scrape reaches.
+        assert {tiny_count(metrics) for _ in range(12)} == {sent}
+        counts = own_counts(workers_tmp)
+        assert sum(counts) == sent and all(count > 0 for count in counts), counts  # both workers served
     finally:
         server.signal(signal.SIGTERM)
         output = server.stop()
@@ -64,7 +68,9 @@ def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type:
 def test_statistics_answer_for_every_worker_whichever_answers(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # perf_analyzer reads statistics before and after a run over its own connection: whichever worker that
     # lands on, the counts must be the server's, or its deltas go backwards.
-    server = ServerProcess(None, "--workers", "2", cache_dir=tmp_path).wait_ready()
+    workers_tmp = tmp_path / "tmp"
+    workers_tmp.mkdir()
+    server = ServerProcess(None, "--workers", "2", cache_dir=tmp_path, env={"TMPDIR": str(workers_tmp)}).wait_ready()
     try:
         for _ in range(40):  # new connections: the kernel spreads them over the workers
             response = requests.post(f"{server.base}/v2/models/tiny/infer", json=TINY, timeout=10,
@@ -80,6 +86,7 @@ def test_statistics_answer_for_every_worker_whichever_answers(tmp_path) -> None:
                 stats = client.get_inference_statistics("tiny", as_json=True)
             seen.add(int(stats["model_stats"][0]["inference_count"]))
         assert seen == {40}
+        assert all(count > 0 for count in own_counts(workers_tmp))  # so each answer was a sum
         everything = requests.get(f"{server.base}/v2/models/stats", timeout=10).json()["model_stats"]
         assert [s["name"] for s in everything] == sorted({s["name"] for s in everything})  # one entry each
     finally:

@@ -1,14 +1,16 @@
-"""Statistics for the whole server under --workers N: each worker answers for its own models on a Unix socket,
-and a statistics request to any worker sums every worker's.
+"""Statistics and metrics for the whole server under --workers N: each worker answers for its own on a Unix
+socket, and a statistics request or a scrape to any worker sums every worker's.
 
 Each worker process keeps its own counters (it batches and runs its own requests); a client's statistics
-request lands on whichever worker accepted its connection. Summed, the answer is the same whichever worker
-gives it, so perf_analyzer's before/after deltas and a poller's counters only grow. The sockets live in a
-directory the parent process made for this server alone (mode 0700), named by worker index.
+request or Prometheus scrape lands on whichever worker accepted its connection. Summed, the answer is the
+same whichever worker gives it, so perf_analyzer's before/after deltas and a scrape's counters only grow.
+The sockets live in a directory the parent process made for this server alone (mode 0700), named by
+worker index.
 
-The exchange: the asking worker sends one line, `<model>\\t<version>\\n` (empty for all), and reads a JSON
-list of Triton `model_stat` objects until EOF. A worker that does not answer within ANSWER_TIMEOUT_S
-makes the request fail (UNAVAILABLE) rather than return a sum that would go backwards.
+The exchange: the asking worker sends one line, `stats\\t<model>\\t<version>\\n` (empty for all) or
+`metrics\\n`, and reads until EOF a JSON list of Triton `model_stat` objects or a Prometheus text
+exposition. A worker that does not answer within ANSWER_TIMEOUT_S makes the request fail (UNAVAILABLE)
+rather than return a sum that would go backwards.
 """
 
 from __future__ import annotations
@@ -42,17 +44,21 @@ class WorkerStatistics:
     def socket_path(self, index: int) -> Path:
         return self._directory / f"{index}.sock"
 
-    async def serve(self, local: Callable[[str, str], Statistics]) -> None:
-        """Answer the other workers with `local(model, version)`, this worker's own statistics."""
+    async def serve(self, local: Callable[[str, str], Statistics], metrics: Callable[[], bytes]) -> None:
+        """Answer the other workers with this worker's own: `local(model, version)`, and `metrics()`."""
 
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 line = await asyncio.wait_for(reader.readline(), ANSWER_TIMEOUT_S)
-                name, _, version = line[:MAX_QUERY_BYTES].decode().rstrip("\n").partition("\t")
-                try:
-                    body = orjson.dumps(local(name, version))
-                except ModelhostError:  # a model this worker does not have (yet): nothing to add
-                    body = b"[]"
+                kind, _, query = line[:MAX_QUERY_BYTES].decode().rstrip("\n").partition("\t")
+                name, _, version = query.partition("\t")
+                if kind == "metrics":
+                    body = metrics()
+                else:
+                    try:
+                        body = orjson.dumps(local(name, version))
+                    except ModelhostError:  # a model this worker does not have (yet): nothing to add
+                        body = b"[]"
                 writer.write(body)
                 await writer.drain()
             except (OSError, asyncio.TimeoutError, UnicodeDecodeError):
@@ -73,22 +79,30 @@ class WorkerStatistics:
 
     async def gather(self, name: str, version: str) -> list[Statistics]:
         """The other workers' statistics for the same query; UNAVAILABLE if one of them does not answer."""
-        return list(await asyncio.gather(*(self._ask(i, name, version) for i in self._others)))
-
-    async def _ask(self, index: int, name: str, version: str) -> Statistics:
+        answers = await asyncio.gather(*(self._ask(i, f"stats\t{name}\t{version}") for i in self._others))
         try:
-            return await asyncio.wait_for(self._exchange(index, name, version), ANSWER_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError, orjson.JSONDecodeError) as exc:
+            return [orjson.loads(answer) for answer in answers]
+        except orjson.JSONDecodeError:
+            raise unavailable("a worker answered the server's statistics query with a broken document") from None
+
+    async def gather_metrics(self) -> list[str]:
+        """The other workers' Prometheus expositions; UNAVAILABLE if one of them does not answer."""
+        answers = await asyncio.gather(*(self._ask(i, "metrics") for i in self._others))
+        return [answer.decode() for answer in answers]
+
+    async def _ask(self, index: int, query: str) -> bytes:
+        try:
+            return await asyncio.wait_for(self._exchange(index, query), ANSWER_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as exc:
             raise unavailable(f"worker {index} did not answer for the server's statistics ({type(exc).__name__}); "
                               "retry") from None
 
-    async def _exchange(self, index: int, name: str, version: str) -> Statistics:
+    async def _exchange(self, index: int, query: str) -> bytes:
         reader, writer = await asyncio.open_unix_connection(self.socket_path(index))
         try:
-            writer.write(f"{name}\t{version}\n".encode())
+            writer.write(f"{query}\n".encode())
             await writer.drain()
-            answer: Statistics = orjson.loads(await reader.read())
-            return answer
+            return await reader.read()
         finally:
             writer.close()
 

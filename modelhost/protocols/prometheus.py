@@ -3,27 +3,32 @@
 from __future__ import annotations
 
 from modelhost.access import AccessPolicy, Api
+from modelhost.core.worker_statistics import WorkerStatistics
 from modelhost.metrics import MetricsExporter
+from modelhost.metrics_sum import sum_expositions
 from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.http.app import HttpApp, HttpRequest, HttpResponse, Route
 
 
-def routes(exporter: MetricsExporter) -> list[Route]:
+def routes(exporter: MetricsExporter, workers: WorkerStatistics | None = None) -> list[Route]:
     content_type = exporter.content_type.encode()
 
     async def metrics(request: HttpRequest) -> HttpResponse:
-        return HttpResponse(200, [exporter.render()], [(b"content-type", content_type)])
+        body = exporter.render()
+        if workers is not None:  # every worker's, summed: a scrape of any of them is the server's
+            body = sum_expositions([body.decode(), *await workers.gather_metrics()])
+        return HttpResponse(200, [body], [(b"content-type", content_type)])
 
     return [Route("GET", "/metrics", metrics, Api.METRICS)]
 
 
 class MetricsFrontEnd(FrontEnd):
-    """Each worker process its own port (the base port plus its index): a scrape sees one process's figures."""
+    """With --workers, every worker listens on the port and answers for all of them."""
 
     name = "metrics"
-    shared = False
     counts_in_flight = False  # a scrape is not inference work
 
-    def __init__(self, exporter: MetricsExporter, port: int, access: AccessPolicy) -> None:
+    def __init__(self, exporter: MetricsExporter, port: int, access: AccessPolicy,
+                 workers: WorkerStatistics | None = None) -> None:
         self.port = port
-        self.app = HttpApp(routes(exporter), access=access)
+        self.app = HttpApp(routes(exporter, workers), access=access)
