@@ -51,24 +51,24 @@ COUNTS_FREES = _allocated is not None
 
 
 class PeakMeter:
-    """`with PeakMeter() as meter:` samples held_bytes() in a thread while the block runs; then `growth` is
+    """`with PeakMeter() as meter:` samples held_bytes() every `interval` while the block runs; then `growth` is
     what the block kept and `peak_growth` the most it held at once (a load reads files and builds tensors
-    from them: its peak is well above what it keeps). Sampling can miss a spike shorter than `interval`."""
+    from them: its peak is well above what it keeps). Sampling can miss a spike shorter than `interval`.
+
+    One sampler thread serves every meter of the process and sleeps while none is open, so opening a meter
+    (on the event loop, once per load) starts no thread."""
 
     def __init__(self, interval: float = 0.001) -> None:
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="modelhost-peak-meter", daemon=True)
+        self.interval = interval
         self.start = self.peak = self.end = 0
 
     def __enter__(self) -> PeakMeter:
         self.start = self.peak = held_bytes()
-        self._thread.start()
+        _SAMPLER.add(self)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        _SAMPLER.remove(self)
         self.end = held_bytes()
         self.peak = max(self.peak, self.end)
 
@@ -80,6 +80,38 @@ class PeakMeter:
     def peak_growth(self) -> int:
         return self.peak - self.start
 
-    def _sample(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.peak = max(self.peak, held_bytes())
+
+class _Sampler:
+    """The thread that samples for every open PeakMeter, started with the first one."""
+
+    def __init__(self) -> None:
+        self._open: set[PeakMeter] = set()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, meter: PeakMeter) -> None:
+        with self._changed:
+            self._open.add(meter)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="modelhost-peak-meter", daemon=True)
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, meter: PeakMeter) -> None:
+        with self._changed:
+            self._open.discard(meter)
+
+    def _run(self) -> None:
+        with self._changed:
+            while True:
+                while not self._open:
+                    self._changed.wait()
+                interval = min(meter.interval for meter in self._open)
+                self._changed.wait(interval)  # releases the lock: meters open and close meanwhile
+                if self._open:
+                    held = held_bytes()
+                    for meter in self._open:
+                        meter.peak = max(meter.peak, held)
+
+
+_SAMPLER = _Sampler()

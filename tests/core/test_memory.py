@@ -1,0 +1,42 @@
+"""PeakMeter: what a block of code held at its peak and kept, as the multi-model cache charges loads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from modelhost.core.memory import COUNTS_FREES, PeakMeter
+
+SIZE = 64 * 1024 * 1024
+
+needs_malloc_counts = pytest.mark.skipif(not COUNTS_FREES, reason="needs glibc's mallinfo2 (freed memory counted)")
+
+
+@needs_malloc_counts
+def test_a_freed_spike_shows_in_the_peak_and_not_in_the_growth() -> None:
+    with PeakMeter() as meter:
+        spike = bytearray(SIZE)
+        time.sleep(0.05)  # many sampling intervals
+        del spike
+    assert meter.peak_growth >= SIZE
+    assert meter.growth < SIZE // 4
+
+
+@needs_malloc_counts
+def test_meters_open_at_once_each_see_the_spike_and_share_one_thread() -> None:
+    with PeakMeter():
+        pass  # the sampler thread exists from here on
+    threads = threading.active_count()
+    with PeakMeter() as outer:
+        with PeakMeter() as inner:
+            assert threading.active_count() == threads  # opening a meter starts no thread
+            kept = bytearray(SIZE)
+            time.sleep(0.05)
+    assert outer.peak_growth >= SIZE and inner.peak_growth >= SIZE
+    assert outer.growth >= SIZE
+    del kept
+    with PeakMeter() as after:  # a closed meter is no longer sampled; a new one starts from now
+        time.sleep(0.01)
+    assert after.peak_growth < SIZE // 4
