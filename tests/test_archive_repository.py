@@ -15,6 +15,8 @@ from tests.server import wait_for
 from tests.store.test_archive_repository import model_archive, replace
 from tests.test_model_control import factor, index
 
+BUCKET = "archive-repository-live"
+
 
 @pytest.fixture
 def archives(tmp_path: Path) -> Path:
@@ -73,10 +75,10 @@ def test_an_s3_prefix_of_archives_is_a_model_repository(start_server, tmp_path: 
     s3 = MotoS3Server().start()
     try:
         bucket = s3.client()
-        bucket.create_bucket(Bucket="models")
+        bucket.create_bucket(Bucket=BUCKET)  # moto's state is the process's: a name no other test uses
         for name, value in (("a", 2.0), ("b", 3.0)):
-            bucket.upload_file(str(model_archive(tmp_path / f"{name}.tar.gz", value)), "models", f"prod/{name}.tar.gz")
-        server = start_server("s3://models/prod", "--s3-endpoint-url", s3.endpoint_url, env=FAKE_ENVIRONMENT)
+            bucket.upload_file(str(model_archive(tmp_path / f"{name}.tar.gz", value)), BUCKET, f"prod/{name}.tar.gz")
+        server = start_server(f"s3://{BUCKET}/prod", "--s3-endpoint-url", s3.endpoint_url, env=FAKE_ENVIRONMENT)
         client = httpclient.InferenceServerClient(server.url)
         try:
             assert factor(client, "a") == 2.0 and factor(client, "b") == 3.0

@@ -61,7 +61,7 @@ class WorkerStatistics:
                         body = b"[]"
                 writer.write(body)
                 await writer.drain()
-            except (OSError, asyncio.TimeoutError, UnicodeDecodeError):
+            except (OSError, ValueError, asyncio.TimeoutError):  # ValueError: undecodable or over-long lines
                 pass
             finally:
                 writer.close()

@@ -57,7 +57,7 @@ class ArchiveRepository:
             fetches = self._fetched.get(name, [])
             if fetches and fetches[-1].stamp == stamp and fetches[-1].directory.is_dir():
                 return fetches[-1].source
-            directory = self._work_dir / name / str(next(self._slots))
+            directory = self._work_dir / "models" / name / str(next(self._slots))
         fetched = _Fetched(stamp, self._unpack(name, directory), directory)
         with self._lock:
             fetches = [*self._fetched.get(name, []), fetched]
@@ -80,7 +80,7 @@ class ArchiveRepository:
 
     def _unpack(self, name: str, directory: Path) -> ModelSource:
         target = name + ARCHIVE_SUFFIX
-        models = ArchiveModels(self.archives, self._work_dir / ".downloads", self._max_unpacked_bytes,
+        models = ArchiveModels(self.archives, self._work_dir / "downloads", self._max_unpacked_bytes,
                                self._max_archive_members, name)
         try:
             layout = models.fetch(target, directory / "files").layout

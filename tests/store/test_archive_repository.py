@@ -115,6 +115,16 @@ def test_a_missing_archive_is_not_found_without_the_servers_paths(tmp_path: Path
     assert store.fingerprint("absent") is None
 
 
+def test_a_model_named_like_the_stores_own_directories_is_just_a_model(tmp_path: Path) -> None:
+    root = tmp_path / "archives"
+    root.mkdir()
+    for name, factor in (("downloads", 2.0), ("models", 4.0)):
+        model_archive(root / f"{name}.tar.gz", factor)
+    store = repository(root, tmp_path / "work")
+    assert [factor_of(store.fetch(name).path) for name in ("downloads", "models")] == [2.0, 4.0]
+    assert factor_of(store.fetch("downloads").path) == 2.0  # after another's fetch used the downloads directory
+
+
 @pytest.mark.parametrize("name", ["../x", "a/b", "", "..", "x\x00"])
 def test_a_name_that_is_not_a_model_name_is_refused_before_any_path(tmp_path: Path, name: str) -> None:
     store = repository(tmp_path, tmp_path / "work")
@@ -139,7 +149,7 @@ def test_an_archive_of_several_models_is_refused_naming_them(tmp_path: Path) -> 
         store.fetch("pair")
     assert caught.value.kind is ErrorKind.INVALID_INPUT
     assert "holds 2 models (one, two)" in caught.value.message and "--multi-model" in caught.value.message
-    assert not any((tmp_path / "work" / "pair").iterdir())  # the unpacked files are gone
+    assert not any((tmp_path / "work" / "models" / "pair").iterdir())  # the unpacked files are gone
 
 
 def test_an_archive_over_the_unpacking_limit_is_refused(tmp_path: Path) -> None:
@@ -167,17 +177,17 @@ def test_a_directory_of_archives_only_is_told_from_a_model_repository(tmp_path: 
 
 def test_archives_on_s3(tmp_path: Path, s3: MotoS3Server) -> None:
     client = s3.client()
-    client.create_bucket(Bucket="models")
+    client.create_bucket(Bucket="repository-unit")
     model_archive(tmp_path / "m.tar.gz", 4.0)
-    client.upload_file(str(tmp_path / "m.tar.gz"), "models", "prod/m.tar.gz")
-    client.upload_file(str(tmp_path / "m.tar.gz"), "models", "prod/deeper/n.tar.gz")
-    store = ArchiveRepository(open_archive_store("s3://models/prod", s3.endpoint_url), tmp_path / "work", LIMIT,
-                              10_000)
+    client.upload_file(str(tmp_path / "m.tar.gz"), "repository-unit", "prod/m.tar.gz")
+    client.upload_file(str(tmp_path / "m.tar.gz"), "repository-unit", "prod/deeper/n.tar.gz")
+    archives = open_archive_store("s3://repository-unit/prod", s3.endpoint_url)
+    store = ArchiveRepository(archives, tmp_path / "work", LIMIT, 10_000)
     assert store.list() == ["m"]
     fingerprint = store.fingerprint("m")
     assert factor_of(store.fetch("m").path) == 4.0
     model_archive(tmp_path / "m.tar.gz", 5.0)
-    client.upload_file(str(tmp_path / "m.tar.gz"), "models", "prod/m.tar.gz")
+    client.upload_file(str(tmp_path / "m.tar.gz"), "repository-unit", "prod/m.tar.gz")
     assert store.fingerprint("m") != fingerprint  # a new ETag
     assert factor_of(store.fetch("m").path) == 5.0
     assert store.fingerprint("gone") is None
