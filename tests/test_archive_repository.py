@@ -71,6 +71,21 @@ def test_poll_mode_follows_the_archives(start_server, archives: Path) -> None:  
         client.close()
 
 
+def test_a_broken_replacement_archive_keeps_the_loaded_model_serving(start_server, archives: Path) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(archives, "--model-control-mode", "poll", "--repository-poll-secs", "0.2")
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        assert factor(client, "a") == 2.0
+        (archives / "a.tar.gz").write_bytes(b"not a gzip stream at all")
+        wait_for(lambda: "a.tar.gz" in server.printed, timeout=15, what="the failed reload in the log")
+        assert factor(client, "a") == 2.0  # the loaded version keeps serving
+        assert index(server)["a"][0]["state"] == "READY"
+        replace(archives / "a.tar.gz", 9.0)
+        wait_for(lambda: factor(client, "a") == 9.0, timeout=15, what="the mended archive serving")
+    finally:
+        client.close()
+
+
 def test_an_s3_prefix_of_archives_is_a_model_repository(start_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     s3 = MotoS3Server().start()
     try:
