@@ -14,7 +14,6 @@ import shutil
 import signal
 import ssl
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 import uvloop
@@ -75,8 +74,10 @@ class Server:
         self.root: Path | None = None  # the directory served (one endpoint), None with a multi-model cache
         self.layout: ModelLayout | None = None
         self.source = ""  # where the models come from, for the log
-        self._listing: ArchiveRepository | None = None  # a multi-model endpoint's archives, by name
-        store = None if settings.multi_model else self._model_store()
+        archives = self._archive_store() if settings.multi_model else None
+        store: ModelStore | None = self._model_store() if not settings.multi_model else None if archives is None else (
+            ArchiveRepository(archives, self.work_dir / "archives", settings.max_unpacked_bytes,
+                              settings.max_archive_members))
         self.code_policy = CodePolicy(settings.user_code)
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy)
@@ -85,17 +86,11 @@ class Server:
                                   if settings.workers > 1 and settings.workers_dir else None)
         if self.worker_statistics is not None:
             self.dataplane.sum_statistics_with(self.worker_statistics)
-        archives = self._archive_store() if settings.multi_model else None
         self.cache = self._model_cache(archives) if settings.multi_model else None
+        if self.cache is not None:  # a multi-model endpoint: every model in memory is within the cache's budget
+            self.manager.set_budget(self.cache)
         self.metrics = MetricsExporter(self.manager.served, self.in_flight, self.cache)
-        if self.cache is None:
-            self.control = Control(self.manager, settings.model_control_mode, store)
-        else:  # every load goes through the cache, within its budget; the store's archives are listed by name
-            listing = None if archives is None else ArchiveRepository(archives, self.work_dir / "archives",
-                                                                      settings.max_unpacked_bytes,
-                                                                      settings.max_archive_members)
-            self.control = Control(self.manager, settings.model_control_mode, listing, self.cache)
-            self._listing = listing
+        self.control = Control(self.manager, settings.model_control_mode, store)
         self.poller = (RepositoryPoller(self.manager, store, settings.repository_poll_seconds)
                        if store is not None and settings.model_control_mode == "poll" else None)
         # The front-ends with a port of their own besides the HTTP port, each served when its port is set.
@@ -239,7 +234,6 @@ class Server:
     async def _load(self) -> None:
         if self.cache is not None:
             log.info("multi-model endpoint: models load on first use (cache %d bytes)", self.cache.budget_bytes)
-            await self._load_into_cache(self.settings.load_models)
         else:
             log.info("loading models from %s (model control mode %s)", self.source, self.settings.model_control_mode)
         await self.manager.load_all(self._models_at_start())
@@ -256,20 +250,12 @@ class Server:
         grpc = f", gRPC on {self.settings.host}:{self.settings.grpc_port}" if self.grpc else ""
         log.info("ready: HTTP on %s:%d%s", self.settings.host, self.settings.http_port, grpc)
 
-    async def _load_into_cache(self, names: Sequence[str]) -> None:
-        """A multi-model endpoint's --load-model names (`*`: every archive of the store), one after another."""
-        assert self.cache is not None
-        if "*" in names:
-            names = [] if self._listing is None else await asyncio.to_thread(self._listing.list)
-        for name in names:
-            try:
-                await self.cache.load_named(name)
-            except ModelhostError as exc:
-                log.error("cannot load model %r: %s", name, exc.message)
-
     def _models_at_start(self) -> list[str] | None:
-        """None (every model of the repository), or in explicit mode the --load-model names."""
+        """None (every model of the repository), or in explicit mode the --load-model names; a multi-model
+        endpoint's models load on first use, so only those names."""
         names = self.settings.load_models
+        if self.settings.multi_model and self.settings.model_control_mode != "explicit":
+            return []
         if self.settings.model_control_mode != "explicit" or "*" in names:
             return None
         return list(names)

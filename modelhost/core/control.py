@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Protocol
 
 from modelhost.core.load_request import LoadRequest, check_load_request
 from modelhost.core.manager import IndexEntry, ModelManager
@@ -12,21 +11,11 @@ from modelhost.errors import ErrorKind, ModelhostError, public_message
 from modelhost.store.model_store import ModelStore
 
 
-class CacheLoads(Protocol):
-    """A multi-model endpoint's cache (core/model_cache.py), through which every load is within its budget."""
-
-    async def load_named(self, name: str) -> object: ...
-
-    async def unload(self, key: str) -> None: ...
-
-
 class Control:
-    def __init__(self, manager: ModelManager, mode: str = "none", store: ModelStore | None = None,
-                 cache: CacheLoads | None = None) -> None:
+    def __init__(self, manager: ModelManager, mode: str = "none", store: ModelStore | None = None) -> None:
         self._manager = manager
         self._mode = mode
         self._store = store
-        self._cache = cache
 
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model the manager knows; in explicit mode also the repository's models never loaded
@@ -44,21 +33,11 @@ class Control:
         """Load a model, or reload a loaded one (zero-downtime), optionally from the request's config and files."""
         self._check_mode("load", name)
         override = check_load_request(name, request) if request is not None else None
-        override = override if override and (override.config or override.files) else None
-        if self._cache is None:
-            await self._manager.load(name, override)
-            return
-        if override is not None:
-            raise ModelhostError(ErrorKind.UNSUPPORTED, f"cannot load model '{name}' from a config or files: a "
-                                 "multi-model endpoint loads each model from its archive in the model store")
-        await self._cache.load_named(name)
+        await self._manager.load(name, override if override and (override.config or override.files) else None)
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         self._check_mode("unload", name)
-        if self._cache is None:
-            await self._manager.unload(name, unload_dependents)
-        else:
-            await self._cache.unload(name)
+        await self._manager.unload(name, unload_dependents)
 
     def _check_mode(self, action: str, name: str) -> None:
         if self._mode != "explicit":

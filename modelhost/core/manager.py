@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Collection, Iterable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import Protocol
 
 from modelhost.config.overrides import ModelOverrides
 from modelhost.core import compute_threads
@@ -35,6 +37,19 @@ log = logging.getLogger("modelhost.manager")
 __all__ = ["IndexEntry", "ModelManager"]
 
 
+class LoadBudget(Protocol):
+    """What admits a model of the store into memory, or refuses it (a multi-model endpoint's byte budget)."""
+
+    def admitting(self, name: str, source: ModelSource) -> AbstractAsyncContextManager[None]:
+        """Around a model's first load: room is made before, its memory measured during, and NO_MEMORY raised
+        after, when it cannot fit (the manager then unloads it)."""
+        ...
+
+    def removed(self, name: str) -> None:
+        """The model left the manager (unloaded or evicted): whatever it was charged is released."""
+        ...
+
+
 class ModelManager:
     def __init__(
         self, store: ModelStore | None, cpu_count: int, default_max_batch_size: int, in_flight: InFlight | None = None,
@@ -48,8 +63,13 @@ class ModelManager:
         self._default_max_batch_size = default_max_batch_size
         self._work_dir = work_dir
         self._records: dict[str, ModelRecord] = {}
+        self._budget: LoadBudget | None = None
         self._retiring: set[asyncio.Task[None]] = set()
         self._depends: dict[str, set[str]] = {}  # ensemble -> its composing models, as last planned
+
+    def set_budget(self, budget: LoadBudget) -> None:
+        """Every later load of a model of the store goes through `budget` (a multi-model endpoint's cache)."""
+        self._budget = budget
 
     # loading
 
@@ -108,7 +128,18 @@ class ModelManager:
             self._depends.pop(name, None)
             if plan.ensemble is not None:
                 await self._prepare_ensemble(record, plan)
-            await self._load_versions(record, source, plan, reload)
+            if self._budget is None or record.ready_versions():  # a reload keeps the admission it had
+                await self._load_versions(record, source, plan, reload)
+                return
+            try:
+                async with self._budget.admitting(name, source):
+                    await self._load_versions(record, source, plan, reload)
+            except BaseException as exc:  # not admitted (refused, or a version failed): none of it stays charged
+                for version in record.ready_versions():
+                    self._retire(record, version, f"not loaded: {reason_of(exc)}", keep=True)
+                if isinstance(exc, ModelhostError) and exc.kind is ErrorKind.NO_MEMORY:
+                    self._fail(record, exc)
+                raise
 
     def _source(self, name: str, override: LoadOverride | None) -> ModelSource:
         if override is not None and override.files:
@@ -226,6 +257,8 @@ class ModelManager:
             drained = [self._retire(record, v, "unloaded", keep=True) for v in list(record.versions)]
             record.failure, record.unloaded, record.fingerprint = "", True, None
             await asyncio.gather(*(task for task in drained if task is not None))
+        if self._budget is not None:
+            self._budget.removed(name)
         log.info("unloaded model %s", name)
         if unload_dependents:
             for composing in record.composing:
@@ -284,6 +317,8 @@ class ModelManager:
             del self._records[record.name]
         drained = [self._retire(record, v, "unloaded") for v in list(record.versions)]
         await asyncio.gather(*(task for task in drained if task is not None))
+        if self._budget is not None:
+            self._budget.removed(record.name)
 
     # routing and reporting
 

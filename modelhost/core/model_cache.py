@@ -34,7 +34,7 @@ from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.store.archive_models import ArchiveModels, FetchedModels
-from modelhost.store.archive_store import ARCHIVE_SUFFIX, ArchiveStore, check_target
+from modelhost.store.archive_store import ArchiveStore, check_target
 from modelhost.store.layout import ModelLayout
 from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.paths import check_model_name, within
@@ -50,10 +50,10 @@ class CachedModel:
     key: str
     url: str  # where it came from, as the management API lists it
     root: Path  # the model's directory (the unpacked archive): what inference.py's model_fn gets
-    layout: ModelLayout
+    layout: ModelLayout | None  # None: a model the manager loaded from its store (`admitting`)
     served: dict[str, str]  # model name inside the archive -> the manager's name for it
     size: int  # bytes of memory its load kept (never less than its files on disk)
-    work_dir: Path  # the cache's own files for it (the unpacked archive, its layout's links), removed on unload
+    work_dir: Path | None  # the cache's own files for it (the unpacked archive, its layout's links), removed on unload
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -190,15 +190,44 @@ class ModelCache:
             raise not_found(f"model '{key}': url '{url}' is not a directory")
         return await self._load_once(key, url, partial(self._fetch.in_place, path))
 
-    async def load_named(self, name: str) -> CachedModel:
-        """The repository API's load (explicit mode): the store's archive `<name>.tar.gz`, cached under `name`
-        within the budget like any other. A model already cached under that name stays as it is."""
-        check_model_name(name)
-        model = self._models.get(name)
-        if model is not None:
-            return model
-        target = name + ARCHIVE_SUFFIX
-        return await self._load_once(name, target, partial(self._fetch.fetch, target))
+    @asynccontextmanager
+    async def admitting(self, name: str, source: ModelSource) -> AsyncIterator[None]:
+        """The manager's load of a model of its store (the repository API in explicit mode, an ensemble's composing
+        model): within the budget like an archive's, cached under its name, and evicted like one."""
+        on_disk = await asyncio.to_thread(_disk_bytes, source.path)
+        async with self._measure:
+            await self._memory.warm_up(partial(warm_up_backend_of, source))
+            await self._make_room(self._memory.estimate(name, on_disk), name)
+            started = time.monotonic()
+            async with self._memory.measuring(name, on_disk) as measured:
+                yield
+            self.statistics.load.observe(time.monotonic() - started)
+            model = CachedModel(name, name, source.path, None, {name: name}, measured.size, None)
+            self._models[name] = model
+            self._memory.keep(model.size)
+            try:
+                await self._make_room(0, name)
+            except ModelhostError:
+                del self._models[name]
+                self._memory.forget(model.size)
+                self._memory.release()
+                raise self._no_memory(name, f"{model.size} bytes") from None
+        log.info("cached model %s: %d bytes (%d of %d used)", name, model.size, self.used_bytes, self.budget_bytes)
+
+    def removed(self, name: str) -> None:
+        """The manager unloaded or evicted `name` by itself (the repository API): what it held is no longer charged."""
+        model = next((m for m in self._models.values() if name in m.served.values()), None)
+        if model is None:  # not cached, or its eviction already under way
+            return
+        if model.layout is None:
+            del self._models[model.key]
+            self._memory.forget(model.size)
+            self._memory.release()
+            self.statistics.evictions += 1
+            return
+        task = asyncio.get_running_loop().create_task(self._evict(model))  # the archive's other models and files
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
 
     async def unload(self, key: str) -> None:
         """Unload a model: no request starts on it from now, and this returns once those running on it finished."""
@@ -317,11 +346,12 @@ class ModelCache:
     async def _evict_parts(self, model: CachedModel) -> None:
         try:
             await asyncio.gather(*(self._manager.evict(n) for n in model.served.values()), return_exceptions=True)
-            if self._on_unload is not None:
+            if self._on_unload is not None and model.layout is not None:
                 await self._on_unload(model)
         finally:
             self._memory.release()
-            self._remove_files(model.work_dir)
+            if model.work_dir is not None:
+                self._remove_files(model.work_dir)
 
     def _remove_files(self, work: Path) -> None:
         """Delete a model's files in the background: its memory is what a waiting load needs, not its disk."""
@@ -332,6 +362,10 @@ class ModelCache:
     def _slot(self, key: str) -> str:
         """A directory name for one load of a key: readable, and never used twice."""
         return f"{next(self._slots)}-" + re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100]
+
+
+def _disk_bytes(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.resolve().rglob("*") if path.is_file())
 
 
 def _warm_up_backends(layout: ModelLayout) -> None:

@@ -432,3 +432,50 @@ def test_every_waiter_on_a_versions_pins_wakes_when_the_last_request_lets_go() -
         await pins.released()  # at once, none held
 
     asyncio.run(scenario())
+
+
+class RecordingBudget:
+    """A LoadBudget that admits or refuses after the load, and records what the manager told it."""
+
+    def __init__(self, refuse: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.refuse = refuse
+        self.admitted: list[str] = []
+        self.removed_names: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def admitting(self, name: str, source: Any) -> AsyncIterator[None]:
+        self.admitted.append(name)
+        yield
+        if name in self.refuse:
+            raise ModelhostError(ErrorKind.NO_MEMORY, f"model '{name}' does not fit")
+
+    def removed(self, name: str) -> None:
+        self.removed_names.append(name)
+
+
+def test_a_budget_admits_first_loads_and_hears_of_every_removal(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for name in ("a", "b", "big"):
+        write_versions(repo, name, {1: 2.0})
+    budget = RecordingBudget(refuse={"big"})
+
+    async def main() -> None:
+        manager = manager_for(repo, tmp_path)
+        manager.set_budget(budget)
+        try:
+            await manager.load("a")
+            await manager.load("a")  # a reload keeps the admission it had
+            await manager.load_all(["b"])
+            with pytest.raises(ModelhostError) as caught:
+                await manager.load("big")
+            assert caught.value.kind is ErrorKind.NO_MEMORY
+            assert manager.served("big") == []  # loaded, refused, unloaded: nothing of it serves
+            assert "does not fit" in next(e.reason for e in manager.index() if e.name == "big")
+            await manager.unload("a")
+            await manager.evict("b")
+        finally:
+            await manager.stop()
+
+    run(main())
+    assert budget.admitted == ["a", "b", "big"]
+    assert budget.removed_names == ["a", "b"]

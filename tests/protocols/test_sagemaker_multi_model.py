@@ -18,7 +18,6 @@ import orjson
 import pytest
 import requests
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 
 from tests.archives import weighted_model, write_archive, write_archives
 from tests.protocols.test_sagemaker_server import runtime_client
@@ -322,8 +321,9 @@ def test_explicit_mode_loads_and_unloads_through_the_cache(archives: Path, start
         client.unload_model("model-4")
         assert not client.is_model_ready("model-4")
         assert metric(server, "modelhost_loaded_models") == 2
-        with pytest.raises(InferenceServerException, match="multi-model endpoint"):
-            client.load_model("model-3", config='{"max_batch_size": 2}')
+        client.load_model("model-3", config='{"max_batch_size": 2}')  # a config override, within the budget too
+        assert client.get_model_config("model-3")["max_batch_size"] == 2 and v2_output(client, "model-3") == 4.0
+        assert metric(server, "modelhost_loaded_models") == 3
         response = requests.post(server.base + "/v2/repository/models/absent/load", timeout=30)
         assert response.status_code == 404 and "absent.tar.gz" in response.json()["error"]
         assert str(archives) not in response.text
@@ -343,3 +343,25 @@ def test_poll_mode_is_refused_for_a_multi_model_endpoint(tmp_path: Path) -> None
     server = ServerProcess(tmp_path, "--multi-model", "--model-control-mode", "poll")
     assert server.process.wait(timeout=30) != 0
     assert "poll cannot be combined with multi-model" in server.stop()
+
+
+def test_a_repository_load_is_evicted_like_an_archive_when_room_is_needed(tmp_path: Path, start_server: Any) -> None:
+    write_archives(tmp_path, 4, width=4)
+    server = start_server(tmp_path, "--multi-model", "--model-control-mode", "explicit",
+                          "--model-cache-bytes", str(3 << 20), ready_path="/v2/health/live")
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        client.load_model("model-0")
+        assert v2_output(client, "model-0") == 1.0
+        for target in ("model-1.tar.gz", "model-2.tar.gz", "model-3.tar.gz"):
+            assert csv_prediction(invoke(server, target)) == float(target[6]) + 1
+        assert metric(server, "modelhost_model_cache_evictions_total") >= 1
+        assert metric(server, "modelhost_model_cache_bytes") <= 3 << 20
+        assert not client.is_model_ready("model-0")  # the least recently used went first
+        listed = {e["name"]: e.get("state", "") for e in requests.post(server.base + "/v2/repository/index",
+                                                                        timeout=10).json()}
+        assert listed["model-0"] == ""  # back to a name the store lists
+        client.load_model("model-0")  # and it loads again
+        assert v2_output(client, "model-0") == 1.0
+    finally:
+        client.close()

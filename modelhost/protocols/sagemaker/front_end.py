@@ -146,6 +146,7 @@ class UserCode:
         return ([f"code/{program.name}"] if program is not None else []) + found
 
     async def on_cache_load(self, model: CachedModel) -> None:
+        assert model.layout is not None and model.work_dir is not None  # an archive's: the cache's own files
         handler = await self.load(model.layout, model.root, model.served, f"mme_{model.work_dir.name}",
                                   model.work_dir / "packages")
         if handler is not None:
