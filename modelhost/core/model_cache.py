@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from modelhost.core.cache_memory import CacheMemory
+from modelhost.core.cache_memory import CacheMemory, Measured
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_loading import warm_up_backend_of
 from modelhost.core.served_model import ServedModel
@@ -195,23 +195,18 @@ class ModelCache:
         """The manager's load of a model of its store (the repository API in explicit mode, an ensemble's composing
         model): within the budget like an archive's, cached under its name, and evicted like one."""
         on_disk = await asyncio.to_thread(_disk_bytes, source.path)
-        async with self._measure:
-            await self._memory.warm_up(partial(warm_up_backend_of, source))
-            await self._make_room(self._memory.estimate(name, on_disk), name)
-            started = time.monotonic()
-            async with self._memory.measuring(name, on_disk) as measured:
-                yield
-            self.statistics.load.observe(time.monotonic() - started)
-            model = CachedModel(name, name, source.path, None, {name: name}, measured.size, None)
-            self._models[name] = model
-            self._memory.keep(model.size)
-            try:
-                await self._make_room(0, name)
-            except ModelhostError:
-                del self._models[name]
-                self._memory.forget(model.size)
-                self._memory.release()
-                raise self._no_memory(name, f"{model.size} bytes") from None
+        async with self._measured(name, on_disk, partial(warm_up_backend_of, source)) as measured:
+            yield
+        model = CachedModel(name, name, source.path, None, {name: name}, measured.size, None)
+        self._models[name] = model
+        self._memory.keep(model.size)
+        try:
+            await self._make_room(0, name)  # never its own victim: the manager unloads it, holding its lock
+        except ModelhostError:
+            del self._models[name]
+            self._memory.forget(model.size)
+            self._memory.release()
+            raise self._no_memory(name, f"{model.size} bytes") from None
         log.info("cached model %s: %d bytes (%d of %d used)", name, model.size, self.used_bytes, self.budget_bytes)
 
     def removed(self, name: str) -> None:
@@ -258,14 +253,9 @@ class ModelCache:
             if fetched.fetch_seconds is not None:
                 self.statistics.download.observe(fetched.fetch_seconds)
             on_disk = fetched.disk_bytes
-            async with self._measure:
-                await self._memory.warm_up(partial(_warm_up_backends, fetched.layout))
-                await self._make_room(self._memory.estimate(key, on_disk), key)
-                started = time.monotonic()
-                async with self._memory.measuring(key, on_disk) as measured:
-                    served = await self._add_models(key, fetched.layout)
-                self.statistics.load.observe(time.monotonic() - started)
-                size = measured.size
+            async with self._measured(key, on_disk, partial(_warm_up_backends, fetched.layout)) as measured:
+                served = await self._add_models(key, fetched.layout)
+            size = measured.size
         except BaseException:
             self._remove_files(work)
             raise
@@ -281,6 +271,18 @@ class ModelCache:
         await self._fit(model)
         log.info("cached model %s: %d bytes (%d of %d used)", key, size, self.used_bytes, self.budget_bytes)
         return model
+
+    @asynccontextmanager
+    async def _measured(self, key: str, on_disk: int, warm: Callable[[], None]) -> AsyncIterator[Measured]:
+        """One load at a time: its backends warmed up, room made for its expected peak, then its memory measured
+        (`Measured.size` once the block succeeds)."""
+        async with self._measure:
+            await self._memory.warm_up(warm)
+            await self._make_room(self._memory.estimate(key, on_disk), key)
+            started = time.monotonic()
+            async with self._memory.measuring(key, on_disk) as measured:
+                yield measured
+            self.statistics.load.observe(time.monotonic() - started)
 
     async def _add_models(self, key: str, layout: ModelLayout) -> dict[str, str]:
         store = LocalStore(layout.repository)
