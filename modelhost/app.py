@@ -74,10 +74,11 @@ class Server:
         self.root: Path | None = None  # the directory served (one endpoint), None with a multi-model cache
         self.layout: ModelLayout | None = None
         self.source = ""  # where the models come from, for the log
-        archives = self._archive_store() if settings.multi_model else None
-        store: ModelStore | None = self._model_store() if not settings.multi_model else None if archives is None else (
-            ArchiveRepository(archives, self.work_dir / "archives", settings.max_unpacked_bytes,
-                              settings.max_archive_members))
+        if settings.multi_model:  # the archives, if any, are the manager's store as well as the cache's
+            archives = self._archive_store()
+            store: ModelStore | None = None if archives is None else self._archive_repository(archives)
+        else:
+            archives, store = None, self._model_store()
         self.code_policy = CodePolicy(settings.user_code)
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy)
@@ -131,14 +132,10 @@ class Server:
         or of a repository of archives: an S3 prefix, or a directory holding only `*.tar.gz` files."""
         location = self.settings.model_repository
         if location is not None and (location.startswith("s3://") or holds_only_archives(Path(location))):
-            s = self.settings
-            try:
-                archives = open_archive_store(location, s.s3_endpoint_url)
-            except ModelhostError as exc:
-                raise SystemExit(f"--model-repository {location}: {exc.message}") from None
+            archives = self._archive_store()
+            assert archives is not None
             self.source = archives.description
-            return ArchiveRepository(archives, self.work_dir / "archives", s.max_unpacked_bytes,
-                                     s.max_archive_members)
+            return self._archive_repository(archives)
         if self.settings.model_repository is None:
             from modelhost.example_repository import ensure_example_repository
 
@@ -156,8 +153,12 @@ class Server:
         self.source = str(self.root)
         return LocalStore(self.layout.repository)
 
+    def _archive_repository(self, archives: ArchiveStore) -> ArchiveRepository:
+        s = self.settings
+        return ArchiveRepository(archives, self.work_dir / "archives", s.max_unpacked_bytes, s.max_archive_members)
+
     def _archive_store(self) -> ArchiveStore | None:
-        """A multi-model endpoint's archives: --model-repository (a directory or an S3 prefix), if given."""
+        """The archives at --model-repository (a directory or an S3 prefix), if it is given."""
         s = self.settings
         if s.model_repository is None:
             return None
