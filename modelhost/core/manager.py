@@ -257,8 +257,7 @@ class ModelManager:
             drained = [self._retire(record, v, "unloaded", keep=True) for v in list(record.versions)]
             record.failure, record.unloaded, record.fingerprint = "", True, None
             await asyncio.gather(*(task for task in drained if task is not None))
-        if self._budget is not None:
-            self._budget.removed(name)
+        await self._removed(name)
         log.info("unloaded model %s", name)
         if unload_dependents:
             for composing in record.composing:
@@ -317,8 +316,14 @@ class ModelManager:
             del self._records[record.name]
         drained = [self._retire(record, v, "unloaded") for v in list(record.versions)]
         await asyncio.gather(*(task for task in drained if task is not None))
+        await self._removed(record.name)
+
+    async def _removed(self, name: str) -> None:
+        """A model left, drained: its budget charge and the files its store fetched for it are released."""
         if self._budget is not None:
-            self._budget.removed(record.name)
+            self._budget.removed(name)
+        if self._store is not None:
+            await asyncio.to_thread(self._store.release, name)
 
     # routing and reporting
 

@@ -6,7 +6,8 @@ single model file, a SageMaker model.tar.gz). It is fetched (read in place when 
 otherwise) and unpacked within the limits when the model loads, and fetched again only when the
 archive changed: its stamp (size and modification time, or S3's ETag) is the model's fingerprint, so
 polling reloads a replaced archive. The unpacked copy a reload replaces is removed at the fetch after
-next (a reload's old version may still be finishing its requests from it).
+next (a reload's old version may still be finishing its requests from it), and every copy once the model
+is unloaded.
 """
 
 from __future__ import annotations
@@ -65,6 +66,13 @@ class ArchiveRepository:
         for stale in fetches[:-2]:
             shutil.rmtree(stale.directory, ignore_errors=True)
         return fetched.source
+
+    def release(self, name: str) -> None:
+        """The model is unloaded: its unpacked copies go (a later load fetches it again)."""
+        with self._lock:
+            fetches = self._fetched.pop(name, [])
+        for fetched in fetches:
+            shutil.rmtree(fetched.directory, ignore_errors=True)
 
     def fingerprint(self, name: str) -> ModelFingerprint | None:
         stamp = self._stamp(check_model_name(name))

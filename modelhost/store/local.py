@@ -60,6 +60,9 @@ class LocalStore:
         """The model directory's fingerprint (blocking: walks its files), or None when it is gone."""
         return fingerprint(self.path(name))
 
+    def release(self, name: str) -> None:
+        """Nothing to do: the repository's files are read in place."""
+
 
 def model_versions(path: Path) -> tuple[int, ...]:
     # Triton ignores version directories that are not numbers or that start with "0".

@@ -23,3 +23,7 @@ class ModelStore(Protocol):
     def fingerprint(self, name: str) -> ModelFingerprint | None:
         """What the model's files are now (polling compares two), or None when the store no longer has it."""
         ...
+
+    def release(self, name: str) -> None:
+        """The model left the server (unloaded, drained): what the store fetched for it may go. Blocking."""
+        ...

@@ -193,3 +193,31 @@ def test_archives_on_s3(tmp_path: Path, s3: MotoS3Server) -> None:
     assert store.fingerprint("gone") is None
     with pytest.raises(FileNotFoundError):
         store.fetch("gone")
+
+
+def test_an_unloaded_models_copies_go_and_a_later_load_fetches_it_again(tmp_path: Path) -> None:
+    import asyncio
+
+    from modelhost.core.manager import ModelManager
+
+    root = tmp_path / "archives"
+    root.mkdir()
+    model_archive(root / "m.tar.gz", 5.0)
+    store = repository(root, tmp_path / "work")
+    unpacked = tmp_path / "work" / "models" / "m"
+
+    async def main() -> None:
+        manager = ModelManager(store, 2, 4)
+        try:
+            await manager.load("m")
+            assert len(list(unpacked.iterdir())) == 1
+            await manager.unload("m")  # drained, then the store releases its copy
+            assert not any(unpacked.iterdir())
+            await manager.load("m")
+            assert manager.get("m").version == 1 and len(list(unpacked.iterdir())) == 1
+            await manager.evict("m")
+            assert not any(unpacked.iterdir())
+        finally:
+            await manager.stop()
+
+    asyncio.run(main())
