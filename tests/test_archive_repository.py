@@ -29,8 +29,7 @@ def archives(tmp_path: Path) -> Path:
 
 def test_explicit_mode_loads_reloads_and_unloads_archives(start_server, archives: Path) -> None:  # type: ignore[no-untyped-def]
     server = start_server(archives, "--model-control-mode", "explicit", "--load-model", "a")
-    client = httpclient.InferenceServerClient(server.url)
-    try:
+    with httpclient.InferenceServerClient(server.url) as client:
         assert factor(client, "a") == 2.0
         assert index(server)["b"] == [{"name": "b"}]  # listed from the store, not loaded
         client.load_model("b")
@@ -48,14 +47,11 @@ def test_explicit_mode_loads_reloads_and_unloads_archives(start_server, archives
         response = requests.post(server.base + "/v2/repository/models/..%2Fa/load", timeout=30)
         assert response.status_code == 400 and "model name" in response.json()["error"]
         assert factor(client, "b") == 5.0
-    finally:
-        client.close()
 
 
 def test_poll_mode_follows_the_archives(start_server, archives: Path) -> None:  # type: ignore[no-untyped-def]
     server = start_server(archives, "--model-control-mode", "poll", "--repository-poll-secs", "0.2")
-    client = httpclient.InferenceServerClient(server.url)
-    try:
+    with httpclient.InferenceServerClient(server.url) as client:
         assert factor(client, "a") == 2.0 and factor(client, "b") == 3.0
         replace(archives / "a.tar.gz", 7.0)
         wait_for(lambda: factor(client, "a") == 7.0, timeout=15, what="the replaced archive serving")
@@ -67,14 +63,11 @@ def test_poll_mode_follows_the_archives(start_server, archives: Path) -> None:  
         with pytest.raises(InferenceServerException):
             factor(client, "b")
         assert factor(client, "a") == 7.0
-    finally:
-        client.close()
 
 
 def test_a_broken_replacement_archive_keeps_the_loaded_model_serving(start_server, archives: Path) -> None:  # type: ignore[no-untyped-def]
     server = start_server(archives, "--model-control-mode", "poll", "--repository-poll-secs", "0.2")
-    client = httpclient.InferenceServerClient(server.url)
-    try:
+    with httpclient.InferenceServerClient(server.url) as client:
         assert factor(client, "a") == 2.0
         (archives / "a.tar.gz").write_bytes(b"not a gzip stream at all")
         wait_for(lambda: "a.tar.gz" in server.printed, timeout=15, what="the failed reload in the log")
@@ -82,8 +75,6 @@ def test_a_broken_replacement_archive_keeps_the_loaded_model_serving(start_serve
         assert index(server)["a"][0]["state"] == "READY"
         replace(archives / "a.tar.gz", 9.0)
         wait_for(lambda: factor(client, "a") == 9.0, timeout=15, what="the mended archive serving")
-    finally:
-        client.close()
 
 
 def test_an_s3_prefix_of_archives_is_a_model_repository(start_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -94,11 +85,8 @@ def test_an_s3_prefix_of_archives_is_a_model_repository(start_server, tmp_path: 
         for name, value in (("a", 2.0), ("b", 3.0)):
             bucket.upload_file(str(model_archive(tmp_path / f"{name}.tar.gz", value)), BUCKET, f"prod/{name}.tar.gz")
         server = start_server(f"s3://{BUCKET}/prod", "--s3-endpoint-url", s3.endpoint_url, env=FAKE_ENVIRONMENT)
-        client = httpclient.InferenceServerClient(server.url)
-        try:
+        with httpclient.InferenceServerClient(server.url) as client:
             assert factor(client, "a") == 2.0 and factor(client, "b") == 3.0
             assert sorted(index(server)) == ["a", "b"]
-        finally:
-            client.close()
     finally:
         s3.stop()

@@ -304,8 +304,7 @@ def test_explicit_mode_loads_and_unloads_through_the_cache(archives: Path, start
     server = start_server(archives, "--multi-model", "--model-control-mode", "explicit", "--load-model", "model-2",
                           ready_path="/v2/health/live")
     wait_for(lambda: requests.get(server.sagemaker + "/ping", timeout=5).status_code == 200, what="ping")
-    client = httpclient.InferenceServerClient(server.url)
-    try:
+    with httpclient.InferenceServerClient(server.url) as client:
         assert v2_output(client, "model-2") == 3.0  # loaded at start
         listed = {e["name"]: e.get("state", "") for e in requests.post(server.base + "/v2/repository/index",
                                                                         timeout=10).json()}
@@ -327,8 +326,6 @@ def test_explicit_mode_loads_and_unloads_through_the_cache(archives: Path, start
         response = requests.post(server.base + "/v2/repository/models/absent/load", timeout=30)
         assert response.status_code == 404 and "absent.tar.gz" in response.json()["error"]
         assert str(archives) not in response.text
-    finally:
-        client.close()
 
 
 def test_a_repository_load_is_held_to_the_cache_budget(tmp_path: Path, start_server: Any) -> None:
@@ -349,8 +346,7 @@ def test_a_repository_load_is_evicted_like_an_archive_when_room_is_needed(tmp_pa
     write_archives(tmp_path, 8, width=4)
     server = start_server(tmp_path, "--multi-model", "--model-control-mode", "explicit",
                           "--model-cache-bytes", str(3 << 20), ready_path="/v2/health/live")
-    client = httpclient.InferenceServerClient(server.url)
-    try:
+    with httpclient.InferenceServerClient(server.url) as client:
         client.load_model("model-0")
         assert v2_output(client, "model-0") == 1.0
         for i in range(1, 8):  # more than 3 MiB of models, whatever each is charged (about 1.2 MiB)
@@ -363,5 +359,3 @@ def test_a_repository_load_is_evicted_like_an_archive_when_room_is_needed(tmp_pa
         assert listed["model-0"] == ""  # back to a name the store lists
         client.load_model("model-0")  # and it loads again
         assert v2_output(client, "model-0") == 1.0
-    finally:
-        client.close()
