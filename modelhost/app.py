@@ -41,6 +41,7 @@ from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.prometheus import MetricsFrontEnd
 from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMakerOptions, local_url
+from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetModels
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
 from modelhost.settings import ServerSettings, handler_threads, model_load_roots, request_limits
@@ -87,8 +88,10 @@ class Server:
                                   if settings.workers > 1 and settings.workers_dir else None)
         if self.worker_statistics is not None:
             self.dataplane.sum_statistics_with(self.worker_statistics)
-        self.cache = self._model_cache(archives) if settings.multi_model else None
-        if self.cache is not None:  # a multi-model endpoint: every model in memory is within the cache's budget
+        self.archives = archives  # a multi-model endpoint's TargetModel archives
+        # A multi-model endpoint: every model in memory is within the cache's budget.
+        self.cache = ModelCache(self.manager, settings.model_cache_bytes) if settings.multi_model else None
+        if self.cache is not None:
             self.manager.set_budget(self.cache)
         self.metrics = MetricsExporter(self.manager.served, self.in_flight, self.cache)
         self.control = Control(self.manager, settings.model_control_mode, store)
@@ -167,13 +170,6 @@ class Server:
         except ModelhostError as exc:
             raise SystemExit(f"--model-repository {s.model_repository}: {exc.message}") from None
 
-    def _model_cache(self, archives: ArchiveStore | None) -> ModelCache:
-        s = self.settings
-        return ModelCache(
-            self.manager, archives, self.work_dir / "cache", s.model_cache_bytes, s.max_unpacked_bytes,
-            s.default_model_name, load_roots=model_load_roots(s), max_archive_members=s.max_archive_members,
-        )
-
     def _grpc_server(self) -> GrpcServer:
         s = self.settings
         options = GrpcOptions(s.grpc_max_message_bytes, s.grpc_keepalive_time_seconds,
@@ -199,7 +195,10 @@ class Server:
             s.default_accept, s.invocation_timeout_seconds, s.sagemaker_program, s.default_model_name,
             handler_threads(s), s.http_max_body_bytes,
         )
-        return SageMakerFrontEnd(options, self.dataplane, lambda: [e.name for e in self.manager.index()], self.cache,
+        target_models = None if self.cache is None else TargetModels(
+            self.cache, self.manager, self.archives, self.work_dir / "cache",
+            ArchiveLimits(s.max_unpacked_bytes, s.max_archive_members), s.default_model_name, model_load_roots(s))
+        return SageMakerFrontEnd(options, self.dataplane, lambda: [e.name for e in self.manager.index()], target_models,
                                  self.layout, self.root, self.work_dir, self.code_policy, self.http_access)
 
     def _metrics_front_end(self) -> MetricsFrontEnd:

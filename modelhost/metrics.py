@@ -100,7 +100,7 @@ class CacheCollector:
         for name, documentation, value in (
             ("modelhost_model_cache_hit_ratio", "Cache hits over all lookups since start",
              statistics.hits / lookups if lookups else 0.0),
-            ("modelhost_loaded_models", "Models loaded in the multi-model cache", len(cache.models())),
+            ("modelhost_loaded_models", "Models loaded in the multi-model cache", len(cache.entries())),
             ("modelhost_model_cache_bytes", "Memory the cached models took to load", cache.used_bytes),
             ("modelhost_model_cache_budget_bytes", "The most memory cached models may take", cache.budget_bytes),
         ):

@@ -1,332 +1,128 @@
-"""The multi-model cache in-process: lazy loads, one load per key, LRU eviction, pins, NO_MEMORY."""
+"""The model cache alone, over a manager: measured loads, charging, LRU eviction of store models, entries of
+several models, NO_MEMORY. (A multi-model endpoint's archives through it: test_sagemaker_target_models.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import tarfile
-import threading
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 
 from modelhost.core.manager import ModelManager
-from modelhost.core.model_cache import CachedModel, ModelCache
+from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.store.archive_store import LocalArchiveStore
-from modelhost.types import InferRequest
-from tests.archives import WIDTH, write_archives
+from modelhost.store.local import LocalStore
+from tests.archives import WIDTH, weighted_model
+
+
+def write_repository(root: Path, count: int, width: int = WIDTH) -> LocalStore:
+    """m0..m<count-1>, Triton layout, m<i> answering INPUT0 + i."""
+    for i in range(count):
+        version = root / f"m{i}" / "1"
+        version.mkdir(parents=True)
+        onnx.save_model(weighted_model(float(i), width), str(version / "model.onnx"))
+    return LocalStore(root)
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, count: int = 4, budget: int = 1 << 40,
-                 on_load: Callable[[CachedModel], Awaitable[Any]] | None = None, width: int = WIDTH) -> None:
-        write_archives(tmp_path / "archives", count, width)
+    def __init__(self, tmp_path: Path, count: int = 3, budget: int = 1 << 40, width: int = WIDTH) -> None:
+        self.store = write_repository(tmp_path / "repository", count, width)
         self.width = width
-        self.manager = ModelManager(None, cpu_count=1, default_max_batch_size=4)
-        self.cache = ModelCache(self.manager, LocalArchiveStore(tmp_path / "archives"), tmp_path / "work",
-                                budget, 1 << 30, on_load=on_load, load_roots=[tmp_path])
-        self.work = tmp_path / "work"
+        self.manager = ModelManager(self.store, cpu_count=1, default_max_batch_size=4)
+        self.cache = ModelCache(self.manager, budget)
+        self.manager.set_budget(self.cache)
+        self.released: list[str] = []
 
-    async def infer(self, target: str) -> float:
-        async with self.cache.use_target(target) as model:
-            served = self.manager.get(model.served["model"])
-            inputs = {"INPUT0": np.zeros((1, self.width), np.float32)}
-            request = InferRequest(served.name, inputs)
-            outputs = await served.scheduler.submit(request.inputs, ["OUTPUT0"], 1, 0, 0)
+    async def add(self, *names: str) -> list[str]:
+        """Load the store's models under other names, as an archive's models load."""
+        added = []
+        for name in names:
+            source = self.store.fetch(name)
+            await self.manager.add(type(source)(f"entry/{name}", source.path, source.versions))
+            added.append(f"entry/{name}")
+        return added
+
+    async def load_entry(self, key: str, *names: str) -> None:
+        entry = await self.cache.load(key, 0, lambda: None, lambda: self.add(*names))
+
+        async def release() -> None:
+            self.released.append(key)
+        entry.release = release
+        await self.cache.keep(entry)
+
+    async def infer(self, name: str) -> float:
+        async with self.manager.acquire(name) as served:
+            outputs = await served.scheduler.submit({"INPUT0": np.zeros((1, self.width), np.float32)}, ["OUTPUT0"], 1)
             return float(outputs["OUTPUT0"][0, 0])
 
-    def loaded(self) -> list[str]:
-        return [m.key for m in self.cache.models()]
-
-    async def model_dirs(self, expected: int) -> list[Path]:
-        """The cache's model directories once unloaded ones are deleted (that happens in the background)."""
-        for _ in range(200):
-            found = list((self.work / "models").iterdir())
-            if len(found) == expected:
-                break
-            await asyncio.sleep(0.01)
-        return found
+    def keys(self) -> list[str]:
+        return [e.key for e in self.cache.entries()]
 
 
-def test_first_use_loads_and_later_uses_hit(tmp_path: Path) -> None:
+def test_a_load_whose_models_fail_is_not_charged_and_the_next_one_fits(tmp_path: Path) -> None:
+    async def failing() -> list[str]:
+        raise ModelhostError(ErrorKind.UNAVAILABLE, "model.onnx is broken")
+
     async def scenario() -> None:
         h = Harness(tmp_path)
-        assert await h.infer("model-2.tar.gz") == 2.0
-        assert await h.infer("model-2.tar.gz") == 2.0
-        assert await h.infer("model-3.tar.gz") == 3.0
-        stats = h.cache.statistics
-        assert (stats.hits, stats.misses) == (1, 2)
-        assert sum(stats.download.counts) == 2 and sum(stats.load.counts) == 2
-        assert h.loaded() == ["model-2.tar.gz", "model-3.tar.gz"]
-        # Each model's own size is at least its file; the budget counts all the memory models hold.
-        assert all(m.size >= WIDTH * 4 for m in h.cache.models())
-        assert h.cache.used_bytes >= WIDTH * 4 * 2
+        with pytest.raises(ModelhostError, match="broken"):
+            await h.cache.load("broken", 0, lambda: None, failing)
+        assert h.keys() == [] and h.cache.used_bytes == 0
+        await h.load_entry("archive", "m1")
+        assert h.keys() == ["archive"] and await h.infer("entry/m1") == 1.0
+        assert h.cache.used_bytes >= WIDTH * 4
         await h.cache.stop()
-        assert h.loaded() == [] and h.manager.served() == []
+        assert h.keys() == [] and h.released == ["archive"] and h.manager.served() == []
 
     asyncio.run(scenario())
 
 
-def test_concurrent_cold_requests_load_once(tmp_path: Path) -> None:
+def test_an_entry_that_does_not_fit_once_loaded_is_unloaded_and_released(tmp_path: Path) -> None:
     async def scenario() -> None:
-        h = Harness(tmp_path)
-        answers = await asyncio.gather(*(h.infer("model-1.tar.gz") for _ in range(12)))
-        assert answers == [1.0] * 12
-        assert sum(h.cache.statistics.load.counts) == 1
-        assert sum(h.cache.statistics.download.counts) == 1
-        assert sum(h.cache.statistics.loading_wait.counts) == 12
-        await h.cache.stop()
-
-    asyncio.run(scenario())
-
-
-def test_least_recently_used_idle_model_is_evicted_first(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        h = Harness(tmp_path, count=6)
-        await h.infer("model-0.tar.gz")
-        one = h.cache.used_bytes
-        await h.infer("model-1.tar.gz")
-        await h.infer("model-2.tar.gz")
-        per_model = (h.cache.used_bytes - one) // 2  # what a loaded, used model holds
-        # Room for three models and half a fourth.
-        h.cache.budget_bytes = h.cache.used_bytes + per_model // 2
-        await h.infer("model-0.tar.gz")  # model-1 is now the least recently used
-        await h.infer("model-3.tar.gz")  # its load's expected peak does not fit: the least recently used goes
-        await h.infer("model-4.tar.gz")
-        assert "model-1.tar.gz" not in h.loaded()
-        assert {"model-0.tar.gz", "model-4.tar.gz"} <= set(h.loaded())
-        assert h.cache.statistics.evictions >= 1
-        # The evicted model's files are gone; it loads again on its next use.
-        assert len(await h.model_dirs(len(h.loaded()))) == len(h.loaded())
-        assert await h.infer("model-1.tar.gz") == 1.0
-        await h.cache.stop()
-
-    asyncio.run(scenario())
-
-
-def test_a_model_in_use_is_never_evicted_and_no_room_is_no_memory(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        h = Harness(tmp_path)
-        await h.infer("model-0.tar.gz")
-        h.cache.budget_bytes = h.cache.used_bytes + WIDTH  # no room for a second model
-        async with h.cache.use_target("model-0.tar.gz"):
-            with pytest.raises(ModelhostError) as caught:
-                await h.infer("model-1.tar.gz")
-        assert caught.value.kind is ErrorKind.NO_MEMORY
-        assert "--model-cache-bytes" in caught.value.message and "model-1.tar.gz" in caught.value.message
-        assert h.loaded() == ["model-0.tar.gz"]
-        assert await h.model_dirs(1) == [h.cache.get("model-0.tar.gz").work_dir]
-        await h.cache.stop()
-
-    asyncio.run(scenario())
-
-
-def test_a_model_a_request_holds_over_another_protocol_is_not_evicted(tmp_path: Path) -> None:
-    """The cache's models are the manager's: a KServe request to one holds it as the data plane does, and the cache
-    sees that hold."""
-    async def scenario() -> None:
-        h = Harness(tmp_path)
-        await h.infer("model-0.tar.gz")
-        h.cache.budget_bytes = h.cache.used_bytes + WIDTH  # no room for a second model
-        served = h.manager.hold(h.cache.get("model-0.tar.gz").served["model"])
-        with pytest.raises(ModelhostError) as caught:
-            await h.infer("model-1.tar.gz")
-        assert caught.value.kind is ErrorKind.NO_MEMORY
-        served.pins.release()
-        assert await h.infer("model-1.tar.gz") == 1.0  # idle now: evicted to make room
-        assert h.loaded() == ["model-1.tar.gz"]
-        await h.cache.stop()
-
-    asyncio.run(scenario())
-
-
-def test_unload_waits_for_the_requests_holding_the_model(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        h = Harness(tmp_path)
-        await h.infer("model-0.tar.gz")
-        async with h.cache.use_target("model-0.tar.gz") as model:
-            unloading = asyncio.create_task(h.cache.unload("model-0.tar.gz"))
-            await asyncio.sleep(0.05)
-            assert not unloading.done()
-            served = h.manager.get(model.served["model"])  # the request can still run on it
-            outputs = await served.scheduler.submit({"INPUT0": np.zeros((1, WIDTH), np.float32)}, ["OUTPUT0"], 1)
-            assert float(outputs["OUTPUT0"][0, 0]) == 0.0
-        await asyncio.wait_for(unloading, 10)
-        assert h.loaded() == [] and h.manager.served() == []
-        await h.cache.stop()
-
-    asyncio.run(scenario())
-
-
-def test_a_model_larger_than_the_whole_budget_is_no_memory_and_leaves_nothing(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        h = Harness(tmp_path, budget=WIDTH)
-        with pytest.raises(ModelhostError) as caught:
-            await h.infer("model-0.tar.gz")
-        assert caught.value.kind is ErrorKind.NO_MEMORY
-        assert h.loaded() == [] and h.manager.served() == []
-        assert await h.model_dirs(0) == []
-
-    asyncio.run(scenario())
-
-
-def test_unknown_target_is_not_found_and_bad_target_is_invalid(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        h = Harness(tmp_path)
-        with pytest.raises(ModelhostError) as missing:
-            await h.infer("model-9.tar.gz")
-        assert missing.value.kind is ErrorKind.NOT_FOUND and "model-9.tar.gz" in missing.value.message
-        with pytest.raises(ModelhostError) as escaping:
-            await h.infer("../model-0.tar.gz")
-        assert escaping.value.kind is ErrorKind.INVALID_INPUT
-        assert h.loaded() == []
-
-    asyncio.run(scenario())
-
-
-def test_management_load_unload_and_conflicts(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        h = Harness(tmp_path)
-        model_dir = tmp_path / "extracted"
-        with tarfile.open(tmp_path / "archives" / "model-2.tar.gz") as archive:
-            archive.extractall(model_dir)
-        loaded = await h.cache.load("abc123", str(model_dir))
-        assert loaded.url == str(model_dir) and h.loaded() == ["abc123"]
-        with pytest.raises(ModelhostError) as again:
-            await h.cache.load("abc123", str(model_dir))
-        assert again.value.kind is ErrorKind.ALREADY_EXISTS
-        async with h.cache.use("abc123") as model:
-            assert model.key == "abc123"
-        await h.cache.unload("abc123")
-        assert model_dir.is_dir(), "a directory the cache did not create is not deleted"
-        for call in (h.cache.unload("abc123"), h.cache.load("x", str(tmp_path / "nowhere"))):
-            with pytest.raises(ModelhostError) as missing:
-                await call
-            assert missing.value.kind is ErrorKind.NOT_FOUND
-
-    asyncio.run(scenario())
-
-
-def test_management_load_refuses_names_and_urls_outside_the_load_roots(tmp_path: Path) -> None:
-    outside = tmp_path.parent / f"{tmp_path.name}-outside"
-    outside.mkdir()
-    (tmp_path / "link").symlink_to(outside, target_is_directory=True)
-
-    async def scenario() -> None:
-        h = Harness(tmp_path)
-        for name, url in [("m", str(outside)), ("m", str(tmp_path / "link")), ("m", f"{tmp_path}/../{outside.name}"),
-                          ("m", "/"), ("m", "relative/dir"), ("m", "a\x00b"), ("../m", str(tmp_path)),
-                          ("a/b", str(tmp_path)), ("", str(tmp_path)), ("m\x00", str(tmp_path))]:
-            with pytest.raises(ModelhostError) as refused:
-                await h.cache.load(name, url)
-            assert refused.value.kind is ErrorKind.INVALID_INPUT, (name, url)
-            assert ("--allow-model-load-from" if name == "m" else "model_name") in refused.value.message
-            assert str(outside) not in refused.value.message or str(outside) in url  # only what the client sent
-        assert h.loaded() == []
-        with pytest.raises(ModelhostError) as bad_name:
-            h.cache.get("..")
-        assert bad_name.value.kind is ErrorKind.INVALID_INPUT
-
-    asyncio.run(scenario())
-
-
-def test_a_failing_load_hook_unloads_the_model(tmp_path: Path) -> None:
-    async def broken(model: CachedModel) -> None:
-        raise ModelhostError(ErrorKind.UNAVAILABLE, "model_fn failed: boom")
-
-    async def scenario() -> None:
-        h = Harness(tmp_path, on_load=broken)
-        with pytest.raises(ModelhostError, match="boom"):
-            await h.infer("model-0.tar.gz")
-        assert h.loaded() == [] and h.manager.served() == []
-        assert await h.model_dirs(0) == []
-
-    asyncio.run(scenario())
-
-
-def test_an_archive_holding_a_named_model_directory_serves_it_under_the_target(tmp_path: Path) -> None:
-    from tests.archives import weighted_model, write_archive
-
-    model = tmp_path / "m.onnx"
-    onnx.save_model(weighted_model(5.0), str(model))
-    config = b'name: "ranker"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-    members = {"ranker/config.pbtxt": config, "ranker/1/model.onnx": model.read_bytes()}
-
-    async def scenario() -> None:
-        h = Harness(tmp_path, count=0)
-        write_archive(tmp_path / "archives" / "ranker.tar.gz", members)
-        async with h.cache.use_target("ranker.tar.gz") as cached:
-            assert cached.served == {"ranker": "ranker.tar.gz"}
-            served = h.manager.get("ranker.tar.gz")
-            assert served.config.max_batch_size == 8
-        await h.cache.stop()
-
-    asyncio.run(scenario())
-
-
-_PROCESS_STATE: list[bytearray] = []  # what a load's hook leaves behind for the whole process
-
-
-def test_a_refused_load_does_not_poison_later_loads(tmp_path: Path) -> None:
-    """A load that leaves process-wide state (a framework import in user code) is refused; the cache is
-    then empty, uses 0 bytes, and the next load fits (it used to stay charged and refuse every later load)."""
-    async def import_a_framework_once(model: CachedModel) -> None:
-        if not _PROCESS_STATE:
-            _PROCESS_STATE.append(bytearray(8 << 20))
-
-    async def scenario() -> None:
-        _PROCESS_STATE.clear()
-        h = Harness(tmp_path, budget=4 << 20, on_load=import_a_framework_once)
+        # The expected peak of a load that declares no files (1 MiB) fits; the 4 MiB it then holds does not.
+        h = Harness(tmp_path, count=1, budget=2 << 20, width=1 << 20)
         with pytest.raises(ModelhostError) as refused:
-            await h.infer("model-0.tar.gz")
-        assert refused.value.kind is ErrorKind.NO_MEMORY
-        assert h.loaded() == [] and h.cache.used_bytes == 0
-        assert await h.infer("model-0.tar.gz") == 0.0
-        assert await h.infer("model-1.tar.gz") == 1.0
-        assert h.loaded() == ["model-0.tar.gz", "model-1.tar.gz"]
-        assert 0 < h.cache.used_bytes <= h.cache.budget_bytes
-        await h.cache.stop()
+            await h.load_entry("archive", "m0")
+        assert refused.value.kind is ErrorKind.NO_MEMORY and "--model-cache-bytes" in refused.value.message
+        assert h.keys() == [] and h.released == ["archive"] and h.manager.served() == []
+        assert h.cache.used_bytes == 0 and h.cache.statistics.evictions == 1
+
+    asyncio.run(scenario())
+
+
+def test_removing_one_model_of_an_entry_unloads_the_rest(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        await h.load_entry("archive", "m0", "m1")
+        assert sorted(s.name for s in h.manager.served()) == ["entry/m0", "entry/m1"]
+        await h.manager.evict("entry/m0")  # the repository API's unload of one of them
+        await h.cache.stop()  # waits for the eviction it started
+        assert h.keys() == [] and h.released == ["archive"] and h.manager.served() == []
         assert h.cache.used_bytes == 0
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        _PROCESS_STATE.clear()
+    asyncio.run(scenario())
 
 
-def test_memory_stays_within_the_budget_during_loads(tmp_path: Path) -> None:
-    """Models of 4 MiB files (about 8 MiB at the peak of a load) through a 20 MiB budget, more than the budget
-    in total: the cache makes room for a load's peak before it starts, so held bytes never pass the budget."""
-    width = 1 << 20
-    budget = 20 << 20
-    highest = 0
-    sampling = True
-
-    def sample(cache: ModelCache) -> None:
-        nonlocal highest
-        while sampling:
-            highest = max(highest, cache.used_bytes)
-            time.sleep(0.0005)
-
+def test_store_models_the_manager_loads_are_charged_and_evicted_least_recently_used_first(tmp_path: Path) -> None:
     async def scenario() -> None:
-        nonlocal sampling
-        h = Harness(tmp_path, count=6, budget=budget, width=width)
-        await h.infer("model-5.tar.gz")  # the first load sets the baseline
-        sampler = threading.Thread(target=sample, args=(h.cache,))
-        sampler.start()
-        try:
-            for i in (0, 1, 2, 3, 4, 0, 1, 5, 2):
-                assert await h.infer(f"model-{i}.tar.gz") == float(i)
-        finally:
-            sampling = False
-            sampler.join()
-        assert h.cache.statistics.evictions >= 5
+        h = Harness(tmp_path)
+        await h.manager.load("m0")
+        await h.manager.load("m1")
+        assert h.keys() == ["m0", "m1"] and await h.infer("m1") == 1.0
+        per_model = h.cache.used_bytes // 2
+        h.cache.budget_bytes = h.cache.used_bytes + per_model // 2  # room for two and a half
+        async with h.manager.acquire("m0"):  # m0 is in use, so m1, idle, goes
+            await h.manager.load("m2")
+        assert h.keys() == ["m0", "m2"] and h.cache.statistics.evictions == 1
+        with pytest.raises(ModelhostError) as gone:
+            h.manager.get("m1")
+        assert gone.value.kind is ErrorKind.NOT_FOUND
+        await h.manager.unload("m0")  # the repository API's unload: no longer charged
+        assert h.keys() == ["m2"]
         await h.cache.stop()
+        await h.manager.stop()
+        assert h.cache.used_bytes == 0
 
     asyncio.run(scenario())
-    assert 0 < highest <= budget, f"held {highest / 2**20:.2f} MiB with a {budget / 2**20:.0f} MiB budget"

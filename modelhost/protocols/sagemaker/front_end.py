@@ -1,8 +1,8 @@
 """The SageMaker front-end, whole: its port's routes, its readiness, the user's `inference.py`, its start and stop.
 
 app.py serves it as it serves every front-end (protocols/front_end.py); which models it runs comes from the
-core: the loaded models of the repository, or with a multi-model cache (core/model_cache.py) the archives
-that cache loads on first use, each with its own `inference.py`.
+core: the loaded models of the repository, or on a multi-model endpoint the archives loaded on first use within
+the model cache's budget (target_models.py), each with its own `inference.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from pathlib import Path
 from modelhost.access import AccessPolicy
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.dataplane import DataPlane
-from modelhost.core.model_cache import CachedModel, ModelCache
 from modelhost.errors import ModelhostError
 from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.http.app import HttpApp
@@ -25,6 +24,7 @@ from modelhost.protocols.sagemaker import rest
 from modelhost.protocols.sagemaker.handlers import Handler, load_handler
 from modelhost.protocols.sagemaker.invoke import Invoker
 from modelhost.protocols.sagemaker.runtime_errors import RuntimeErrors
+from modelhost.protocols.sagemaker.target_models import TargetModel, TargetModels
 from modelhost.protocols.sagemaker.user_code import REQUIREMENTS, find_program, install_requirements
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.store.layout import ModelLayout
@@ -54,14 +54,14 @@ def local_url(host: str, port: int, tls: bool = False) -> str:
 class SageMakerFrontEnd(FrontEnd):
     """`/ping`, `/invocations`, the multi-model API and TF Serving predict (for `context.rest_uri`) on one port.
 
-    Without a cache it serves the repository's models as one endpoint (/opt/ml/model) with the one
-    inference.py beside them, loaded by `start` once the models are; with one, each archive's own.
+    Without target models it serves the repository's models as one endpoint (/opt/ml/model) with the one
+    inference.py beside them, loaded by `start` once the models are; with them, each archive's own.
     """
 
     name = "SageMaker"
 
     def __init__(self, options: SageMakerOptions, dataplane: DataPlane, models: Callable[[], list[str]],
-                 cache: ModelCache | None, layout: ModelLayout | None, model_dir: Path | None, work_dir: Path,
+                 target_models: TargetModels | None, layout: ModelLayout | None, model_dir: Path | None, work_dir: Path,
                  code_policy: CodePolicy, access: AccessPolicy) -> None:
         self.port = options.port
         self._dataplane = dataplane
@@ -76,14 +76,15 @@ class SageMakerFrontEnd(FrontEnd):
         self._user_code = UserCode(self._invoker, options.program, options.default_model_name, code_policy)
         self._code_ready = layout is None or layout.code_dir is None
         targets: rest.Targets
-        if cache is not None:
-            cache.set_hooks(self._user_code.on_cache_load, self._user_code.on_cache_unload)
-            targets = rest.MultiModelTargets(cache, options.default_model_name, self._user_code.handlers)
+        self._target_models = target_models
+        if target_models is not None:
+            target_models.set_hooks(self._user_code.on_target_load, self._user_code.on_target_unload)
+            targets = rest.MultiModelTargets(target_models, options.default_model_name, self._user_code.handlers)
             ready = dataplane.ready
         else:
             self._single = rest.SingleModelTargets(models, options.default_model_name)
             targets, ready = self._single, self.ready
-        routes = rest.routes(self._invoker, targets, ready, cache, self._user_code.handlers)
+        routes = rest.routes(self._invoker, targets, ready, target_models, self._user_code.handlers)
         routes += tfserving_rest.routes(dataplane)
         self.app = RuntimeErrors(HttpApp(routes, max_body_bytes=options.max_body_bytes, access=access), routes)
 
@@ -107,7 +108,9 @@ class SageMakerFrontEnd(FrontEnd):
         self._code_ready = True
 
     async def stop(self) -> None:
-        """Handlers still running finish in their threads; none starts after this."""
+        """The target models unload; handlers still running finish in their threads; none starts after this."""
+        if self._target_models is not None:
+            await self._target_models.stop()
         self._handler_pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -119,7 +122,7 @@ class UserCode:
         self._program = program
         self._default_name = default_name
         self._policy = policy or CodePolicy()
-        self.handlers: dict[str, Handler] = {}  # a multi-model cache's key -> its archive's inference.py
+        self.handlers: dict[str, Handler] = {}  # a target model's key -> its archive's inference.py
 
     async def load(self, layout: ModelLayout, model_dir: Path, served: dict[str, str], tag: str,
                    packages: Path) -> Handler | None:
@@ -145,14 +148,14 @@ class UserCode:
         program = find_program(code_dir, self._program)
         return ([f"code/{program.name}"] if program is not None else []) + found
 
-    async def on_cache_load(self, model: CachedModel) -> None:
-        assert model.layout is not None and model.work_dir is not None  # an archive's: the cache's own files
+    async def on_target_load(self, model: TargetModel) -> None:
+        assert model.layout is not None and model.root is not None and model.work_dir is not None  # an archive's
         handler = await self.load(model.layout, model.root, model.served, f"mme_{model.work_dir.name}",
                                   model.work_dir / "packages")
         if handler is not None:
             self.handlers[model.key] = handler
 
-    async def on_cache_unload(self, model: CachedModel) -> None:
+    async def on_target_unload(self, model: TargetModel) -> None:
         handler = self.handlers.pop(model.key, None)
         if handler is not None:
             handler.close()

@@ -18,7 +18,6 @@ from urllib.parse import parse_qs
 import orjson
 
 from modelhost.access import Api
-from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ModelhostError, invalid, not_found
 from modelhost.protocols.http.app import (
     HttpRequest,
@@ -34,6 +33,7 @@ from modelhost.protocols.sagemaker.handlers import Handler, HandlerError
 from modelhost.protocols.sagemaker.invoke import Call, Invoker
 from modelhost.protocols.sagemaker.payloads import MediaTypeError
 from modelhost.protocols.sagemaker.runtime_errors import OPERATIONS, runtime_error
+from modelhost.protocols.sagemaker.target_models import TargetModels
 
 log = logging.getLogger("modelhost.sagemaker")
 
@@ -101,10 +101,10 @@ class SingleModelTargets:
 class MultiModelTargets:
     """`X-Amzn-SageMaker-Target-Model` archives, loaded on first use and cached."""
 
-    def __init__(self, cache: ModelCache, default_name: str, handlers: Mapping[str, Handler]) -> None:
-        self._cache = cache
+    def __init__(self, models: TargetModels, default_name: str, handlers: Mapping[str, Handler]) -> None:
+        self._models = models
         self._default_name = default_name
-        self._handlers = handlers  # cache key -> the archive's inference.py
+        self._handlers = handlers  # target model key -> the archive's inference.py
 
     @asynccontextmanager
     async def resolve(self, headers: dict[bytes, bytes]) -> AsyncIterator[Target]:
@@ -112,12 +112,12 @@ class MultiModelTargets:
         if not target:
             raise invalid("a multi-model endpoint needs the X-Amzn-SageMaker-Target-Model header "
                           "(the archive to run, e.g. model-17.tar.gz)")
-        async with self._cache.use_target(target) as cached:
-            yield select_model(cached.served, _header(headers, CUSTOM_ATTRIBUTES), self._default_name,
-                               self._handlers.get(cached.key))
+        async with self._models.use_target(target) as model:
+            yield select_model(model.served, _header(headers, CUSTOM_ATTRIBUTES), self._default_name,
+                               self._handlers.get(model.key))
 
 
-def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache: ModelCache | None,
+def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], models: TargetModels | None,
            handlers: Mapping[str, Handler] | None = None) -> list[Route]:
     async def run(target: Target, request: HttpRequest) -> HttpResponse:
         call = Call(request.body, _header(request.headers, b"content-type") or None,
@@ -162,10 +162,10 @@ def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], cache:
         *(Route("POST", pattern, unsupported(explanation), Api.INFERENCE)
           for pattern, explanation in _UNSUPPORTED.items()),
     ]
-    return found + (management_routes(cache, run, {} if handlers is None else handlers) if cache is not None else [])
+    return found + (management_routes(models, run, {} if handlers is None else handlers) if models is not None else [])
 
 
-def management_routes(cache: ModelCache, run: Callable[[Target, HttpRequest], Awaitable[HttpResponse]],
+def management_routes(models: TargetModels, run: Callable[[Target, HttpRequest], Awaitable[HttpResponse]],
                       handlers: Mapping[str, Handler]) -> list[Route]:
     """The multi-model container API SageMaker itself calls (protocols §6.3)."""
 
@@ -176,31 +176,31 @@ def management_routes(cache: ModelCache, run: Callable[[Target, HttpRequest], Aw
             if not isinstance(value, str) or not value:
                 raise invalid(f"'{field}' must be a non-empty string")
         assert isinstance(name, str) and isinstance(url, str)
-        await cache.load(name, url)
+        await models.load(name, url)
         return json_response({"status": f"Model {name} loaded"})
 
     async def list_models(request: HttpRequest) -> HttpResponse:
         query = parse_qs(request.query.decode("latin-1"))
         start = _natural(query.get("next_page_token", ["0"])[0], "next_page_token")
         limit = _natural(query.get("limit", [str(_PAGE_LIMIT)])[0], "limit") or _PAGE_LIMIT
-        models = cache.models()
-        page: dict[str, Any] = {"models": [_model_json(m.key, m.url) for m in models[start:start + limit]]}
-        if start + limit < len(models):
+        loaded = models.models()
+        page: dict[str, Any] = {"models": [_model_json(m.key, m.url) for m in loaded[start:start + limit]]}
+        if start + limit < len(loaded):
             page["nextPageToken"] = str(start + limit)
         return json_response(page)
 
     async def describe(request: HttpRequest) -> HttpResponse:
-        model = cache.get(request.params["name"])
+        model = models.get(request.params["name"])
         return json_response(_model_json(model.key, model.url))
 
     async def unload(request: HttpRequest) -> HttpResponse:
         name = request.params["name"]
-        await cache.unload(name)
+        await models.unload(name)
         return json_response({"success": f"Successfully unloaded model {name}."})
 
     async def invoke(request: HttpRequest) -> HttpResponse:
         try:
-            async with cache.use(request.params["name"]) as cached:
+            async with models.use(request.params["name"]) as cached:
                 target = select_model(cached.served, _header(request.headers, CUSTOM_ATTRIBUTES), "",
                                       handlers.get(cached.key))
                 return await run(target, request)

@@ -1,0 +1,237 @@
+"""A multi-model endpoint's models as SageMaker names them: `X-Amzn-SageMaker-Target-Model` archives, loaded
+on first use, and the directories `POST /models` loads, each with its own `inference.py`.
+
+Each is one archive (or one directory) fetched into a directory of its own (store/archive_models.py), whose
+models the manager loads under the key (`<key>/<name>` when it holds several) in one measured load of the
+core's model cache (core/model_cache.py), which then charges them to its budget and evicts them when it needs
+room. Everything runs on the event loop: concurrent first requests for a key share one load; downloads and
+unpacking run in threads; an evicted model's files are removed in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import shutil
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from modelhost.core.manager import ModelManager
+from modelhost.core.model_cache import CacheEntry, ModelCache
+from modelhost.core.model_loading import warm_up_backend_of
+from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
+from modelhost.store.archive_models import ArchiveModels, FetchedModels
+from modelhost.store.archive_store import ArchiveStore, check_target
+from modelhost.store.layout import ModelLayout
+from modelhost.store.local import LocalStore, ModelSource
+from modelhost.store.paths import check_model_name, within
+
+
+@dataclass(frozen=True, slots=True)
+class TargetModel:
+    key: str  # the TargetModel, or `model_name` of `POST /models`
+    url: str  # where it came from, as the management API lists it
+    # The model's directory (the unpacked archive): what inference.py's model_fn gets. This and `layout` are
+    # None for a model the manager loaded from its store (the repository API).
+    root: Path | None
+    layout: ModelLayout | None
+    served: dict[str, str]  # model name inside the archive -> the manager's name for it
+    work_dir: Path | None  # its own files (the unpacked archive, its layout's links), removed on unload
+    entry: CacheEntry
+
+
+Hook = Callable[[TargetModel], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveLimits:
+    max_unpacked_bytes: int
+    max_archive_members: int
+
+
+class TargetModels:
+    def __init__(self, cache: ModelCache, manager: ModelManager, archives: ArchiveStore | None, work_dir: Path,
+                 limits: ArchiveLimits, single_model_name: str = "model", load_roots: Sequence[Path] = (),
+                 on_load: Hook | None = None, on_unload: Hook | None = None) -> None:
+        self._cache = cache
+        self._manager = manager
+        self._work_dir = work_dir
+        self._fetch = ArchiveModels(archives, work_dir / "downloads", limits.max_unpacked_bytes,
+                                    limits.max_archive_members, single_model_name)
+        self._load_roots = tuple(load_roots)
+        self._on_load = on_load
+        self._on_unload = on_unload
+        self._models: dict[str, TargetModel] = {}  # what this loaded; the cache's entries say what is loaded
+        self._loading: dict[str, asyncio.Task[TargetModel]] = {}
+        self._slots = itertools.count()
+        self._removals: set[asyncio.Task[None]] = set()
+
+    def set_hooks(self, on_load: Hook | None, on_unload: Hook | None) -> None:
+        """What the front-end makes of each model as it loads (its inference.py), and undoes as it unloads."""
+        self._on_load, self._on_unload = on_load, on_unload
+
+    def models(self) -> list[TargetModel]:
+        """Every model the cache holds: this endpoint's, and those the repository API loaded."""
+        return [self._model(entry) for entry in self._cache.entries()]
+
+    def get(self, key: str) -> TargetModel:
+        entry = self._cache.entry(key)
+        if entry is None:
+            check_model_name(key)
+            raise not_found(f"model '{key}' is not loaded")
+        return self._model(entry)
+
+    def _model(self, entry: CacheEntry) -> TargetModel:
+        model = self._models.get(entry.key)
+        if model is not None and model.entry is entry:
+            return model
+        return TargetModel(entry.key, entry.key, None, None, {n: n for n in entry.names}, None, entry)
+
+    @asynccontextmanager
+    async def use_target(self, target: str) -> AsyncIterator[TargetModel]:
+        """Hold the model of a TargetModel archive for one request, loading it first on a miss."""
+        entry = self._cache.entry(target)
+        statistics = self._cache.statistics
+        if entry is not None:
+            statistics.hits += 1
+            model = self._model(entry)
+        else:
+            statistics.misses += 1
+            started = time.monotonic()
+            model = await self._loaded(check_target(target))
+            statistics.loading_wait.observe(time.monotonic() - started)
+        async with self._cache.pinned(model.entry):
+            yield model
+
+    @asynccontextmanager
+    async def use(self, key: str) -> AsyncIterator[TargetModel]:
+        """Hold a model the management API loaded, for one request (NOT_FOUND when it is not loaded)."""
+        model = self.get(key)
+        self._cache.statistics.hits += 1
+        async with self._cache.pinned(model.entry):
+            yield model
+
+    async def _loaded(self, key: str) -> TargetModel:
+        # A model loaded for us can be evicted by another load before this task resumes: load it again.
+        while True:
+            model = await self._load_once(key, key, partial(self._fetch.fetch, key))
+            if self._cache.holds(model.entry):
+                return model
+
+    async def load(self, key: str, url: str) -> TargetModel:
+        """The management API's load: `url` is a local directory holding the model (ALREADY_EXISTS if loaded).
+
+        `key` must be a model name (store/paths.py), and `url`, resolved with its symlinks, must lie in one of
+        the load roots (INVALID_INPUT otherwise, whether or not it exists: no probing outside them)."""
+        check_model_name(key, "model_name")
+        if self._cache.entry(key) is not None or key in self._loading:
+            raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{key}' is already loaded")
+        if "\x00" in url or not await asyncio.to_thread(within, url, self._load_roots):
+            raise invalid(f"model '{key}': url {url!r} is outside the directories models may be loaded from "
+                          "(the models directory under SAGEMAKER_BASE_DIR, and a local --model-repository); "
+                          "the server's operator can allow another with --allow-model-load-from")
+        path = Path(url)
+        if not path.is_dir():
+            raise not_found(f"model '{key}': url '{url}' is not a directory")
+        return await self._load_once(key, url, partial(self._fetch.in_place, path))
+
+    async def unload(self, key: str) -> None:
+        """Unload a model: no request starts on it from now, and this returns once those running on it finished."""
+        await self._cache.evict(self.get(key).entry)
+
+    async def stop(self) -> None:
+        """Loads under way stop; the models this loaded unload, their files removed."""
+        for task in list(self._loading.values()):
+            task.cancel()
+        await asyncio.gather(*self._loading.values(), return_exceptions=True)
+        await asyncio.gather(*(self._cache.evict(m.entry) for m in list(self._models.values())),
+                             return_exceptions=True)
+        await asyncio.gather(*self._removals, return_exceptions=True)
+
+    async def _load_once(self, key: str, url: str, fetch: Callable[[Path], FetchedModels]) -> TargetModel:
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.create_task(self._load(key, url, fetch))
+            self._loading[key] = task
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+        # A waiter that goes away (client disconnect) must not cancel a load others wait on.
+        return await asyncio.shield(task)
+
+    async def _load(self, key: str, url: str, fetch: Callable[[Path], FetchedModels]) -> TargetModel:
+        # Each load gets its own directory: an evicted copy may still be being removed.
+        work = self._work_dir / "models" / self._slot(key)
+        try:
+            fetched = await asyncio.to_thread(fetch, work)
+            if fetched.fetch_seconds is not None:
+                self._cache.statistics.download.observe(fetched.fetch_seconds)
+            layout = fetched.layout
+            entry = await self._cache.load(key, fetched.disk_bytes, partial(_warm_up_backends, layout),
+                                           partial(self._add_models, key, layout))
+        except BaseException:
+            self._remove_files(work)
+            raise
+        served = dict(zip(layout.models, entry.names, strict=True))
+        model = TargetModel(key, url, fetched.root, layout, served, work, entry)
+        entry.release = partial(self._release, model)
+        try:
+            if self._on_load is not None:
+                await self._on_load(model)
+        except BaseException:
+            try:
+                await self._cache.discard(entry)
+            finally:
+                self._remove_files(work)
+            raise
+        self._models[key] = model
+        await self._cache.keep(entry)
+        return model
+
+    async def _add_models(self, key: str, layout: ModelLayout) -> list[str]:
+        store = LocalStore(layout.repository)
+        served: list[str] = []
+        try:
+            for name in layout.models:
+                served_name = key if len(layout.models) == 1 else f"{key}/{name}"
+                source = await asyncio.to_thread(store.fetch, name)
+                await self._manager.add(ModelSource(served_name, source.path, source.versions))
+                served.append(served_name)
+        except BaseException:
+            await asyncio.gather(*(self._manager.evict(n) for n in served), return_exceptions=True)
+            raise
+        return served
+
+    async def _release(self, model: TargetModel) -> None:
+        """After the cache unloaded the model's models: its inference.py, then its files."""
+        if self._models.get(model.key) is model:
+            del self._models[model.key]
+        try:
+            if self._on_unload is not None:
+                await self._on_unload(model)
+        finally:
+            assert model.work_dir is not None
+            self._remove_files(model.work_dir)
+
+    def _remove_files(self, work: Path) -> None:
+        """Delete a model's files in the background: its memory is what a waiting load needs, not its disk."""
+        task = asyncio.create_task(asyncio.to_thread(shutil.rmtree, work, True))
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    def _slot(self, key: str) -> str:
+        """A directory name for one load of a key: readable, and never used twice."""
+        return f"{next(self._slots)}-" + re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100]
+
+
+def _warm_up_backends(layout: ModelLayout) -> None:
+    store = LocalStore(layout.repository)
+    for name in layout.models:
+        try:
+            source = store.fetch(name)
+        except (ModelhostError, OSError):
+            continue  # the load reports it
+        warm_up_backend_of(source)
