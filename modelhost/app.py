@@ -44,7 +44,13 @@ from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMaker
 from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetModels
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
-from modelhost.settings import ServerSettings, handler_threads, model_load_roots, request_limits
+from modelhost.settings import (
+    ServerSettings,
+    handler_threads,
+    model_load_roots,
+    request_limits,
+    unpacked_cache_bytes,
+)
 from modelhost.store.archive_repository import ArchiveRepository
 from modelhost.store.archive_store import ArchiveStore, holds_only_archives, open_archive_store
 from modelhost.store.layout import ModelLayout, find_layout
@@ -197,7 +203,8 @@ class Server:
         )
         target_models = None if self.cache is None else TargetModels(
             self.cache, self.manager, self.archives, self.work_dir / "cache",
-            ArchiveLimits(s.max_unpacked_bytes, s.max_archive_members), s.default_model_name, model_load_roots(s))
+            ArchiveLimits(s.max_unpacked_bytes, s.max_archive_members, unpacked_cache_bytes(s, self.work_dir)),
+            s.default_model_name, model_load_roots(s))
         return SageMakerFrontEnd(options, self.dataplane, lambda: [e.name for e in self.manager.index()], target_models,
                                  self.layout, self.root, self.work_dir, self.code_policy, self.http_access)
 

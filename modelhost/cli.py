@@ -110,6 +110,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         "e.g. 512MiB, 2GB, 4GiB (default: half of this machine's or container's memory)")
     add("--max-unpacked-bytes", type=_byte_size,
         help=f"the most one model archive may unpack to (default {d.max_unpacked_bytes // 1024**3}GiB)")
+    add("--unpacked-cache-bytes", type=_byte_size, help="model files a multi-model endpoint keeps on disk after "
+        "their models leave memory, for reloads (default: a quarter of the free disk where the server works)")
     add("--max-archive-members", type=int,
         help=f"the most entries one model archive may hold (default {d.max_archive_members})")
     add("--s3-endpoint-url", help="S3 endpoint for s3:// repositories (default: AWS; boto3 also reads "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -87,6 +88,9 @@ class ServerSettings:
     model_cache_bytes: memory the loaded models may take in multi-model mode; by default half of
     `memory_bytes()` (physical memory from os.sysconf, or the container's cgroup limit when lower).
     max_unpacked_bytes: the most one model archive may unpack to.
+    unpacked_cache_bytes: model files a multi-model endpoint keeps on disk once their models leave memory, so that
+    reloading an unchanged archive skips its download and unpacking; 0: a quarter of the disk space free where
+    the server's work directory is, at start.
     max_archive_members: the most entries (files, directories, links) one model archive may hold (10,000: a
     model with its code and variable shards has tens to hundreds; each entry costs a file and inode to unpack).
     invocation_timeout_seconds: how long one SageMaker invocation may take.
@@ -175,6 +179,7 @@ class ServerSettings:
     multi_model: bool = False
     model_cache_bytes: int = field(default_factory=_default_model_cache_bytes)
     max_unpacked_bytes: int = 16 * GIB
+    unpacked_cache_bytes: int = 0
     max_archive_members: int = 10_000
     s3_endpoint_url: str | None = None
     invocation_timeout_seconds: float = 60.0
@@ -242,6 +247,11 @@ def handler_threads(settings: ServerSettings) -> int:
     return settings.handler_threads or min(32, settings.cpu_count + 4)
 
 
+def unpacked_cache_bytes(settings: ServerSettings, work_dir: Path) -> int:
+    """The disk kept for unpacked archives: as set, or a quarter of what is free at `work_dir` now."""
+    return settings.unpacked_cache_bytes or shutil.disk_usage(work_dir).free // 4
+
+
 def check_settings(settings: ServerSettings) -> None:
     """Checks across settings, whichever flag or variable set them; raises SettingsError."""
     if settings.compute_priority not in PRIORITIES:
@@ -264,6 +274,9 @@ def check_settings(settings: ServerSettings) -> None:
                  "grpc_keepalive_timeout_seconds"):
         if getattr(settings, name) <= 0:
             raise SettingsError(f"--{name.replace('_', '-')} must be positive, got {getattr(settings, name)}")
+    if settings.unpacked_cache_bytes < 0:
+        raise SettingsError("--unpacked-cache-bytes must be 0 (automatic) or more, "
+                            f"got {settings.unpacked_cache_bytes}")
     if settings.handler_threads < 0:
         raise SettingsError(f"--handler-threads must be 0 (automatic) or more, got {settings.handler_threads}")
     if settings.model_control_mode not in CONTROL_MODES:

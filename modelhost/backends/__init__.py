@@ -108,6 +108,11 @@ _warm = threading.Lock()
 _warmed: set[str] = set()
 
 
+def backend_is_warm(name: str) -> bool:
+    """Whether `warm_up_backend(name)` has run in this process (it then returns at once)."""
+    return name in _warmed
+
+
 def warm_up_backend(name: str) -> None:
     """Import backend `name`'s framework and create its process-wide state, once per process (blocking).
 

@@ -285,16 +285,22 @@ class ModelManager:
 
     # models that are not the store's (a multi-model endpoint's archives)
 
-    async def add(self, source: ModelSource) -> None:
-        """Load a model the store does not list under `source.name`.
+    def plan(self, source: ModelSource) -> LoadPlan:
+        """How `add` would load `source` (its config read and completed by the overrides); blocking, for a caller
+        that prepares a load in a thread of its own."""
+        return plan_model(source, self._overrides)
+
+    async def add(self, source: ModelSource, plan: LoadPlan | None = None) -> None:
+        """Load a model the store does not list under `source.name`, as `plan` says (by default, `plan(source)`).
 
         Raises ALREADY_EXISTS for a name in use, and UNAVAILABLE (dropping the model's record) when no version loads.
         """
         if source.name in self._records:
             raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{source.name}' is already loaded")
-        record = self._records[source.name] = ModelRecord(source.name)
+        record = self._records[source.name] = ModelRecord(source.name, from_store=False)
         try:
-            plan = await asyncio.to_thread(plan_model, source, self._overrides)
+            if plan is None:
+                plan = await asyncio.to_thread(plan_model, source, self._overrides)
             self._check_code(source.name, plan, uploaded=False)
             await self._load_versions(record, source, plan, None)
         except BaseException as exc:
@@ -316,13 +322,13 @@ class ModelManager:
             del self._records[record.name]
         drained = [self._retire(record, v, "unloaded") for v in list(record.versions)]
         await asyncio.gather(*(task for task in drained if task is not None))
-        await self._removed(record.name)
+        await self._removed(record.name, record.from_store)
 
-    async def _removed(self, name: str) -> None:
+    async def _removed(self, name: str, from_store: bool = True) -> None:
         """A model left, drained: its budget charge and the files its store fetched for it are released."""
         if self._budget is not None:
             self._budget.removed(name)
-        if self._store is not None:
+        if self._store is not None and from_store:
             await asyncio.to_thread(self._store.release, name)
 
     # routing and reporting

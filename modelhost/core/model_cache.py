@@ -128,7 +128,7 @@ class ModelCache:
             raise self._no_memory(name, f"{entry.size} bytes") from None
         self._log_cached(entry)
 
-    async def load(self, key: str, on_disk: int, warm: Callable[[], None],
+    async def load(self, key: str, on_disk: int, warm: Callable[[], None] | None,
                    add: Callable[[], Awaitable[Sequence[str]]]) -> CacheEntry:
         """One measured load of models the store does not list: `add` loads them into the manager and returns
         their names (unloading any it loaded when it fails). The entry is charged by `keep`, or undone by `discard`."""
@@ -156,9 +156,9 @@ class ModelCache:
             self._memory.release()
 
     @asynccontextmanager
-    async def _measured(self, key: str, on_disk: int, warm: Callable[[], None]) -> AsyncIterator[Measured]:
-        """One load at a time: its backends warmed up, room made for its expected peak, then its memory measured
-        (`Measured.size` once the block succeeds)."""
+    async def _measured(self, key: str, on_disk: int, warm: Callable[[], None] | None) -> AsyncIterator[Measured]:
+        """One load at a time: its backends warmed up (`warm`, None when they are), room made for its expected
+        peak, then its memory measured (`Measured.size` once the block succeeds)."""
         async with self._measure:
             await self._memory.warm_up(warm)
             await self._make_room(self._memory.estimate(key, on_disk), key)

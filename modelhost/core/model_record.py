@@ -38,6 +38,8 @@ class ModelRecord:
     fingerprint: ModelFingerprint | None = None
     # An ensemble's composing models.
     composing: tuple[str, ...] = ()
+    # False for a model `ModelManager.add` loaded from elsewhere than the store (its files are not the store's).
+    from_store: bool = True
     # Serializes this model's loads and unloads; requests never take it.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 

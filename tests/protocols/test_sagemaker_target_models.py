@@ -22,18 +22,20 @@ from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetMod
 from modelhost.store.archive_store import LocalArchiveStore
 from modelhost.types import InferRequest
 from tests.archives import WIDTH, write_archives
+from tests.helpers import until
 
 
 class Harness:
     def __init__(self, tmp_path: Path, count: int = 4, budget: int = 1 << 40,
-                 on_load: Callable[[TargetModel], Awaitable[Any]] | None = None, width: int = WIDTH) -> None:
+                 on_load: Callable[[TargetModel], Awaitable[Any]] | None = None, width: int = WIDTH,
+                 unpacked_cache_bytes: int = 0) -> None:
         write_archives(tmp_path / "archives", count, width)
         self.width = width
         self.manager = ModelManager(None, cpu_count=1, default_max_batch_size=4)
         self.cache = ModelCache(self.manager, budget)
         self.models = TargetModels(self.cache, self.manager, LocalArchiveStore(tmp_path / "archives"),
-                                   tmp_path / "work", ArchiveLimits(1 << 30, 10_000), load_roots=[tmp_path],
-                                   on_load=on_load)
+                                   tmp_path / "work", ArchiveLimits(1 << 30, 10_000, unpacked_cache_bytes),
+                                   load_roots=[tmp_path], on_load=on_load)
         self.work = tmp_path / "work"
 
     async def stop(self) -> None:
@@ -338,3 +340,23 @@ def test_memory_stays_within_the_budget_during_loads(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert 0 < highest <= budget, f"held {highest / 2**20:.2f} MiB with a {budget / 2**20:.0f} MiB budget"
+
+
+def test_an_evicted_archive_reloads_from_its_kept_copy_until_it_changes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, unpacked_cache_bytes=1 << 30)
+        await h.infer("model-0.tar.gz")
+        first = h.models.get("model-0.tar.gz").work_dir
+        await h.models.unload("model-0.tar.gz")
+        await until(lambda: h.models.copies.kept_bytes >= WIDTH * 4, "the unloaded model's files kept")
+        assert await h.infer("model-0.tar.gz") == 0.0
+        assert h.models.get("model-0.tar.gz").work_dir == first  # the same files, not unpacked again
+        assert sum(h.cache.statistics.download.counts) == 1 and sum(h.cache.statistics.load.counts) == 2
+        await h.models.unload("model-0.tar.gz")
+        archive = tmp_path / "archives" / "model-0.tar.gz"
+        (tmp_path / "archives" / "model-3.tar.gz").replace(archive)  # a new archive under the same name
+        assert await h.infer("model-0.tar.gz") == 3.0
+        assert sum(h.cache.statistics.download.counts) == 2
+        await h.stop()
+
+    asyncio.run(scenario())

@@ -21,28 +21,40 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from modelhost.backends import backend_is_warm
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import CacheEntry, ModelCache
-from modelhost.core.model_loading import warm_up_backend_of
+from modelhost.core.model_loading import LoadPlan, warm_up_backend_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.store.archive_models import ArchiveModels, FetchedModels
 from modelhost.store.archive_store import ArchiveStore, check_target
 from modelhost.store.layout import ModelLayout
 from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.paths import check_model_name, within
+from modelhost.store.unpacked_copies import UnpackedCopies
 
 
 @dataclass(frozen=True, slots=True)
 class TargetModel:
     key: str  # the TargetModel, or `model_name` of `POST /models`
     url: str  # where it came from, as the management API lists it
-    # The model's directory (the unpacked archive): what inference.py's model_fn gets. This and `layout` are
-    # None for a model the manager loaded from its store (the repository API).
-    root: Path | None
-    layout: ModelLayout | None
     served: dict[str, str]  # model name inside the archive -> the manager's name for it
-    work_dir: Path | None  # its own files (the unpacked archive, its layout's links), removed on unload
     entry: CacheEntry
+    fetched: FetchedModels | None  # its files; None for a model the manager loaded from its store (repository API)
+
+    @property
+    def root(self) -> Path | None:
+        """The model's directory (the unpacked archive): what inference.py's model_fn gets."""
+        return None if self.fetched is None else self.fetched.root
+
+    @property
+    def layout(self) -> ModelLayout | None:
+        return None if self.fetched is None else self.fetched.layout
+
+    @property
+    def work_dir(self) -> Path | None:
+        """Its own files (the unpacked archive, its layout's links)."""
+        return None if self.fetched is None else self.fetched.directory
 
 
 Hook = Callable[[TargetModel], Awaitable[None]]
@@ -52,6 +64,7 @@ Hook = Callable[[TargetModel], Awaitable[None]]
 class ArchiveLimits:
     max_unpacked_bytes: int
     max_archive_members: int
+    unpacked_cache_bytes: int = 0  # the unpacked archives of unloaded models kept on disk for reloads
 
 
 class TargetModels:
@@ -61,8 +74,9 @@ class TargetModels:
         self._cache = cache
         self._manager = manager
         self._work_dir = work_dir
+        self.copies = UnpackedCopies(limits.unpacked_cache_bytes)
         self._fetch = ArchiveModels(archives, work_dir / "downloads", limits.max_unpacked_bytes,
-                                    limits.max_archive_members, single_model_name)
+                                    limits.max_archive_members, single_model_name, self.copies)
         self._load_roots = tuple(load_roots)
         self._on_load = on_load
         self._on_unload = on_unload
@@ -90,7 +104,7 @@ class TargetModels:
         model = self._models.get(entry.key)
         if model is not None and model.entry is entry:
             return model
-        return TargetModel(entry.key, entry.key, None, None, {n: n for n in entry.names}, None, entry)
+        return TargetModel(entry.key, entry.key, {n: n for n in entry.names}, entry, None)
 
     @asynccontextmanager
     async def use_target(self, target: str) -> AsyncIterator[TargetModel]:
@@ -166,17 +180,22 @@ class TargetModels:
         # Each load gets its own directory: an evicted copy may still be being removed.
         work = self._work_dir / "models" / self._slot(key)
         try:
-            fetched = await asyncio.to_thread(fetch, work)
-            if fetched.fetch_seconds is not None:
-                self._cache.statistics.download.observe(fetched.fetch_seconds)
-            layout = fetched.layout
-            entry = await self._cache.load(key, fetched.disk_bytes, partial(_warm_up_backends, layout),
-                                           partial(self._add_models, key, layout))
+            fetched, prepared = await asyncio.to_thread(self._fetch_and_prepare, key, fetch, work)
         except BaseException:
             self._remove_files(work)
             raise
-        served = dict(zip(layout.models, entry.names, strict=True))
-        model = TargetModel(key, url, fetched.root, layout, served, work, entry)
+        if fetched.fetch_seconds is not None:
+            self._cache.statistics.download.observe(fetched.fetch_seconds)
+        cold = [p.source for p in prepared
+                if p.plan is None or p.plan.backend is None or not backend_is_warm(p.plan.backend.name)]
+        try:
+            entry = await self._cache.load(key, fetched.disk_bytes, partial(_warm_up_backends, cold) if cold else None,
+                                           partial(self._add_models, prepared))
+        except BaseException:
+            self._remove_files(fetched.directory)
+            raise
+        served = dict(zip(fetched.layout.models, entry.names, strict=True))
+        model = TargetModel(key, url, served, entry, fetched)
         entry.release = partial(self._release, model)
         try:
             if self._on_load is not None:
@@ -185,40 +204,63 @@ class TargetModels:
             try:
                 await self._cache.discard(entry)
             finally:
-                self._remove_files(work)
+                self._remove_files(fetched.directory)
             raise
         self._models[key] = model
         await self._cache.keep(entry)
         return model
 
-    async def _add_models(self, key: str, layout: ModelLayout) -> list[str]:
-        store = LocalStore(layout.repository)
+    def _fetch_and_prepare(self, key: str, fetch: Callable[[Path], FetchedModels],
+                           work: Path) -> tuple[FetchedModels, list[_Prepared]]:
+        """In one thread: the archive fetched, and each of its models found and planned as the manager will load it
+        (a model that cannot be planned is left for the manager's load to report)."""
+        fetched = fetch(work)
+        try:
+            store = LocalStore(fetched.layout.repository)
+            prepared = []
+            for name in fetched.layout.models:
+                found = store.fetch(name)
+                source = ModelSource(key if len(fetched.layout.models) == 1 else f"{key}/{name}", found.path,
+                                     found.versions)
+                try:
+                    plan: LoadPlan | None = self._manager.plan(source)
+                except Exception:  # noqa: BLE001 - ModelManager.add reports it, as for any load
+                    plan = None
+                prepared.append(_Prepared(source, plan))
+        except BaseException:
+            shutil.rmtree(fetched.directory, ignore_errors=True)
+            raise
+        return fetched, prepared
+
+    async def _add_models(self, prepared: list[_Prepared]) -> list[str]:
         served: list[str] = []
         try:
-            for name in layout.models:
-                served_name = key if len(layout.models) == 1 else f"{key}/{name}"
-                source = await asyncio.to_thread(store.fetch, name)
-                await self._manager.add(ModelSource(served_name, source.path, source.versions))
-                served.append(served_name)
+            for model in prepared:
+                await self._manager.add(model.source, model.plan)
+                served.append(model.source.name)
         except BaseException:
             await asyncio.gather(*(self._manager.evict(n) for n in served), return_exceptions=True)
             raise
         return served
 
     async def _release(self, model: TargetModel) -> None:
-        """After the cache unloaded the model's models: its inference.py, then its files."""
+        """After the cache unloaded the model's models: its inference.py, then its files (kept for a reload of
+        the archive, or removed)."""
         if self._models.get(model.key) is model:
             del self._models[model.key]
         try:
             if self._on_unload is not None:
                 await self._on_unload(model)
         finally:
-            assert model.work_dir is not None
-            self._remove_files(model.work_dir)
+            assert model.fetched is not None
+            self._in_background(partial(self._fetch.release, model.key, model.fetched))
 
-    def _remove_files(self, work: Path) -> None:
-        """Delete a model's files in the background: its memory is what a waiting load needs, not its disk."""
-        task = asyncio.create_task(asyncio.to_thread(shutil.rmtree, work, True))
+    def _remove_files(self, directory: Path) -> None:
+        self._in_background(partial(shutil.rmtree, directory, True))
+
+    def _in_background(self, work: Callable[[], None]) -> None:
+        """Delete or keep a model's files in a thread: its memory is what a waiting load needs, not its disk."""
+        task = asyncio.create_task(asyncio.to_thread(work))
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
 
@@ -227,11 +269,12 @@ class TargetModels:
         return f"{next(self._slots)}-" + re.sub(r"[^A-Za-z0-9._-]", "_", key)[:100]
 
 
-def _warm_up_backends(layout: ModelLayout) -> None:
-    store = LocalStore(layout.repository)
-    for name in layout.models:
-        try:
-            source = store.fetch(name)
-        except (ModelhostError, OSError):
-            continue  # the load reports it
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    source: ModelSource  # under the name the manager serves it by
+    plan: LoadPlan | None  # None: planning failed, and the manager's load reports why
+
+
+def _warm_up_backends(sources: list[ModelSource]) -> None:
+    for source in sources:
         warm_up_backend_of(source)

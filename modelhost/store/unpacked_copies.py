@@ -1,0 +1,59 @@
+"""Unpacked archives kept on disk once their models have left memory, as SageMaker's multi-model endpoints keep
+them: a later load of the same archive, unchanged (the same stamp: size and modification time, or S3's ETag),
+reuses the copy instead of downloading and unpacking it again.
+
+The copies kept take at most `budget_bytes` of model files on disk (`--unpacked-cache-bytes`); the one kept
+longest ago is deleted first. A copy in use is the loader's, not counted here: `take` hands it over and `keep`
+hands it back. Thread-safe; the methods block (they delete directories).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections import OrderedDict
+
+from modelhost.store.archive_models import FetchedModels
+
+
+class UnpackedCopies:
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[str, FetchedModels] = OrderedDict()  # target -> its copy, kept longest ago first
+        self._bytes = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._bytes
+
+    def take(self, target: str, stamp: str) -> FetchedModels | None:
+        """The kept copy of `target` unpacked from the archive at `stamp`, now the caller's; None when there is
+        none (a copy of another stamp is deleted: the archive changed)."""
+        with self._lock:
+            copy = self._kept.pop(target, None)
+            if copy is not None:
+                self._bytes -= copy.disk_bytes
+        if copy is None:
+            return None
+        if copy.stamp == stamp and copy.directory.is_dir():
+            return copy
+        shutil.rmtree(copy.directory, ignore_errors=True)
+        return None
+
+    def keep(self, target: str, copy: FetchedModels) -> None:
+        """Keep an unpacked copy no load uses any more; copies over the budget are deleted, oldest first."""
+        doomed: list[FetchedModels] = []
+        with self._lock:
+            replaced = self._kept.pop(target, None)
+            if replaced is not None:
+                self._bytes -= replaced.disk_bytes
+                doomed.append(replaced)
+            self._kept[target] = copy
+            self._bytes += copy.disk_bytes
+            while self._bytes > self.budget_bytes:
+                _, oldest = self._kept.popitem(last=False)
+                self._bytes -= oldest.disk_bytes
+                doomed.append(oldest)
+        for gone in doomed:
+            shutil.rmtree(gone.directory, ignore_errors=True)

@@ -1,0 +1,62 @@
+"""Unpacked archives kept on disk after their models unload: reused while the archive is unchanged, deleted
+when it changed or when the copies kept pass their disk budget, oldest first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from modelhost.store.archive_models import ArchiveModels, FetchedModels
+from modelhost.store.archive_store import LocalArchiveStore
+from modelhost.store.unpacked_copies import UnpackedCopies
+from tests.archives import WIDTH, write_archives
+
+
+def fetcher(tmp_path: Path, budget: int, count: int = 3) -> tuple[ArchiveModels, UnpackedCopies]:
+    write_archives(tmp_path / "archives", count)
+    copies = UnpackedCopies(budget)
+    return ArchiveModels(LocalArchiveStore(tmp_path / "archives"), tmp_path / "downloads", 1 << 30, 100, "model",
+                         copies), copies
+
+
+def test_an_unchanged_archive_reuses_its_kept_copy_without_unpacking(tmp_path: Path) -> None:
+    models, copies = fetcher(tmp_path, 1 << 30)
+    first = models.fetch("model-0.tar.gz", tmp_path / "w" / "1")
+    assert first.fetch_seconds is not None and first.stamp is not None
+    models.release("model-0.tar.gz", first)
+    assert first.directory.is_dir() and copies.kept_bytes == first.disk_bytes >= WIDTH * 4
+    again = models.fetch("model-0.tar.gz", tmp_path / "w" / "2")
+    assert again.directory == first.directory and again.fetch_seconds is None  # no download, no unpacking
+    assert not (tmp_path / "w" / "2").exists() and copies.kept_bytes == 0  # in use: the loader's again
+    models.release("model-0.tar.gz", again)
+    assert copies.kept_bytes == first.disk_bytes
+
+
+def test_a_changed_archive_is_fetched_again_and_its_old_copy_deleted(tmp_path: Path) -> None:
+    models, copies = fetcher(tmp_path, 1 << 30)
+    first = models.fetch("model-1.tar.gz", tmp_path / "w" / "1")
+    models.release("model-1.tar.gz", first)
+    archive = tmp_path / "archives" / "model-1.tar.gz"
+    (tmp_path / "archives" / "model-2.tar.gz").replace(archive)  # replaced: another size or modification time
+    again = models.fetch("model-1.tar.gz", tmp_path / "w" / "2")
+    assert again.directory == tmp_path / "w" / "2" and again.fetch_seconds is not None
+    assert not first.directory.exists() and copies.kept_bytes == 0
+
+
+def test_copies_over_the_budget_are_deleted_oldest_first(tmp_path: Path) -> None:
+    models, copies = fetcher(tmp_path, 0)
+    sizes = models.fetch("model-0.tar.gz", tmp_path / "probe").disk_bytes
+    copies.budget_bytes = 2 * sizes  # two copies fit
+    fetched = [models.fetch(f"model-{i}.tar.gz", tmp_path / "w" / str(i)) for i in range(3)]
+    for i, copy in enumerate(fetched):
+        models.release(f"model-{i}.tar.gz", copy)
+    assert [copy.directory.is_dir() for copy in fetched] == [False, True, True]
+    assert copies.kept_bytes == 2 * sizes
+
+
+def test_a_directory_used_in_place_is_never_kept_and_its_layout_is_removed(tmp_path: Path) -> None:
+    models, copies = fetcher(tmp_path, 1 << 30)
+    unpacked: FetchedModels = models.fetch("model-0.tar.gz", tmp_path / "user-dir")
+    in_place = models.in_place(unpacked.root, tmp_path / "w" / "layout")
+    assert in_place.stamp is None and in_place.directory == tmp_path / "w" / "layout"
+    models.release("user-dir", in_place)
+    assert not in_place.directory.exists() and unpacked.root.is_dir() and copies.kept_bytes == 0
