@@ -8,9 +8,11 @@
 - A framework's process-wide state (importing torch alone holds about 85 MB) is no model's: what warming up a
   backend holds joins the baseline.
 - A load is expected to peak at twice its files plus 1 MiB (`estimate`), or at what the same key's last load
-  peaked at; its own size is what it still holds when done, never less than its files on disk.
+  peaked at when it ran alone; its own size is what it still holds when done, never less than its files on
+  disk. Loads may overlap: each is then charged what the process grew by during it, others' growth included
+  (more than its own share, never less), and its peak is not remembered.
 
-Runs on the event loop only; the cache calls it under its one-load-at-a-time lock.
+Runs on the event loop only; the cache never warms a backend up while a load is measured.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class CacheMemory:
     def __init__(self) -> None:
         self._baseline: int | None = None  # held bytes when the cache last held nothing, plus warm-ups since
         self._holding = 0  # loads whose memory is held: measured or measuring, not yet released
+        self._measuring = 0  # loads being measured now
+        self._started = 0  # loads that started being measured, ever
         self._peaks: dict[str, int] = {}  # key -> the most its last load held at once
         self._sizes = 0  # the models' own sizes, added up
 
@@ -70,6 +74,10 @@ class CacheMemory:
         if self._holding == 0:
             self._baseline = held_bytes()
         self._holding += 1
+        alone = self._measuring == 0
+        self._measuring += 1
+        self._started += 1
+        started = self._started
         measured = Measured()
         try:
             with PeakMeter() as meter:
@@ -77,10 +85,13 @@ class CacheMemory:
         except BaseException:
             self._holding -= 1
             raise
-        self._peaks.pop(key, None)
-        self._peaks[key] = meter.peak_growth
-        if len(self._peaks) > _REMEMBERED_PEAKS:
-            del self._peaks[next(iter(self._peaks))]
+        finally:
+            self._measuring -= 1
+        if alone and self._started == started:  # no other load ran meanwhile: the peak is this one's
+            self._peaks.pop(key, None)
+            self._peaks[key] = meter.peak_growth
+            if len(self._peaks) > _REMEMBERED_PEAKS:
+                del self._peaks[next(iter(self._peaks))]
         measured.size = max(meter.growth, disk_bytes)
 
     def keep(self, size: int) -> None:

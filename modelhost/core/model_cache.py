@@ -9,9 +9,12 @@ on the event loop):
   eviction waits for those requests, and a load of the same key waits for the eviction;
 - the budget is compared with what the models hold in memory as core/cache_memory.py counts it (real
   memory above a baseline); the backends a load needs are warmed up before it is measured;
-- loads run one at a time. Before one starts, idle entries are evicted until its expected peak fits
-  (`CacheMemory.estimate`), so memory stays within the budget during the load too, not only after it;
-  each entry's own growth is kept as its `size`.
+- up to CONCURRENT_LOADS loads run at once, so that a busy endpoint's misses do not queue behind each other.
+  Before one starts, idle entries are evicted until its expected peak (`CacheMemory.estimate`) fits beside
+  the peaks of those under way, so memory stays within the budget during loads too, not only after them; a
+  load that cannot fit while others run waits for them, and is refused (NO_MEMORY) only when it cannot fit
+  alone. A backend warms up with no load under way (its memory is the process's). Each entry's growth is
+  kept as its `size`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.local import ModelSource
 
 log = logging.getLogger("modelhost.model_cache")
+
+CONCURRENT_LOADS = 4
 
 # Seconds; cold loads run from tens of milliseconds to minutes.
 CACHE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -75,7 +80,12 @@ class ModelCache:
         self.budget_bytes = budget_bytes
         self._memory = CacheMemory()
         self._entries: dict[str, CacheEntry] = {}
-        self._measure = asyncio.Lock()
+        self._changed = asyncio.Condition()  # a load started or ended, or a warm-up ended
+        self._loading = 0  # loads under way, waiting for room or measured
+        self._running = 0  # loads being measured
+        self._reserved = 0  # their expected peaks
+        self._finished = 0  # loads measured, ever
+        self._warming = False
         self._evicting: dict[str, asyncio.Future[None]] = {}  # key -> done when its eviction is
         self._removals: set[asyncio.Task[None]] = set()
         self.statistics = CacheStatistics()
@@ -121,7 +131,7 @@ class ModelCache:
         entry = CacheEntry(name, (name,), measured.size)
         self._charge(entry)
         try:
-            await self._make_room(0, name)  # never its own victim: the manager unloads it, holding its lock
+            await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock
         except ModelhostError:
             self._uncharge(entry)
             self._memory.release()
@@ -142,7 +152,7 @@ class ModelCache:
         """Charge a loaded entry: others are evicted until it fits, or it is (NO_MEMORY)."""
         self._charge(entry)
         try:
-            await self._make_room(0, entry.key)  # never its own victim
+            await self._fit(0, entry.key)  # never its own victim
         except ModelhostError:
             await self.evict(entry)
             raise self._no_memory(entry.key, f"{entry.size} bytes") from None
@@ -157,15 +167,68 @@ class ModelCache:
 
     @asynccontextmanager
     async def _measured(self, key: str, on_disk: int, warm: Callable[[], None] | None) -> AsyncIterator[Measured]:
-        """One load at a time: its backends warmed up (`warm`, None when they are), room made for its expected
-        peak, then its memory measured (`Measured.size` once the block succeeds)."""
-        async with self._measure:
-            await self._memory.warm_up(warm)
-            await self._make_room(self._memory.estimate(key, on_disk), key)
+        """One load among those under way: its backends warmed up (`warm`, None when they are) while no other load
+        is under way, room made for its expected peak, then its memory measured (`Measured.size` once the block
+        succeeds)."""
+        async with self._changed:
+            if warm is None:
+                await self._changed.wait_for(lambda: not self._warming and self._loading < CONCURRENT_LOADS)
+            else:
+                await self._changed.wait_for(lambda: not self._warming)
+                self._warming = True  # no load starts now
+                try:
+                    await self._changed.wait_for(lambda: self._loading == 0)
+                except BaseException:  # cancelled: the loads waiting for this warm-up go on
+                    self._warming = False
+                    self._changed.notify_all()
+                    raise
+            self._loading += 1
+        expected: int | None = None
+        try:
+            if warm is not None:
+                try:
+                    await self._memory.warm_up(warm)
+                finally:
+                    self._warming = False
+                    await self._notify()
+            peak = self._memory.estimate(key, on_disk)
+            await self._fit(peak, key)
+            expected = peak
+            self._reserved += expected
+            self._running += 1
             started = time.monotonic()
             async with self._memory.measuring(key, on_disk) as measured:
                 yield measured
             self.statistics.load.observe(time.monotonic() - started)
+        finally:
+            if expected is not None:
+                self._reserved -= expected
+                self._running -= 1
+                self._finished += 1
+            self._loading -= 1
+            await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _measured_since(self, finished: int) -> None:
+        """Returns once a load has been measured since `_finished` was `finished`."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._finished != finished)
+
+    async def _fit(self, needed: int, key: str) -> None:
+        """Make room for `needed` more bytes beside the expected peaks of the loads being measured; while that
+        cannot be done, wait for one of them to end, and raise NO_MEMORY once none is left."""
+        while True:
+            finished = self._finished
+            try:
+                await self._make_room(needed + self._reserved, key)
+                return
+            except ModelhostError:
+                if self._running == 0:
+                    raise
+            await self._measured_since(finished)
 
     def _charge(self, entry: CacheEntry) -> None:
         self._entries[entry.key] = entry
@@ -206,8 +269,12 @@ class ModelCache:
 
     async def evict(self, entry: CacheEntry) -> None:
         """No request finds the entry from now; once the requests holding its models are done (their own
-        lookups included), they unload and its owner's `release` runs. A load of the same key waits for that."""
+        lookups included), they unload and its owner's `release` runs. A load of the same key waits for that,
+        and so does a second eviction of the entry."""
         if not self.holds(entry):
+            evicting = self._evicting.get(entry.key)
+            if evicting is not None:
+                await asyncio.shield(evicting)
             return
         self._uncharge(entry)
         self.statistics.evictions += 1

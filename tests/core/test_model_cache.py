@@ -11,10 +11,11 @@ import onnx
 import pytest
 
 from modelhost.core.manager import ModelManager
-from modelhost.core.model_cache import ModelCache
+from modelhost.core.model_cache import CONCURRENT_LOADS, ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.local import LocalStore
 from tests.archives import WIDTH, weighted_model
+from tests.helpers import until
 
 
 def write_repository(root: Path, count: int, width: int = WIDTH) -> LocalStore:
@@ -124,5 +125,94 @@ def test_store_models_the_manager_loads_are_charged_and_evicted_least_recently_u
         await h.cache.stop()
         await h.manager.stop()
         assert h.cache.used_bytes == 0
+
+    asyncio.run(scenario())
+
+
+def test_loads_run_side_by_side_up_to_the_limit(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        inside, release = 0, asyncio.Event()
+
+        async def blocked() -> list[str]:
+            nonlocal inside
+            inside += 1
+            await release.wait()
+            return []
+
+        loads = [asyncio.create_task(h.cache.load(f"k{i}", 0, None, blocked)) for i in range(CONCURRENT_LOADS + 1)]
+        await until(lambda: inside == CONCURRENT_LOADS, "loads side by side")
+        await asyncio.sleep(0.05)
+        assert inside == CONCURRENT_LOADS  # the one more waits for a place
+        release.set()
+        entries = await asyncio.gather(*loads)
+        assert inside == CONCURRENT_LOADS + 1 and sum(h.cache.statistics.load.counts) == CONCURRENT_LOADS + 1
+        for entry in entries:
+            await h.cache.keep(entry)
+        await h.cache.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_that_fits_only_alone_waits_for_the_loads_under_way(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        # Each load is expected to peak at 2 x 1 MiB + 1 MiB: one fits the 4 MiB budget, two do not.
+        h = Harness(tmp_path, budget=4 << 20)
+        order: list[str] = []
+        first_may_end = asyncio.Event()
+
+        async def first() -> list[str]:
+            order.append("first")
+            await first_may_end.wait()
+            return []
+
+        async def second() -> list[str]:
+            order.append("second")
+            return []
+
+        one = asyncio.create_task(h.cache.load("one", 1 << 20, None, first))
+        await until(lambda: order == ["first"])
+        two = asyncio.create_task(h.cache.load("two", 1 << 20, None, second))
+        await asyncio.sleep(0.05)
+        assert order == ["first"]  # waiting for room, not refused
+        first_may_end.set()
+        await h.cache.keep(await one)
+        await h.cache.keep(await two)
+        assert order == ["first", "second"] and h.keys() == ["one", "two"]
+        await h.cache.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_backend_warms_up_with_no_load_under_way(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        events: list[str] = []
+        may_end = asyncio.Event()
+
+        async def slow() -> list[str]:
+            events.append("load started")
+            await may_end.wait()
+            events.append("load ended")
+            return []
+
+        def warm() -> None:
+            events.append("warm-up")
+
+        async def quick() -> list[str]:
+            events.append("warmed load")
+            return []
+
+        running = asyncio.create_task(h.cache.load("running", 0, None, slow))
+        await until(lambda: events == ["load started"])
+        warming = asyncio.create_task(h.cache.load("warming", 0, warm, quick))
+        later = asyncio.create_task(h.cache.load("later", 0, None, quick))
+        await asyncio.sleep(0.05)
+        assert events == ["load started"]  # the warm-up waits, and no load starts before it
+        may_end.set()
+        for task in (running, warming, later):
+            await h.cache.keep(await task)
+        assert events == ["load started", "load ended", "warm-up", "warmed load", "warmed load"]
+        await h.cache.stop()
 
     asyncio.run(scenario())
