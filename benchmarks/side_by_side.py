@@ -1,32 +1,43 @@
 """Side by side: modelhost, NVIDIA Triton, TorchServe 0.12, the naive aiohttp peer and the in-process limit.
 
     python benchmarks/side_by_side.py [--duration 10] [--concurrency 1,8,32,128] [--models rank,tiny]
-        [--servers modelhost,triton,torchserve,aiohttp,limit] [--json results.json]
+        [--servers modelhost,triton,torchserve,aiohttp,limit] [--grpc-client perf_analyzer|python]
+        [--json results.json]
 
 Models and requests are serving.py's: `rank`, 500 rows x 1000 FP32 features (2 MB) per request, and
 `tiny`, 1 row x 4 FP32, the same arrays (serving.cases()). Every server runs the same model.onnx with
 onnxruntime on the CPU, intra_op_num_threads = the machine's cores; see benchmarks/peers/ for how each
-peer is started and configured. One server runs at a time; each cell (server, model, protocol,
-concurrency) gets 1 s of warm-up, then `--duration` seconds measured:
-- HTTP: wrk (C, serving.py's Lua script), `c` keep-alive connections, latency percentiles from wrk.
+peer is started and configured. One server runs at a time; each cell (server, model, protocol and load
+generator, concurrency) gets 1 s of warm-up, then `--duration` seconds measured. The protocol column names
+the load generator in brackets:
+- HTTP (wrk): wrk (C, serving.py's Lua script), `c` keep-alive connections, latency percentiles from wrk.
   V2 servers get the binary tensor extension (serving.infer_body); TorchServe, which has no V2 binary
   protocol, gets the same FP32 rows as a raw body on its /predictions API.
-- gRPC: one grpc.aio channel from one event loop keeping `c` requests in flight, each a pre-serialized
-  request (V2 ModelInfer with raw_input_contents; TorchServe's Predictions with raw bytes).
+- HTTP and gRPC (perf_analyzer), for the servers with Triton's model metadata and config APIs (modelhost,
+  Triton): NVIDIA's perf_analyzer (C++, the client Triton users measure with; benchmarks/peers/
+  perf_analyzer.py installs it and says how it is run), `c` synchronous clients, the same arrays as one
+  request (rank: -b 500 over 500 rows), the HTTP binary extension both ways over HTTP. It compares every
+  answer byte for byte with the server's own answer, which is first checked against onnxruntime. Its
+  warm-up is a run of its own.
+- gRPC (Python): one grpc.aio channel from one event loop keeping `c` requests in flight, each a
+  pre-serialized request (V2 ModelInfer with raw_input_contents; TorchServe's Predictions with raw bytes).
+  TorchServe's gRPC always, the V2 servers' with --grpc-client python in place of perf_analyzer.
 - limit: onnxruntime in this process, `c` threads calling it back to back on the same inputs.
 `p50 / limit` divides a cell's p50 by the median of one onnxruntime call on its own (sequential, same
 inputs and threads: grpc_http.limit_p50), as serving.py does: the model's own time, measured on every
 run whatever --servers says. At c > 1 even a perfect server queues, so compare servers within one
-(model, c, protocol) group; the limit rows show what c threads reach in-process.
-Answers are checked against onnxruntime: HTTP once before and once after each wrk run, gRPC on the
-first and every CHECK_EVERY-th answer of each in-flight slot. A cell a peer cannot do, or that fails,
-prints "n/a" with the reason in a footnote.
+(model, c, protocol, load generator) group; the limit rows show what c threads reach in-process.
+Answers are checked against onnxruntime: HTTP once before and once after each wrk run, Python gRPC on
+the first and every CHECK_EVERY-th answer of each in-flight slot, perf_analyzer's as above. A cell a
+peer cannot do, or that fails, prints "n/a" with the reason in a footnote.
 
 The load generators share the machine's cores with the server (2 here): the Python gRPC client tops
-out at a few thousand requests/s and wrk takes a core at high rates, so for `tiny` read ratios between
-servers, not absolute figures. Needs wrk (Debian package), the peers' installs (their docstrings), and
-`python benchmarks/peers/triton.py --install` once for Triton. A full run (the defaults: 10 s, c = 1, 8,
-32 and 128, every server) takes about 13 minutes on 2 cores; --duration 2 --concurrency 1,8 about 2.
+out at a few thousand requests/s and takes CPU from the server, and wrk and perf_analyzer take a core
+at high rates, so for `tiny` read ratios between servers, not absolute figures. Needs wrk (Debian
+package), libb64-0d (Debian package, for perf_analyzer, which installs itself on first use), the peers'
+installs (their docstrings), and `python benchmarks/peers/triton.py --install` once for Triton. A full
+run (the defaults: 10 s, c = 1, 8, 32 and 128, every server) takes about 16 minutes on 2 cores;
+--duration 2 --concurrency 1,8 about 2.5.
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import grpc_http, serving  # noqa: E402
-from benchmarks.peers import torchserve, triton  # noqa: E402
+from benchmarks.peers import perf_analyzer, torchserve, triton  # noqa: E402
 from modelhost.example_repository import ensure_example_repository  # noqa: E402
 from tests.server import ServerProcess, free_port  # noqa: E402
 
@@ -67,6 +78,8 @@ WARMUP_S = 1
 CHECK_EVERY = 64
 WRK_TIMEOUT = "60s"  # wrk's default 2 s would drop `rank`'s slow answers at c=128 from the percentiles
 AIOHTTP_PEER = ROOT / "benchmarks" / "peers" / "aiohttp_v2.py"
+GRPC_CLIENTS = ("perf_analyzer", "python")
+CLIENT_LABELS = {"wrk": "wrk", "perf_analyzer": "perf_analyzer", "python": "Python"}
 Result = dict[str, Any]  # a cell's or a row's fields, as --json writes them
 
 
@@ -210,12 +223,13 @@ class Peer:
     api: V2Api | TorchServeApi
     start: Callable[[Path, Sequence[str], Path], RunningServer]
     grpc: bool = True
+    perf_analyzer: bool = False  # has the model metadata, config and statistics APIs perf_analyzer reads
     note: str = ""
 
 
 PEERS = {
-    "modelhost": Peer(V2Api(), start_modelhost),
-    "triton": Peer(V2Api(), start_triton, note=(
+    "modelhost": Peer(V2Api(), start_modelhost, perf_analyzer=True),
+    "triton": Peer(V2Api(), start_triton, perf_analyzer=True, note=(
         "Triton from the nvidia-pytriton wheel, which has only the python backend: a python-backend model.py "
         "runs the same model.onnx with onnxruntime in the backend's stub process (one more shared-memory hop "
         "per request than an onnxruntime backend would take).")),
@@ -305,6 +319,26 @@ def run_grpc_cell(api: V2Api | TorchServeApi, target: str, workload: Workload, c
     return asyncio.run(grpc_cell(api, target, workload, c, seconds))
 
 
+def v2_answer(server: RunningServer, workload: Workload) -> np.ndarray:
+    """The server's answer to the workload's request over gRPC, checked against onnxruntime."""
+    api = V2Api()
+    with grpc.insecure_channel(server.grpc_url, grpc_http.GRPC_OPTIONS) as channel:  # type: ignore[attr-defined]
+        raw = channel.unary_unary(api.grpc_method)(api.grpc_payload(workload), timeout=30)
+    answer = api.grpc_answer(raw).reshape(workload.expected.shape)
+    assert_answer(answer, workload.expected)
+    return answer
+
+
+def perf_analyzer_cell(protocol: str, server: RunningServer, workload: Workload, c: int, seconds: int,
+                       workdir: Path) -> Result:
+    """perf_analyzer with the workload's array as one request, every answer compared byte for byte with the
+    server's own (checked) answer."""
+    data = perf_analyzer.write_input_data(workdir / f"{workload.model}.perf_analyzer.json", workload.input,
+                                          workload.array, workload.output, v2_answer(server, workload))
+    url = server.grpc_url if protocol == "gRPC" else server.base.removeprefix("http://")  # type: ignore[attr-defined]
+    return perf_analyzer.measure(protocol.lower(), url, workload.model, data, c, seconds, warmup_s=WARMUP_S)
+
+
 def limit_cell(session: ort.InferenceSession, workload: Workload, c: int, seconds: int) -> Result:
     """`c` threads calling onnxruntime back to back, as a server with no overhead would."""
     feeds = {workload.input: workload.array}
@@ -318,6 +352,42 @@ def limit_session(repository: Path, model: str) -> ort.InferenceSession:
     options.intra_op_num_threads = os.cpu_count() or 1
     return ort.InferenceSession(str(repository / model / "1" / "model.onnx"), options,
                                 providers=["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True)
+class Load:
+    """How a cell loads its server: the protocol and the load generator."""
+
+    protocol: str  # "HTTP" or "gRPC"
+    client: str  # "wrk", "perf_analyzer" or "python"; "" where the peer has no such protocol
+
+    def label(self, api: V2Api | TorchServeApi) -> str:
+        protocol = api.http_label if self.protocol == "HTTP" else api.grpc_label
+        return f"{protocol} ({CLIENT_LABELS[self.client]})" if self.client else protocol
+
+
+def loads(peer: Peer, grpc_client: str) -> list[Load]:
+    """wrk over HTTP, and perf_analyzer beside it where the peer allows; gRPC with `grpc_client` where the
+    peer allows perf_analyzer, else the Python client."""
+    chosen = [Load("HTTP", "wrk")]
+    if peer.perf_analyzer:
+        chosen.append(Load("HTTP", "perf_analyzer"))
+    if not peer.grpc:
+        chosen.append(Load("gRPC", ""))
+    else:
+        chosen.append(Load("gRPC", grpc_client if peer.perf_analyzer else "python"))
+    return chosen
+
+
+def run_cell(peer: Peer, load: Load, server: RunningServer, workload: Workload, c: int, seconds: int,
+             workdir: Path) -> tuple[Result | None, str]:
+    if not load.client:
+        return None, NO_GRPC_NOTE
+    if load.client == "wrk":
+        return attempt(http_cell, peer.api, server, workload, c, seconds, workdir)
+    if load.client == "perf_analyzer":
+        return attempt(perf_analyzer_cell, load.protocol, server, workload, c, seconds, workdir)
+    return attempt(run_grpc_cell, peer.api, server.grpc_url, workload, c, seconds)  # type: ignore[attr-defined]
 
 
 def row(server: str, model: str, protocol: str, c: int, result: Result | None = None, na: str = "") -> Result:
@@ -353,28 +423,21 @@ def measure_limit(repository: Path, jobs: dict[str, Workload], concurrency: Sequ
 
 
 def measure_peer(name: str, repository: Path, jobs: dict[str, Workload], concurrency: Sequence[int], seconds: int,
-                 workdir: Path) -> list[Result]:
+                 workdir: Path, grpc_client: str) -> list[Result]:
     """Start the peer, run every cell of it, stop it."""
     peer = PEERS[name]
-    cells = [(workload, kind, c) for workload in jobs.values() for kind in ("HTTP", "gRPC") for c in concurrency]
-    labels = {"HTTP": peer.api.http_label, "gRPC": peer.api.grpc_label}
+    cells = [(workload, load, c) for workload in jobs.values() for load in loads(peer, grpc_client)
+             for c in concurrency]
     try:
         server = peer.start(repository, list(jobs), workdir / name)
     except Exception as error:  # noqa: BLE001
         why = f"did not start: {type(error).__name__}: {str(error).strip()[:300]}"
-        return [report(row(name, w.model, labels[kind], c, na=why)) for w, kind, c in cells]
+        return [report(row(name, w.model, load.label(peer.api), c, na=why)) for w, load, c in cells]
     rows = []
     try:
-        for workload, kind, c in cells:
-            if kind == "gRPC" and not peer.grpc:
-                rows.append(report(row(name, workload.model, labels[kind], c, na=NO_GRPC_NOTE)))
-                continue
-            if kind == "HTTP":
-                result, why = attempt(http_cell, peer.api, server, workload, c, seconds, workdir)
-            else:
-                target = server.grpc_url  # type: ignore[attr-defined]
-                result, why = attempt(run_grpc_cell, peer.api, target, workload, c, seconds)
-            rows.append(report(row(name, workload.model, labels[kind], c, result, why)))
+        for workload, load, c in cells:
+            result, why = run_cell(peer, load, server, workload, c, seconds, workdir)
+            rows.append(report(row(name, workload.model, load.label(peer.api), c, result, why)))
     finally:
         server.stop()
     return rows
@@ -407,17 +470,25 @@ class Footnotes:
         return "\n".join(f"[{i}] {text}" for i, text in enumerate(self.texts, 1))
 
 
+def protocol_group(label: str) -> tuple[int, int]:
+    """Where a protocol column's rows go: in-process, HTTP, gRPC; within those, by load generator."""
+    family = 0 if label == "in-process" else 1 if label.startswith("HTTP") else 2
+    clients = [f"({name})" for name in CLIENT_LABELS.values()]
+    return family, next((i for i, client in enumerate(clients) if label.endswith(client)), len(clients))
+
+
 def table(rows: list[Result], one_call: dict[str, float]) -> str:
-    """One markdown table: per model and concurrency, the limit, then each protocol's servers."""
+    """One markdown table: per model and concurrency, the limit, then each protocol and load generator's
+    servers."""
     notes = Footnotes()
     medians = ", ".join(f"{model} {p50:.3f} ms" for model, p50 in one_call.items())
     ratio_head = "p50 / limit" + notes.mark(f"{RATIO_NOTE}: {medians}.")
-    kinds = {"in-process": 0, "HTTP binary": 1, "HTTP raw": 1, "gRPC": 2, "gRPC raw": 2}
     order = {name: i for i, name in enumerate(SERVERS)}
     lines = [f"| server | model | protocol | c | req/s | p50 ms | p99 ms | {ratio_head} |",
              "|---|---|---|---|---|---|---|---|"]
     models = list(one_call)
-    for r in sorted(rows, key=lambda r: (models.index(r["model"]), r["c"], kinds[r["protocol"]], order[r["server"]])):
+    for r in sorted(rows, key=lambda r: (models.index(r["model"]), r["c"], protocol_group(r["protocol"]),
+                                         order[r["server"]])):
         server = r["server"] + notes.mark(PEERS[r["server"]].note if r["server"] in PEERS else LIMIT_NOTE)
         if "na" in r:
             lines.append(f"| {server} | {r['model']} | {r['protocol']} | {r['c']} | n/a{notes.mark(r['na'])} "
@@ -442,6 +513,14 @@ def versions() -> dict[str, str]:
     return found
 
 
+def perf_analyzer_version() -> str:
+    """Its version, installing it first if need be (a failure here shows again in its cells)."""
+    try:
+        return perf_analyzer.find_or_install().version().removeprefix("Perf Analyzer Version ")
+    except Exception as error:  # noqa: BLE001
+        return f"unavailable ({type(error).__name__})"
+
+
 def parse_list(text: str, allowed: Sequence[str] | None = None) -> list[str]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     unknown = [item for item in items if allowed is not None and item not in allowed]
@@ -456,11 +535,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=lambda s: [int(c) for c in parse_list(s)], default=list(CONCURRENCY))
     parser.add_argument("--models", type=lambda s: parse_list(s, MODELS), default=list(MODELS))
     parser.add_argument("--servers", type=lambda s: parse_list(s, SERVERS), default=list(SERVERS))
+    parser.add_argument("--grpc-client", choices=GRPC_CLIENTS, default="perf_analyzer",
+                        help="the V2 servers' gRPC load generator (TorchServe's is always the Python one)")
     parser.add_argument("--json", type=Path, help="also write the versions and rows here")
     args = parser.parse_args()
 
     started = time.monotonic()
     about = versions()
+    if any(name in PEERS and PEERS[name].perf_analyzer for name in args.servers):
+        about["perf_analyzer"] = perf_analyzer_version()
     print(", ".join(f"{k} {v}" for k, v in about.items()) + f", load average at start {os.getloadavg()}", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="modelhost-side-by-side-"))
     repository = example_repository(workdir)
@@ -469,7 +552,7 @@ def main() -> None:
     print("one call in-process, median: " + ", ".join(f"{m} {p50:.3f} ms" for m, p50 in one_call.items()), flush=True)
     rows = measure_limit(repository, jobs, args.concurrency, args.duration) if "limit" in args.servers else []
     for name in (s for s in args.servers if s in PEERS):
-        rows += measure_peer(name, repository, jobs, args.concurrency, args.duration, workdir)
+        rows += measure_peer(name, repository, jobs, args.concurrency, args.duration, workdir, args.grpc_client)
     print(f"load average at end {os.getloadavg()}, {time.monotonic() - started:.0f} s in all", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"versions": about, "one_call_p50_ms": one_call, "rows": rows}, indent=2))
