@@ -98,6 +98,7 @@ class Client:
         self.url = url
         self.body = ",".join(["1"] * width).encode()
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self.last_error = ""  # the body of the last answer that was not a 200
 
     async def invoke(self, i: int) -> tuple[int, float]:
         """(status, seconds); a 200 must answer model i's prediction."""
@@ -109,12 +110,14 @@ class Client:
         elapsed = time.perf_counter() - started
         if response.status == 200 and not content.startswith(b'{"predictions":[[%d.0,' % (i + 1)):
             raise AssertionError(f"model {i} answered {content[:80]!r}")
+        if response.status != 200:
+            self.last_error = content[:400].decode("utf-8", "replace")
         return response.status, elapsed
 
     async def ok(self, i: int) -> float:
         status, elapsed = await self.invoke(i)
         if status != 200:
-            raise RuntimeError(f"{self.url} answered {status} for model {i}")
+            raise RuntimeError(f"{self.url} answered {status} for model {i}: {self.last_error}")
         return elapsed
 
     async def sequential(self, models: list[int]) -> list[float]:

@@ -86,6 +86,7 @@ class ModelCache:
         self._reserved = 0  # their expected peaks
         self._finished = 0  # loads measured, ever
         self._warming = False
+        self._making_room = asyncio.Lock()
         self._evicting: dict[str, asyncio.Future[None]] = {}  # key -> done when its eviction is
         self._removals: set[asyncio.Task[None]] = set()
         self.statistics = CacheStatistics()
@@ -222,12 +223,13 @@ class ModelCache:
         cannot be done, wait for one of them to end, and raise NO_MEMORY once none is left."""
         while True:
             finished = self._finished
-            try:
-                await self._make_room(needed + self._reserved, key)
-                return
-            except ModelhostError:
-                if self._running == 0:
-                    raise
+            async with self._making_room:  # two loads evicting at once would each see the other's victims go
+                try:
+                    await self._make_room(needed + self._reserved, key)
+                    return
+                except ModelhostError:
+                    if self._running == 0:
+                        raise
             await self._measured_since(finished)
 
     def _charge(self, entry: CacheEntry) -> None:
