@@ -30,13 +30,15 @@ class TestModelhostServe:
     def test_flags_set_their_fields(self) -> None:
         settings = modelhost_settings([
             "serve", "--model-repository", "s3://bucket/prefix", "--sagemaker-port", "0", "--multi-model",
-            "--model-cache-bytes", "512MiB", "--max-unpacked-bytes", "2GB", "--s3-endpoint-url",
+            "--model-cache-bytes", "512MiB", "--max-unpacked-bytes", "2GB", "--unpacked-cache-bytes", "1GiB",
+            "--s3-endpoint-url",
             "http://127.0.0.1:9000", "--invocation-timeout-seconds", "5", "--strict-readiness", "--workers", "1",
             "--log-level", "debug",
         ], {})
         assert settings.model_repository == "s3://bucket/prefix"
         assert (settings.sagemaker_port, settings.multi_model, settings.strict_readiness) == (0, True, True)
         assert (settings.model_cache_bytes, settings.max_unpacked_bytes) == (512 * 1024**2, 2 * 1000**3)
+        assert settings.unpacked_cache_bytes == 1024**3
         assert settings.s3_endpoint_url == "http://127.0.0.1:9000"
         assert (settings.invocation_timeout_seconds, settings.log_level) == (5.0, "debug")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from modelhost.settings import (
     resolve_settings,
     sagemaker_repository,
     settings_from_environment,
+    unpacked_cache_bytes,
 )
 
 BASE = ServerSettings()
@@ -197,6 +199,7 @@ class TestCheckSettings:
         ({"max_unpacked_bytes": -1}, "--max-unpacked-bytes must be positive"),
         ({"invocation_timeout_seconds": 0.0}, "--invocation-timeout-seconds must be positive"),
         ({"handler_threads": -1}, r"--handler-threads must be 0 \(automatic\) or more, got -1"),
+        ({"unpacked_cache_bytes": -1}, r"--unpacked-cache-bytes must be 0 \(automatic\) or more, got -1"),
     ])
     def test_errors(self, changes: dict[str, Any], message: str) -> None:
         with pytest.raises(SettingsError, match=message):
@@ -208,6 +211,10 @@ class TestCheckSettings:
     def test_workers_with_multi_model_from_the_environment(self) -> None:
         with pytest.raises(SettingsError, match="SAGEMAKER_TFS_INSTANCE_COUNT 2 cannot be combined"):
             resolve_settings(BASE, {"SAGEMAKER_TFS_INSTANCE_COUNT": "2", "SAGEMAKER_MULTI_MODEL": "true"}, {})
+
+    def test_unpacked_cache_bytes_are_as_set_or_a_quarter_of_the_free_disk(self, tmp_path: Path) -> None:
+        assert unpacked_cache_bytes(replace(BASE, unpacked_cache_bytes=5), tmp_path) == 5
+        assert 0 < unpacked_cache_bytes(BASE, tmp_path) <= shutil.disk_usage(tmp_path).total // 4
 
     def test_handler_threads_are_as_set_or_as_python_sizes_its_default_executor(self) -> None:
         assert handler_threads(replace(BASE, handler_threads=3)) == 3
