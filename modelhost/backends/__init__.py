@@ -113,8 +113,9 @@ def backend_is_warm(name: str) -> bool:
     return name in _warmed
 
 
-def warm_up_backend(name: str) -> None:
-    """Import backend `name`'s framework and create its process-wide state, once per process (blocking).
+def warm_up_backend(name: str) -> bool:
+    """Import backend `name`'s framework and create its process-wide state, once per process (blocking);
+    returns whether this call did it.
 
     The multi-model cache calls it before it measures a load, so that the first model of a framework is
     not charged for the framework (importing torch alone holds about 85 MB). Raises as get_backend does,
@@ -122,6 +123,7 @@ def warm_up_backend(name: str) -> None:
     """
     with _warm:
         if name in _warmed:
-            return
+            return False
         _warmed.add(name)
         get_backend(name).warm_up()
+        return True

@@ -58,14 +58,14 @@ class CacheMemory:
         """The most a load of `key` is expected to hold at once."""
         return max(disk_bytes * PEAK_PER_FILE_BYTE + PEAK_OVERHEAD_BYTES, self._peaks.get(key, 0))
 
-    async def warm_up(self, warm: Callable[[], None] | None) -> None:
+    async def warm_up(self, warm: Callable[[], bool] | None) -> None:
         """Run `warm` (a backend warm-up, blocking) in a thread; what it holds is the process's, not a model's.
-        None: the backends are warm already."""
+        `warm` returns whether it warmed anything up (only then is the baseline moved: what the process did
+        meanwhile is not the framework's). None: the backends are warm already."""
         if warm is None:
             return
         before = held_bytes()
-        await asyncio.to_thread(warm)
-        if self._baseline is not None:
+        if await asyncio.to_thread(warm) and self._baseline is not None:
             self._baseline += max(0, held_bytes() - before)
 
     @asynccontextmanager

@@ -139,7 +139,7 @@ class ModelCache:
             raise self._no_memory(name, f"{entry.size} bytes") from None
         self._log_cached(entry)
 
-    async def load(self, key: str, on_disk: int, warm: Callable[[], None] | None,
+    async def load(self, key: str, on_disk: int, warm: Callable[[], bool] | None,
                    add: Callable[[], Awaitable[Sequence[str]]]) -> CacheEntry:
         """One measured load of models the store does not list: `add` loads them into the manager and returns
         their names (unloading any it loaded when it fails). The entry is charged by `keep`, or undone by `discard`."""
@@ -167,7 +167,7 @@ class ModelCache:
             self._memory.release()
 
     @asynccontextmanager
-    async def _measured(self, key: str, on_disk: int, warm: Callable[[], None] | None) -> AsyncIterator[Measured]:
+    async def _measured(self, key: str, on_disk: int, warm: Callable[[], bool] | None) -> AsyncIterator[Measured]:
         """One load among those under way: its backends warmed up (`warm`, None when they are) while no other load
         is under way, room made for its expected peak, then its memory measured (`Measured.size` once the block
         succeeds)."""

@@ -75,16 +75,17 @@ def plan_model(
     return LoadPlan(config, backend, select_versions(config, source), overrides)
 
 
-def warm_up_backend_of(source: ModelSource) -> None:
+def warm_up_backend_of(source: ModelSource) -> bool:
     """Create the process-wide state of the backend that will load `source` (its framework's import and
-    runtime), so that a measured load is charged for the model alone; blocking. Whatever keeps the backend
-    from being found or warmed is left for the load itself to report."""
+    runtime), so that a measured load is charged for the model alone; blocking. Returns whether it did (False
+    when the backend was warm already). Whatever keeps the backend from being found or warmed is left for the
+    load itself to report."""
     try:
         config = read_config(source.path) or ModelConfig()
-        if config.platform != ENSEMBLE:
-            warm_up_backend(_resolve_backend(config, source))
+        return config.platform != ENSEMBLE and warm_up_backend(_resolve_backend(config, source))
     except Exception as exc:  # noqa: BLE001 - the load reports it, with the model's name
         log.debug("no backend warmed up for %s: %s", source.name, exc)
+        return False
 
 
 def _plan_ensemble(source: ModelSource, config: ModelConfig, overrides: ModelOverrides) -> LoadPlan:

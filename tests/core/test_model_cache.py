@@ -46,7 +46,7 @@ class Harness:
         return added
 
     async def load_entry(self, key: str, *names: str) -> None:
-        entry = await self.cache.load(key, 0, lambda: None, lambda: self.add(*names))
+        entry = await self.cache.load(key, 0, None, lambda: self.add(*names))
 
         async def release() -> None:
             self.released.append(key)
@@ -69,7 +69,7 @@ def test_a_load_whose_models_fail_is_not_charged_and_the_next_one_fits(tmp_path:
     async def scenario() -> None:
         h = Harness(tmp_path)
         with pytest.raises(ModelhostError, match="broken"):
-            await h.cache.load("broken", 0, lambda: None, failing)
+            await h.cache.load("broken", 0, None, failing)
         assert h.keys() == [] and h.cache.used_bytes == 0
         await h.load_entry("archive", "m1")
         assert h.keys() == ["archive"] and await h.infer("entry/m1") == 1.0
@@ -196,8 +196,9 @@ def test_a_backend_warms_up_with_no_load_under_way(tmp_path: Path) -> None:
             events.append("load ended")
             return []
 
-        def warm() -> None:
+        def warm() -> bool:
             events.append("warm-up")
+            return True
 
         async def quick() -> list[str]:
             events.append("warmed load")

@@ -275,6 +275,5 @@ class _Prepared:
     plan: LoadPlan | None  # None: planning failed, and the manager's load reports why
 
 
-def _warm_up_backends(sources: list[ModelSource]) -> None:
-    for source in sources:
-        warm_up_backend_of(source)
+def _warm_up_backends(sources: list[ModelSource]) -> bool:
+    return any([warm_up_backend_of(source) for source in sources])  # (every one of them, not the first)
