@@ -82,6 +82,18 @@ def test_first_use_loads_and_later_uses_hit(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_target_spelled_another_way_finds_the_model_loaded(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        assert await h.infer("model-1.tar.gz") == 1.0
+        assert await h.infer("./model-1.tar.gz") == 1.0
+        assert h.loaded() == ["model-1.tar.gz"]
+        assert (h.cache.statistics.hits, h.cache.statistics.misses) == (1, 1)
+        await h.stop()
+
+    asyncio.run(scenario())
+
+
 def test_concurrent_cold_requests_load_once(tmp_path: Path) -> None:
     async def scenario() -> None:
         h = Harness(tmp_path)

@@ -110,6 +110,9 @@ class TargetModels:
     async def use_target(self, target: str) -> AsyncIterator[TargetModel]:
         """Hold the model of a TargetModel archive for one request, loading it first on a miss."""
         entry = self._cache.entry(target)
+        if entry is None:
+            target = check_target(target)  # normalized ("./a.tar.gz" is "a.tar.gz"), which may be cached
+            entry = self._cache.entry(target)
         statistics = self._cache.statistics
         if entry is not None:
             statistics.hits += 1
@@ -117,7 +120,7 @@ class TargetModels:
         else:
             statistics.misses += 1
             started = time.monotonic()
-            model = await self._loaded(check_target(target))
+            model = await self._loaded(target)
             statistics.loading_wait.observe(time.monotonic() - started)
         async with self._cache.pinned(model.entry):
             yield model
