@@ -30,11 +30,9 @@ launcher's pid file go to the work directory; token auth off. Tried with TorchSe
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
@@ -46,6 +44,7 @@ from google.protobuf.message import Message
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peers.logged_process import LoggedProcess  # noqa: E402
 from tests.server import free_port  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -145,9 +144,10 @@ class TorchServeServer:
         config.write_text(config_properties(self.ports, store, self.models))
         logging = self.workdir / "log4j2.xml"
         logging.write_text(log_config(self.workdir / "logs"))
-        self.command = [str(BIN / "torchserve"), "--start", "--foreground", "--ncs", "--disable-token-auth",
-                        "--ts-config", str(config), "--model-store", str(store), "--log-config", str(logging)]
-        self.process: subprocess.Popen[bytes] | None = None
+        command = [str(BIN / "torchserve"), "--start", "--foreground", "--ncs", "--disable-token-auth",
+                   "--ts-config", str(config), "--model-store", str(store), "--log-config", str(logging)]
+        # Its own session: the launcher, Java and the Python workers stop together by process group.
+        self.server = LoggedProcess("torchserve", command, self.log, self.workdir, self.environment(), own_group=True)
 
     def environment(self) -> dict[str, str]:
         """Temporary files (the launcher's pid file, Java's tmpdir with the worker sockets) and logs in the
@@ -157,25 +157,9 @@ class TorchServeServer:
                 "LOG_LOCATION": str(self.workdir / "logs"), "METRICS_LOCATION": str(self.workdir / "logs")}
 
     def start(self, timeout: float = 180.0) -> TorchServeServer:
-        with self.log.open("wb") as log:
-            # Its own session: the launcher, Java and the Python workers stop together by process group.
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                            env=self.environment(), start_new_session=True)
-        self._wait_ready(timeout)
+        """Every model's workers READY (from the management API), or an error with the log's tail."""
+        self.server.start(lambda: all(self._model_ready(model) for model in self.models), timeout, 0.5)
         return self
-
-    def _wait_ready(self, timeout: float) -> None:
-        """Every model's workers READY, from the management API."""
-        assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"torchserve exited with {self.process.returncode}:\n{self.output()}")
-            if all(self._model_ready(model) for model in self.models):
-                return
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError(f"torchserve not ready after {timeout}s:\n{self.output()}")
 
     def _model_ready(self, model: str) -> bool:
         try:
@@ -188,38 +172,17 @@ class TorchServeServer:
         return bool(workers) and all(worker.get("status") == "READY" for worker in workers)
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")[-20_000:] if self.log.exists() else ""
+        return self.server.output()
 
     def stop(self, timeout: float = 30.0) -> str:
-        """SIGTERM to the whole process group (launcher, Java, workers); SIGKILL to what is left of it
-        past `timeout`. The group is the session this object started, so its id is the launcher's pid."""
-        if self.process is None:
-            return self.output()
-        group = self.process.pid
-        if _group_alive(group):
-            os.killpg(group, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while _group_alive(group) and time.monotonic() < deadline:
-                self.process.poll()  # reap the launcher, else it lingers as a zombie of the group
-                time.sleep(0.1)
-            if _group_alive(group):
-                os.killpg(group, signal.SIGKILL)
-        self.process.wait()
-        return self.output()
+        """SIGTERM to the whole process group (launcher, Java, workers), SIGKILL past `timeout`."""
+        return self.server.stop(timeout)
 
     def __enter__(self) -> TorchServeServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @cache

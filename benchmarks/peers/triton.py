@@ -32,11 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -47,6 +45,7 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peers.logged_process import LoggedProcess  # noqa: E402
 from tests.server import free_port  # noqa: E402
 
 VENV = Path(os.environ.get("MODELHOST_TRITON_VENV", "~/.cache/modelhost-benchmarks/triton-venv")).expanduser()
@@ -194,43 +193,24 @@ class TritonServer:
             "--grpc-address", "127.0.0.1", "--grpc-port", str(self.grpc_port),
             "--allow-metrics", "false", "--exit-timeout-secs", "3",
         ]
-        self.process: subprocess.Popen[bytes] | None = None
+        self.server = LoggedProcess("tritonserver", self.command, self.log, self.workdir, server_environment())
 
     def start(self, timeout: float = 120.0) -> TritonServer:
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                            env=server_environment(), cwd=self.workdir)
-        self._wait_ready(timeout)
+        self.server.start(self._ready, timeout)
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with {self.process.returncode}:\n{self.output()}")
-            try:
-                if requests.get(f"{self.base}/v2/health/ready", timeout=1).status_code == 200:
-                    return
-            except (requests.ConnectionError, requests.Timeout):
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"tritonserver not ready after {timeout}s:\n{self.output()}")
+    def _ready(self) -> bool:
+        try:
+            return requests.get(f"{self.base}/v2/health/ready", timeout=1).status_code == 200
+        except (requests.ConnectionError, requests.Timeout):
+            return False
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace")[-20_000:] if self.log.exists() else ""
+        return self.server.output()
 
     def stop(self, timeout: float = 30.0) -> str:
         """SIGTERM (Triton unloads its models and exits), SIGKILL past `timeout`; returns the log's tail."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.output()
+        return self.server.stop(timeout)
 
     def __enter__(self) -> TritonServer:
         return self.start()
