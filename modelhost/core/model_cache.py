@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
+from modelhost.backends import backend_is_warm
 from modelhost.core.cache_memory import CacheMemory, Measured
 from modelhost.core.manager import ModelManager
-from modelhost.core.model_loading import warm_up_backend_of
+from modelhost.core.model_loading import backend_of, warm_up_backend_of
 from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram
 from modelhost.errors import ErrorKind, ModelhostError
@@ -126,8 +126,9 @@ class ModelCache:
     async def admitting(self, name: str, source: ModelSource) -> AsyncIterator[None]:
         """The manager's load of a model of its store (the repository API in explicit mode, an ensemble's composing
         model): one measured load, cached under its name. The manager unloads it when this raises NO_MEMORY."""
-        on_disk = await asyncio.to_thread(_disk_bytes, source.path)
-        async with self._measured(name, on_disk, partial(warm_up_backend_of, source)) as measured:
+        on_disk, backend = await asyncio.to_thread(_inspect, source)
+        warm = None if backend is not None and backend_is_warm(backend) else partial(warm_up_backend_of, source)
+        async with self._measured(name, on_disk, warm) as measured:
             yield
         entry = CacheEntry(name, (name,), measured.size)
         self._charge(entry)
@@ -316,5 +317,7 @@ class ModelCache:
         await asyncio.gather(*self._removals, return_exceptions=True)
 
 
-def _disk_bytes(directory: Path) -> int:
-    return sum(path.stat().st_size for path in directory.resolve().rglob("*") if path.is_file())
+def _inspect(source: ModelSource) -> tuple[int, str | None]:
+    """A model's bytes on disk, and the backend that will load it (None when that cannot be told)."""
+    on_disk = sum(path.stat().st_size for path in source.path.resolve().rglob("*") if path.is_file())
+    return on_disk, backend_of(source)

@@ -75,14 +75,25 @@ def plan_model(
     return LoadPlan(config, backend, select_versions(config, source), overrides)
 
 
+def backend_of(source: ModelSource) -> str | None:
+    """The backend that will load `source`, from its config or its files; None for an ensemble, or when it cannot
+    be told (the load reports why, with the model's name). Blocking."""
+    try:
+        config = read_config(source.path) or ModelConfig()
+        return None if config.platform == ENSEMBLE else _resolve_backend(config, source)
+    except Exception as exc:  # noqa: BLE001 - the load reports it
+        log.debug("no backend found for %s: %s", source.name, exc)
+        return None
+
+
 def warm_up_backend_of(source: ModelSource) -> bool:
     """Create the process-wide state of the backend that will load `source` (its framework's import and
     runtime), so that a measured load is charged for the model alone; blocking. Returns whether it did (False
     when the backend was warm already). Whatever keeps the backend from being found or warmed is left for the
     load itself to report."""
+    name = backend_of(source)
     try:
-        config = read_config(source.path) or ModelConfig()
-        return config.platform != ENSEMBLE and warm_up_backend(_resolve_backend(config, source))
+        return name is not None and warm_up_backend(name)
     except Exception as exc:  # noqa: BLE001 - the load reports it, with the model's name
         log.debug("no backend warmed up for %s: %s", source.name, exc)
         return False

@@ -217,3 +217,25 @@ def test_a_backend_warms_up_with_no_load_under_way(tmp_path: Path) -> None:
         await h.cache.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_store_model_of_a_warm_backend_loads_beside_other_loads(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        await h.manager.load("m0")  # onnxruntime is warm from here on
+        may_end = asyncio.Event()
+
+        async def slow() -> list[str]:
+            await may_end.wait()
+            return []
+
+        running = asyncio.create_task(h.cache.load("running", 0, None, slow))
+        await asyncio.sleep(0.01)
+        await asyncio.wait_for(h.manager.load("m1"), 10)  # no warm-up to run alone: it does not wait
+        assert await h.infer("m1") == 1.0
+        may_end.set()
+        await h.cache.keep(await running)
+        await h.cache.stop()
+        await h.manager.stop()
+
+    asyncio.run(scenario())
