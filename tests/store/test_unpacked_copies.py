@@ -7,8 +7,10 @@ from pathlib import Path
 
 from modelhost.store.archive_models import ArchiveModels, FetchedModels
 from modelhost.store.archive_store import LocalArchiveStore
+from modelhost.store.s3 import S3ArchiveStore
 from modelhost.store.unpacked_copies import UnpackedCopies
 from tests.archives import WIDTH, write_archives
+from tests.s3_server import MotoS3Server
 
 
 def fetcher(tmp_path: Path, budget: int, count: int = 3) -> tuple[ArchiveModels, UnpackedCopies]:
@@ -60,3 +62,32 @@ def test_a_directory_used_in_place_is_never_kept_and_its_layout_is_removed(tmp_p
     assert in_place.stamp is None and in_place.directory == tmp_path / "w" / "layout"
     models.release("user-dir", in_place)
     assert not in_place.directory.exists() and unpacked.root.is_dir() and copies.kept_bytes == 0
+
+
+def test_an_unchanged_s3_archive_is_not_downloaded_again(s3: MotoS3Server, tmp_path: Path) -> None:
+    write_archives(tmp_path / "local", 2)
+    client = s3.client()
+    client.create_bucket(Bucket="kept-copies")
+    for name in ("model-0.tar.gz", "model-1.tar.gz"):
+        client.put_object(Bucket="kept-copies", Key=f"models/{name}", Body=(tmp_path / "local" / name).read_bytes())
+    store = S3ArchiveStore("kept-copies", "models", s3.endpoint_url)
+    downloads: list[str] = []
+    download = store.download
+
+    def counted(target: str, into: Path) -> Path:
+        downloads.append(target)
+        return download(target, into)
+
+    store.download = counted  # type: ignore[method-assign]
+    models = ArchiveModels(store, tmp_path / "downloads", 1 << 30, 100, "model", UnpackedCopies(1 << 30))
+    first = models.fetch("model-0.tar.gz", tmp_path / "w" / "1")
+    models.release("model-0.tar.gz", first)
+    again = models.fetch("model-0.tar.gz", tmp_path / "w" / "2")
+    assert again.directory == first.directory and downloads == ["model-0.tar.gz"]
+    models.release("model-0.tar.gz", again)
+    # A new object under the key (another ETag): downloaded again.
+    client.put_object(Bucket="kept-copies", Key="models/model-0.tar.gz",
+                      Body=(tmp_path / "local" / "model-1.tar.gz").read_bytes())
+    replaced = models.fetch("model-0.tar.gz", tmp_path / "w" / "3")
+    assert replaced.directory == tmp_path / "w" / "3" and downloads == ["model-0.tar.gz"] * 2
+    assert not first.directory.exists()
