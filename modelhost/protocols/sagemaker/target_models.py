@@ -5,7 +5,8 @@ Each is one archive (or one directory) fetched into a directory of its own (stor
 models the manager loads under the key (`<key>/<name>` when it holds several) in one measured load of the
 core's model cache (core/model_cache.py), which then charges them to its budget and evicts them when it needs
 room. Everything runs on the event loop: concurrent first requests for a key share one load; downloads and
-unpacking run in threads; an evicted model's files are removed in the background.
+unpacking run in threads; an evicted archive's files are kept on disk for its next load while it is unchanged
+(store/unpacked_copies.py), or removed, in the background.
 """
 
 from __future__ import annotations
