@@ -1,0 +1,140 @@
+"""The performance issue's per-request goals, with the server and the load generator on separate cores.
+
+    python benchmarks/pinned.py [--server-cpus 0-1] [--client-cpus 4-11] [--duration 8] [--json results.json]
+
+On a machine with cores to spare, the server (and the in-process limit) run on --server-cpus and perf_analyzer
+(benchmarks/peers/perf_analyzer.py) on --client-cpus, so the client's own work is not charged to the server.
+Without those flags everything shares the machine's cores. Measured, each cell after a 2 s warm-up:
+- `rank` x 500 rows over HTTP binary and gRPC at concurrency 1: p50 against one onnxruntime call in-process on
+  the server's cores (the goals: at most 2.0x for HTTP, gRPC at most 1.2x HTTP);
+- `tiny` over HTTP and gRPC at concurrency 8 and 32 (the goal: gRPC at least 0.8x HTTP's requests/s);
+- `rank` over HTTP at concurrency 1 and 4 with `--workers 2` and with one process (the goal: no slower at 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import serving  # noqa: E402
+from benchmarks.peers import perf_analyzer  # noqa: E402
+from modelhost.example_repository import ensure_example_repository  # noqa: E402
+from tests.server import ServerProcess  # noqa: E402
+
+
+def cpu_list(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def limit_p50_ms(model_file: Path, array: np.ndarray, input_name: str, threads: int) -> float:
+    """One onnxruntime call's median, with the server's session options, on the calling thread's cores."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+    feeds = {input_name: array}
+    for _ in range(30):
+        session.run(None, feeds)
+    times = []
+    for _ in range(300):
+        started = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+class Placement:
+    """Where the server and the client run: the server inherits this process's cores when it starts."""
+
+    def __init__(self, server: set[int] | None, client: set[int] | None) -> None:
+        self.server, self.client = server, client
+
+    def start(self, repository: Path, *args: str) -> ServerProcess:
+        if self.server is not None:
+            os.sched_setaffinity(0, self.server)
+        server = ServerProcess(repository, *args)
+        if self.client is not None:
+            os.sched_setaffinity(0, self.client)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(server.base + "/v2/health/ready", timeout=1).status_code == 200:
+                    return server
+            except requests.RequestException:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready:\n{server.stop()[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server-cpus", type=cpu_list, help="the server's and the limit's cores, e.g. 0-1")
+    parser.add_argument("--client-cpus", type=cpu_list, help="perf_analyzer's cores, e.g. 4-11")
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds measured per cell")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    placement = Placement(args.server_cpus, args.client_cpus)
+    work = Path(tempfile.mkdtemp(prefix="pinned-"))
+    repository = ensure_example_repository(work)
+    arrays = {case["model"]: case["array"] for case in serving.cases()}
+    data = {
+        "rank": perf_analyzer.write_input_data(work / "rank.json", "features", arrays["rank"]),
+        "tiny": perf_analyzer.write_input_data(work / "tiny.json", "x", arrays["tiny"]),
+    }
+    if placement.server is not None:
+        os.sched_setaffinity(0, placement.server)
+    limit = limit_p50_ms(repository / "rank" / "1" / "model.onnx", arrays["rank"], "features",
+                         len(os.sched_getaffinity(0)))
+    print(f"limit: rank, one onnxruntime call on the server's cores, median {limit:.3f} ms", flush=True)
+    results: list[dict[str, object]] = []
+
+    def cell(server: ServerProcess, label: str, protocol: str, model: str, concurrency: int) -> None:
+        url = server.grpc_url if protocol == "grpc" else server.url
+        measured = perf_analyzer.measure(protocol, url, model, data[model], concurrency, args.duration, warmup_s=2)
+        row = {"server": label, "protocol": protocol, "model": model, "c": concurrency, **measured}
+        if model == "rank":
+            row["p50 / limit"] = measured["p50"] / limit
+        results.append(row)
+        print(f"{label} {model} {protocol} c={concurrency}: {measured['rps']:.0f} req/s, p50 {measured['p50']:.2f} ms, "
+              f"p99 {measured['p99']:.2f} ms" + (f", p50 / limit {measured['p50'] / limit:.2f}x" if model == "rank"
+                                                 else ""), flush=True)
+
+    server = placement.start(repository)
+    try:
+        for protocol in ("http", "grpc"):
+            cell(server, "one process", protocol, "rank", 1)
+        for concurrency in (8, 32):
+            for protocol in ("http", "grpc"):
+                cell(server, "one process", protocol, "tiny", concurrency)
+        cell(server, "one process", "http", "rank", 4)
+    finally:
+        server.stop()
+    server = placement.start(repository, "--workers", "2")
+    try:
+        for concurrency in (1, 4):
+            cell(server, "--workers 2", "http", "rank", concurrency)
+    finally:
+        server.stop()
+    if args.json:
+        args.json.write_text(json.dumps({"limit_rank_p50_ms": limit, "cells": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
