@@ -35,7 +35,8 @@ The load generators share the machine's cores with the server (2 here): the Pyth
 out at a few thousand requests/s and takes CPU from the server, and wrk and perf_analyzer take a core
 at high rates, so for `tiny` read ratios between servers, not absolute figures. Needs wrk (Debian
 package), libb64-0d (Debian package, for perf_analyzer, which installs itself on first use), the peers'
-installs (their docstrings), and `python benchmarks/peers/triton.py --install` once for Triton. A full
+installs (their docstrings), and `python benchmarks/peers/triton.py --install` once for Triton;
+`--check triton,torchserve` starts each peer and checks one inference per model. A full
 run (the defaults: 10 s, c = 1, 8, 32 and 128, every server) takes about 16 minutes on 2 cores;
 --duration 2 --concurrency 1,8 about 2.5.
 """
@@ -529,6 +530,19 @@ def parse_list(text: str, allowed: Sequence[str] | None = None) -> list[str]:
     return items
 
 
+def check_peers(names: Sequence[str]) -> None:
+    """The peers' smoke check: each started, one checked inference per model over HTTP and gRPC, stopped."""
+    workdir = Path(tempfile.mkdtemp(prefix="modelhost-side-by-side-check-"))
+    repository = example_repository(workdir)
+    for name in names:
+        server = PEERS[name].start(repository, MODELS, workdir / name)
+        try:
+            check_peer(name, server, repository)
+        finally:
+            server.stop()
+        print(f"{name}: ok", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=10, help="seconds measured per cell (after 1 s warm-up)")
@@ -538,7 +552,12 @@ def main() -> None:
     parser.add_argument("--grpc-client", choices=GRPC_CLIENTS, default="perf_analyzer",
                         help="the V2 servers' gRPC load generator (TorchServe's is always the Python one)")
     parser.add_argument("--json", type=Path, help="also write the versions and rows here")
+    parser.add_argument("--check", type=lambda s: parse_list(s, PEERS),
+                        help="only start these servers, check one inference per model each, and stop them")
     args = parser.parse_args()
+    if args.check:
+        check_peers(args.check)
+        return
 
     started = time.monotonic()
     about = versions()

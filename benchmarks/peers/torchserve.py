@@ -2,7 +2,7 @@
 
     pip install 'torchserve==0.12.*' torch-model-archiver pyyaml    # and torch==2.13.0 (the CPU wheel)
     apt-get install -y openjdk-17-jre-headless                      # its front end is Java
-    python benchmarks/peers/torchserve.py   # start, one checked inference per model over HTTP and gRPC, stop
+    python benchmarks/side_by_side.py --check torchserve   # start, one checked inference per model, stop
 
 Each model becomes a `.mar` made by torch-model-archiver from a handler (written here, see HANDLER_PY)
 and the same model.onnx: the handler runs onnxruntime (no TorchScript) with the same thread count as
@@ -212,18 +212,3 @@ def predictions_messages() -> tuple[type[Message], type[Message]]:
 def predictions_request(model: str, payload: bytes) -> Message:
     request_class, _ = predictions_messages()
     return request_class(model_name=model, input={GRPC_INPUT_KEY: payload})
-
-
-def main() -> None:
-    """Smoke check: start, one checked inference per model over HTTP and gRPC, stop."""
-    from benchmarks.side_by_side import MODELS, check_peer, example_repository
-
-    workdir = Path(tempfile.mkdtemp(prefix="torchserve-peer-"))
-    repository = example_repository(workdir)
-    with TorchServeServer(repository, MODELS, workdir / "torchserve") as server:
-        check_peer("torchserve", server, repository)
-    print("torchserve: ok")
-
-
-if __name__ == "__main__":
-    main()

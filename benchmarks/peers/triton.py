@@ -1,7 +1,7 @@
 """NVIDIA Triton Inference Server on the CPU, from the `nvidia-pytriton` wheel, as a benchmark peer.
 
     python benchmarks/peers/triton.py --install   # once: the venv below
-    python benchmarks/peers/triton.py             # start, one checked inference per model over HTTP and gRPC, stop
+    python benchmarks/side_by_side.py --check triton   # start, one checked inference per model, stop
 
 The wheel ships a real `tritonserver` binary (pytriton/tritonserver/bin) with its libraries
 (nvidia_pytriton.libs), but only the *python* backend: no onnxruntime backend. So each model is
@@ -220,18 +220,11 @@ class TritonServer:
 
 
 def main() -> None:
-    """Smoke check: start, one checked inference per model over HTTP (binary) and gRPC, stop."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--install", action="store_true", help=f"create the venv ({VENV}) first if missing")
+    parser.add_argument("--install", action="store_true", help=f"create the venv ({VENV}) if missing")
     if parser.parse_args().install and not (VENV / "bin" / "python").exists():
         install_venv()
-    from benchmarks.side_by_side import MODELS, check_peer, example_repository
-
-    workdir = Path(tempfile.mkdtemp(prefix="triton-peer-"))
-    repository = example_repository(workdir)
-    with TritonServer(repository, MODELS, workdir / "triton") as server:
-        check_peer("triton", server, repository)
-    print("triton: ok")
+    print(f"Triton venv: {VENV}; check it with: python benchmarks/side_by_side.py --check triton")
 
 
 if __name__ == "__main__":

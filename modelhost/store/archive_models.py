@@ -12,15 +12,12 @@ import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from modelhost.errors import not_found
 from modelhost.store.archive_store import ArchiveStore
 from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.unpack import unpack_archive
-
-if TYPE_CHECKING:
-    from modelhost.store.unpacked_copies import UnpackedCopies
+from modelhost.store.unpacked_copies import UnpackedCopies
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +32,8 @@ class FetchedModels:
 
 class ArchiveModels:
     def __init__(self, archives: ArchiveStore | None, downloads: Path, max_unpacked_bytes: int,
-                 max_archive_members: int, single_model_name: str, copies: UnpackedCopies | None = None) -> None:
+                 max_archive_members: int, single_model_name: str,
+                 copies: UnpackedCopies[FetchedModels] | None = None) -> None:
         self._archives = archives
         self._copies = copies
         self._downloads = downloads

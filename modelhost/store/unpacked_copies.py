@@ -12,22 +12,36 @@ from __future__ import annotations
 import shutil
 import threading
 from collections import OrderedDict
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
-from modelhost.store.archive_models import FetchedModels
+
+class UnpackedCopy(Protocol):
+    @property
+    def directory(self) -> Path: ...  # everything the copy holds on disk, deleted with it
+
+    @property
+    def disk_bytes(self) -> int: ...
+
+    @property
+    def stamp(self) -> str | None: ...  # the archive's stamp when it was unpacked
 
 
-class UnpackedCopies:
+Copy = TypeVar("Copy", bound=UnpackedCopy)
+
+
+class UnpackedCopies(Generic[Copy]):
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
         self._lock = threading.Lock()
-        self._kept: OrderedDict[str, FetchedModels] = OrderedDict()  # target -> its copy, kept longest ago first
+        self._kept: OrderedDict[str, Copy] = OrderedDict()  # target -> its copy, kept longest ago first
         self._bytes = 0
 
     @property
     def kept_bytes(self) -> int:
         return self._bytes
 
-    def take(self, target: str, stamp: str) -> FetchedModels | None:
+    def take(self, target: str, stamp: str) -> Copy | None:
         """The kept copy of `target` unpacked from the archive at `stamp`, now the caller's; None when there is
         none (a copy of another stamp is deleted: the archive changed)."""
         with self._lock:
@@ -41,9 +55,9 @@ class UnpackedCopies:
         shutil.rmtree(copy.directory, ignore_errors=True)
         return None
 
-    def keep(self, target: str, copy: FetchedModels) -> None:
+    def keep(self, target: str, copy: Copy) -> None:
         """Keep an unpacked copy no load uses any more; copies over the budget are deleted, oldest first."""
-        doomed: list[FetchedModels] = []
+        doomed: list[Copy] = []
         with self._lock:
             replaced = self._kept.pop(target, None)
             if replaced is not None:

@@ -75,7 +75,7 @@ class TargetModels:
         self._cache = cache
         self._manager = manager
         self._work_dir = work_dir
-        self.copies = UnpackedCopies(limits.unpacked_cache_bytes)
+        self.copies: UnpackedCopies[FetchedModels] = UnpackedCopies(limits.unpacked_cache_bytes)
         self._fetch = ArchiveModels(archives, work_dir / "downloads", limits.max_unpacked_bytes,
                                     limits.max_archive_members, single_model_name, self.copies)
         self._load_roots = tuple(load_roots)
