@@ -24,6 +24,7 @@ p50 from 0.26 to 0.17 ms. The loop at any load also lost the tail at c=128 (docs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -64,12 +65,12 @@ class Scheduler:
         inline = not policy.max_queue_delay_s and all(instance.runs_inline for instance in instances)
         self._gate = LoopGate(policy.inline_max_ns if inline else 0)
         self._in_flight = in_flight or InFlight()
-        self._threads = [
-            threading.Thread(target=self._serve, args=pair, name=f"{label}#{index}", daemon=True)
-            for index, pair in enumerate(self._instances)
-        ]
-        for thread in self._threads:
-            thread.start()
+        # Instance threads still serving, and what `stop` awaits: the last of them resolves it on the loop.
+        self._serving = len(self._instances)
+        self._stopped: asyncio.Future[None] | None = None
+        self._serving_lock = threading.Lock()
+        for index, pair in enumerate(self._instances):
+            threading.Thread(target=self._serve, args=pair, name=f"{label}#{index}", daemon=True).start()
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
@@ -150,13 +151,15 @@ class Scheduler:
         return self._queue.depth()
 
     async def stop(self) -> None:
-        """Stop accepting; the instances finish what is queued, then unload."""
-        self._queue.close()
-        await asyncio.to_thread(self._join)
-
-    def _join(self) -> None:
-        for thread in self._threads:
-            thread.join()
+        """Stop accepting; the instances finish what is queued, then unload. Returns once every one has (the
+        last instance thread to finish says so on the loop: no thread waits in a join)."""
+        if self._stopped is None:
+            self._stopped = asyncio.get_running_loop().create_future()
+            self._queue.close()
+            with self._serving_lock:
+                if not self._serving:
+                    self._stopped.set_result(None)
+        await asyncio.shield(self._stopped)
 
     def _may_run_now(self, rows: int) -> bool:
         """Whether a request may run on the loop at once: cheap enough, the server quiet, nothing queued
@@ -214,6 +217,17 @@ class Scheduler:
     # instance threads
 
     def _serve(self, instance: Model, lock: threading.Lock) -> None:
+        try:
+            self._serve_until_closed(instance, lock)
+        finally:
+            with self._serving_lock:
+                self._serving -= 1
+                stopped = self._stopped if not self._serving else None
+            if stopped is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it
+                    stopped.get_loop().call_soon_threadsafe(_set_done, stopped)
+
+    def _serve_until_closed(self, instance: Model, lock: threading.Lock) -> None:
         compute_threads.enter()
         watch = compute_threads.execution_watch()
         while (batch := self._queue.take()) is not None:
@@ -251,6 +265,11 @@ class Scheduler:
         while self._next_to_settle in self._finished:
             _resolve(*self._finished.pop(self._next_to_settle))
             self._next_to_settle += 1
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> Any:

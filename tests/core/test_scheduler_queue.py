@@ -340,6 +340,26 @@ def test_stop_drains_queued_requests_then_unloads_instances() -> None:
     run(scenario())
 
 
+def test_stop_awaited_twice_at_once_returns_to_both_after_the_unload() -> None:
+    async def scenario() -> None:
+        a = gated()
+        h = Harness("max_batch_size: 2 dynamic_batching { }", (a,))
+        try:
+            first = await h.hold(a)
+            stops = [asyncio.create_task(h.scheduler.stop()) for _ in range(2)]
+            await asyncio.sleep(0.01)
+            assert not any(stop.done() for stop in stops) and a.unloaded_after == -1
+            a.open()
+            await asyncio.wait_for(asyncio.gather(*stops), 5)
+            await first
+            assert a.unloaded_after == a.finished
+            await asyncio.wait_for(h.scheduler.stop(), 5)  # and once more, stopped already
+        finally:
+            a.open()
+
+    run(scenario())
+
+
 # --------------------------------------------------------------------------- request splitting
 
 SPLIT = 'parameters { key: "request_split_size" value: { string_value: "4" } }'
