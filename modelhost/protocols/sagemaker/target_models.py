@@ -65,7 +65,7 @@ Hook = Callable[[TargetModel], Awaitable[None]]
 class ArchiveLimits:
     max_unpacked_bytes: int
     max_archive_members: int
-    unpacked_cache_bytes: int = 0  # the unpacked archives of unloaded models kept on disk for reloads
+    unpacked_cache_bytes: int = 0  # what the unpacked archives of unloaded models may keep on disk (0: none kept)
 
 
 class TargetModels:
