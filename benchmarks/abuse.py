@@ -50,6 +50,7 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cpu_list import cpu_list  # noqa: E402
 from modelhost.example_repository import ensure_example_repository  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
 
@@ -398,14 +399,6 @@ def _correct(body: bytes, expected: np.ndarray) -> bool:
     return bool(np.allclose(got, expected, rtol=1e-4, atol=1e-5))
 
 
-def _cpu_list(text: str) -> set[int]:
-    cpus: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=1000, help="slow-header and idle clients")
@@ -413,8 +406,8 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=10.0, help="seconds each attack lasts")
     parser.add_argument("--overload-seconds", type=float, default=5.0, help="of each capacity and flood phase")
     parser.add_argument("--overload-rounds", type=int, default=3, help="capacity/flood alternations (medians)")
-    parser.add_argument("--server-cpus", type=_cpu_list, help="overload: run the server on these CPUs (e.g. 0)")
-    parser.add_argument("--generator-cpus", type=_cpu_list,
+    parser.add_argument("--server-cpus", type=cpu_list, help="overload: run the server on these CPUs (e.g. 0)")
+    parser.add_argument("--generator-cpus", type=cpu_list,
                         help="overload: run the load generator on these CPUs (e.g. 1), off the server's")
     parser.add_argument("--skip-overload", action="store_true")
     parser.add_argument("--skip-edge", action="store_true")

@@ -30,17 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import serving  # noqa: E402
+from benchmarks.cpu_list import cpu_list  # noqa: E402
 from benchmarks.peers import perf_analyzer  # noqa: E402
 from modelhost.example_repository import ensure_example_repository  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
-
-
-def cpu_list(text: str) -> set[int]:
-    cpus: set[int] = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
 
 
 def limit_p50_ms(model_file: Path, array: np.ndarray, input_name: str, threads: int) -> float:
