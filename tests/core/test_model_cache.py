@@ -13,7 +13,7 @@ import pytest
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import CONCURRENT_LOADS, ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.store.local import LocalStore
+from modelhost.store.local import LocalStore, ModelSource
 from tests.archives import WIDTH, weighted_model
 from tests.helpers import until
 
@@ -41,7 +41,7 @@ class Harness:
         added = []
         for name in names:
             source = self.store.fetch(name)
-            await self.manager.add(type(source)(f"entry/{name}", source.path, source.versions))
+            await self.manager.add(ModelSource(f"entry/{name}", source.path, source.versions))
             added.append(f"entry/{name}")
         return added
 
