@@ -1,10 +1,16 @@
 """Which batches are cheap enough to run on the event loop itself, learned from measured executions.
 
-Handing a batch to an instance thread and its result back costs two thread wake-ups: about 0.1 ms
-of latency and 25 µs of the loop's time per execution on a 2-core VM (benchmarks/inprocess.py), more
-than a tiny model's whole run. A batch predicted to finish within the budget therefore runs on the
-loop. The default budget (20 µs, policy.py) stays under those 25 µs, so a run on the loop never costs
-the loop more than the handoff it saves.
+Handing a batch to an instance thread and its result back costs two thread wake-ups, in latency
+and in the loop's CPU (its own work and the GIL handed back and forth), more than a tiny model's whole
+run. A batch predicted to finish within the budget therefore runs on the loop. The default budget is
+what a handoff's round trip takes on this machine (core/handoff_cost.py, measured as the server
+starts; `use_handoff_cost`), kept within MIN_BUDGET_NS..MAX_BUDGET_NS: a run on the loop then delays
+the loop no longer than a handoff would delay the request. The loop's CPU alone, measured the same
+way, undercounts: on the 2-core VM it read 13-32 µs per round trip, about the old fixed 20 µs, and a
+budget made from it left tiny where the fixed one had it (0.95x the requests/s at concurrency 8, 3
+rounds), while the round trip's 114-244 µs gave 1.08x over HTTP and 1.29x over gRPC (4 rounds;
+docs/benchmarks.md). A model's `inline_max_microseconds` parameter sets its budget instead (0:
+never on the loop).
 
 Cost grows with rows, so the gate learns a row limit: every execution within budget lets the loop
 take batches of up to twice its rows, and SLOW_STRIKES executions on the loop in a row over budget
@@ -17,6 +23,23 @@ from __future__ import annotations
 
 MAX_ROWS = 1 << 20
 SLOW_STRIKES = 2  # one slow execution is as likely a page fault or a preemption as a slow model
+# The default budget's bounds: 20 µs, the fixed budget before it was measured, for fast machines; 200 µs
+# keeps a machine with slow wake-ups from holding the loop on one execution for longer.
+MIN_BUDGET_NS = 20_000
+MAX_BUDGET_NS = 200_000
+_default_budget_ns = MIN_BUDGET_NS
+
+
+def use_handoff_cost(round_trip_ns: int) -> int:
+    """Make a handoff's measured round trip (bounded) the default budget of gates made from now on;
+    returns that budget."""
+    global _default_budget_ns
+    _default_budget_ns = min(max(round_trip_ns, MIN_BUDGET_NS), MAX_BUDGET_NS)
+    return _default_budget_ns
+
+
+def default_budget_ns() -> int:
+    return _default_budget_ns
 
 
 class LoopGate:

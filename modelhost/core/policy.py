@@ -29,14 +29,17 @@ class SchedulingPolicy:
     levels: tuple[LevelPolicy, ...]  # levels[0] is priority 1, the highest
     default_level: int  # index into levels
     split_size: int = 0  # requests of more rows run as chunks of this many rows; 0 = never split
-    inline_max_ns: int = 0  # batches predicted to run within this may run on the event loop; 0 = never
+    # Batches predicted to run within this many ns may run on the event loop; 0 = never, None = the
+    # measured cost of a handoff to an instance thread (core/loop_gate.py).
+    inline_max_ns: int | None = 0
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> SchedulingPolicy:
         split = _natural_parameter(config, SPLIT_PARAMETER)
         if split and config.max_batch_size == 0:
             raise ConfigError(f"parameter {SPLIT_PARAMETER} needs a batch dimension (max_batch_size > 0)")
-        inline_ns = 1000 * _natural_parameter(config, INLINE_PARAMETER, DEFAULT_INLINE_MICROSECONDS)
+        inline_us = natural_parameter(string_parameters(config), (INLINE_PARAMETER,), None)
+        inline_ns = None if inline_us is None else 1000 * inline_us
         if config.WhichOneof("scheduling_choice") != "dynamic_batching":
             # Without a dynamic batcher requests run one by one; a request may still bring its own timeout.
             level = LevelPolicy(allow_timeout_override=True)
@@ -78,9 +81,8 @@ class SchedulingPolicy:
 # `parameters { key: "request_split_size" value: { string_value: "N" } }`: split requests above N rows.
 SPLIT_PARAMETER = "request_split_size"
 # Batches predicted (from measured executions) to take at most this many µs run on the event loop
-# instead of an instance thread; 0 = never. See core/loop_gate.py for the default's measurement.
+# instead of an instance thread; 0 = never. Unset: what a handoff costs the loop (core/loop_gate.py).
 INLINE_PARAMETER = "inline_max_microseconds"
-DEFAULT_INLINE_MICROSECONDS = 20
 
 
 def _natural_parameter(config: ModelConfig, name: str, default: int = 0) -> int:

@@ -9,16 +9,18 @@ thread pool fed from the loop held the instance across two handoffs per request 
 tiny model near 7,000 requests/s). Results go back to the loop with one call per batch; the
 loop resolves futures, keeps arrival order when asked, and expires requests that wait too long.
 
-A cheap request runs on the event loop instead when the server is quiet: handing it to a thread and
-back costs about 0.1 ms of latency, more than a tiny model's whole run. It runs there, synchronously
-in submit, the way a naive server calls its model, when all of these hold: the model's measured
-executions fit the inline_max_microseconds budget for its rows (core/loop_gate.py), at most
-LOOP_MAX_IN_PROGRESS requests are in progress in the process (core/in_flight.py), nothing is queued for
-the model, an instance is free, and no queue delay is configured. Under more load requests queue and
-batch on the threads, which serve more: in one run of benchmarks/scheduling.py on this 2-core VM,
-tiny at concurrency 32 ran 1.09x (one process) and 1.19x (--workers 2) faster batched on threads than
-per request on the loop, while at concurrency 8 the loop was 1.15x faster and at concurrency 1 it cut
-p50 from 0.26 to 0.17 ms. The loop at any load also lost the tail at c=128 (docs/benchmarks.md).
+A cheap request runs on the event loop instead: handing it to a thread and back costs two wake-ups,
+more latency and more of the loop's CPU than a tiny model's whole run. It runs there, synchronously in
+submit, the way a naive server calls its model, when all of these hold: the model's measured
+executions for its rows fit the loop gate's budget (core/loop_gate.py: what a handoff costs the loop
+on this machine, or the model's inline_max_microseconds), nothing is queued for the model, an
+instance is free, and no queue delay is configured. A model whose threads can do more than the loop
+under load (it batches, so queued requests run as one execution, or it has several instances that run
+at once) also needs the server quiet: at most LOOP_MAX_IN_PROGRESS requests in progress in the
+process; under more load its requests queue and batch on the threads. A model with one instance that
+does not batch runs on the loop at any load, since its thread would run the same executions one at a
+time and only add the handoff: tiny over HTTP, 4 rounds on the 2-core VM, 1.22x the requests/s at
+concurrency 32 and at 128, with a lower p99 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from modelhost.backends.base import Model
 from modelhost.core import compute_threads
 from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
-from modelhost.core.loop_gate import LoopGate
+from modelhost.core.loop_gate import LoopGate, default_budget_ns
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.request_queue import Pending, RequestQueue
 from modelhost.core.statistics import ExecutionTiming, ModelStatistics
@@ -63,7 +65,10 @@ class Scheduler:
         # Each instance's lock keeps it to one call at a time between its thread and the loop.
         self._instances = [(instance, threading.Lock()) for instance in instances]
         inline = not policy.max_queue_delay_s and all(instance.runs_inline for instance in instances)
-        self._gate = LoopGate(policy.inline_max_ns if inline else 0)
+        budget = policy.inline_max_ns if policy.inline_max_ns is not None else default_budget_ns()
+        self._gate = LoopGate(budget if inline else 0)
+        # Whether queueing under load gains anything over running on the loop: batches, or instances in parallel.
+        self._threads_gain_under_load = policy.batching or len(instances) > 1
         self._in_flight = in_flight or InFlight()
         # Instance threads still serving, and what `stop` awaits: the last of them resolves it on the loop.
         self._serving = len(self._instances)
@@ -162,11 +167,12 @@ class Scheduler:
         await asyncio.shield(self._stopped)
 
     def _may_run_now(self, rows: int) -> bool:
-        """Whether a request may run on the loop at once: cheap enough, the server quiet, nothing queued
-        ahead of it, no earlier answer it could overtake under preserve_ordering, the model not stopping."""
+        """Whether a request may run on the loop at once: cheap enough, the server quiet (where the threads
+        would gain from the load), nothing queued ahead of it, no earlier answer it could overtake under
+        preserve_ordering, the model not stopping."""
         return (
             rows <= self._gate.max_rows
-            and self._in_flight.requests <= LOOP_MAX_IN_PROGRESS
+            and (self._in_flight.requests <= LOOP_MAX_IN_PROGRESS or not self._threads_gain_under_load)
             and not self._queue.depth()
             and not (self._policy.preserve_ordering and self._inflight)
             and not self._queue.closed

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from modelhost.core.loop_gate import MAX_ROWS, SLOW_STRIKES, LoopGate
+from modelhost.core import loop_gate
+from modelhost.core.loop_gate import MAX_BUDGET_NS, MAX_ROWS, MIN_BUDGET_NS, SLOW_STRIKES, LoopGate
 
 BUDGET = 20_000
 
@@ -75,3 +76,13 @@ def test_the_limit_is_bounded() -> None:
     gate = LoopGate(BUDGET)
     gate.learn(MAX_ROWS, 1_000, on_loop=True)
     assert gate.max_rows == MAX_ROWS
+
+
+def test_the_default_budget_is_the_measured_handoff_cost_within_bounds() -> None:
+    saved = loop_gate.default_budget_ns()
+    try:
+        assert loop_gate.use_handoff_cost(95_000) == 95_000 == loop_gate.default_budget_ns()
+        assert loop_gate.use_handoff_cost(3_000) == MIN_BUDGET_NS  # bare metal: no less than the first VM's figure
+        assert loop_gate.use_handoff_cost(5_000_000) == MAX_BUDGET_NS  # a stalled measurement holds the loop no longer
+    finally:
+        loop_gate.use_handoff_cost(saved)

@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 
 from modelhost.config.pbtxt import ConfigError
+from modelhost.core import loop_gate
 from modelhost.core.policy import LevelPolicy
-from modelhost.core.scheduler import LOOP_MAX_IN_PROGRESS
+from modelhost.core.scheduler import LOOP_MAX_IN_PROGRESS, Scheduler
+from modelhost.core.statistics import ModelStatistics
 from tests.core.scheduler_harness import (
     THREADS_ONLY,
     on_loop_within,
     policy_of,
+    rows_of,
     serving,
     tags_of,
 )
@@ -118,10 +121,31 @@ def test_a_slow_model_never_runs_on_the_loop() -> None:
     assert set(threads) == {"m:1#0"}
 
 
-def test_the_loop_is_on_by_default_with_a_20_microsecond_budget() -> None:
-    assert policy_of("max_batch_size: 8").inline_max_ns == 20_000
+def test_the_loop_is_on_by_default_with_the_measured_handoff_cost_as_budget() -> None:
+    assert policy_of("max_batch_size: 8").inline_max_ns is None  # the gate's default: the measured cost
+    assert policy_of("max_batch_size: 8 " + on_loop_within(7)).inline_max_ns == 7_000
     assert policy_of("max_batch_size: 8 " + THREADS_ONLY).inline_max_ns == 0
     assert set(_threads_after_warmup("max_batch_size: 8 " + THREADS_ONLY, Echo())) == {"m:1#0"}
+
+
+def test_a_model_without_the_parameter_gets_the_measured_budget() -> None:
+    """The harness adds THREADS_ONLY to configs without the parameter, so this builds its schedulers itself."""
+    async def threads_of(model: Echo) -> list[str]:
+        scheduler = Scheduler("m:1", [model], policy_of("max_batch_size: 8"), ModelStatistics())
+        try:
+            for tag in range(4):
+                await scheduler.submit({"INPUT0": rows_of(tag)}, ["OUTPUT0"], 1)
+        finally:
+            await scheduler.stop()
+        return model.threads
+
+    saved = loop_gate.default_budget_ns()
+    try:
+        loop_gate.use_handoff_cost(loop_gate.MAX_BUDGET_NS)
+        assert run(threads_of(Echo()))[1:] == [MAIN] * 3  # microseconds: within it
+        assert set(run(threads_of(Slow(seconds=0.002)))) == {"m:1#0"}  # 10x the largest budget
+    finally:
+        loop_gate.use_handoff_cost(saved)
 
 
 def test_a_batching_delay_is_never_bypassed_on_the_loop() -> None:
@@ -148,6 +172,38 @@ def test_loop_runs_are_counted_in_statistics() -> None:
                 await h.call(tag, rows=2)
             assert h.statistics.execution_count == 5
             assert h.statistics.inference_count == 10
+
+    run(scenario())
+
+
+def test_a_model_whose_threads_gain_nothing_runs_on_the_loop_under_any_load() -> None:
+    """One instance and no batching: its thread would run the same executions one at a time, plus the handoff."""
+    async def scenario() -> None:
+        model = Echo()
+        async with serving("max_batch_size: 64 " + LOOP, model) as h:
+            await h.call(0)
+            h.in_flight.requests = 10 * LOOP_MAX_IN_PROGRESS
+            await asyncio.gather(*(h.call(tag) for tag in range(1, 33)))
+        assert set(model.threads[1:]) == {MAIN}
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("config, count", [
+    ("max_batch_size: 64 dynamic_batching { } " + LOOP, 1),  # its queued requests batch
+    ("max_batch_size: 64 " + LOOP, 2),  # its instances run at once
+])
+def test_a_model_whose_threads_gain_from_load_leaves_the_loop_when_busy(config: str, count: int) -> None:
+    async def scenario() -> None:
+        models = [Echo() for _ in range(count)]
+        async with serving(config, *models) as h:
+            await h.call(0)
+            await h.call(1)
+            h.in_flight.requests = LOOP_MAX_IN_PROGRESS + 1
+            await asyncio.gather(*(h.call(tag) for tag in range(2, 34)))
+        runs = [(thread, size) for model in models for thread, size in zip(model.threads, model.sizes, strict=True)]
+        assert (MAIN, 1) in runs  # quiet: on the loop
+        assert sum(size for thread, size in runs if thread != MAIN) >= 32  # busy: all 32 on the instance threads
 
     run(scenario())
 
