@@ -1,16 +1,20 @@
-"""Two builds of modelhost side by side: a git revision against the working tree, in alternating rounds.
+"""Two builds of modelhost side by side: a git revision against the working tree, measured in turns.
 
-    python benchmarks/builds.py --base HEAD [--rounds 4] [--duration 3]
+    python benchmarks/builds.py --base HEAD [--pairs 6] [--duration 2]
         [--cells tiny:http:8,tiny:http:32,tiny:grpc:8] [--args "--workers 2"]
 
-A change to a hot path is judged against the build before it, on the same machine in the same minutes:
-on a shared machine a run's speed drifts by 1.5-2x within minutes, more than most changes are worth.
-So each round starts the base build's server, measures every cell, stops it, then does the same for
-the working tree; the table gives, per cell, the median over rounds of each build's figures and the
-ratio of the medians.
+A change to a hot path is judged against the build before it, on the same machine in the same seconds:
+on a shared machine a run's speed drifts by 1.5-2x within tens of seconds, more than most changes are
+worth, and rounds of a minute per build measured the drift (two such runs of 4 rounds each disagreed on
+the sign of the same change). So both builds' servers run at once, idle but for the one measured, and
+each cell is measured `--pairs` times in turns, base-then-new and new-then-base alternately, so that a
+drift in between falls on both. The table gives per cell each build's medians and the median of the
+per-pair ratios new / base.
 
 - base: `git worktree add` of the revision into a temporary directory, run with that directory first on
-  PYTHONPATH (the installed modelhost is the working tree's, in editable mode).
+  PYTHONPATH (the installed modelhost is the working tree's, in editable mode). Both servers run with
+  PYTHONSAFEPATH=1: `python -m` otherwise puts the current directory first on sys.path, and from a
+  checkout that is the working tree's code for both.
 - cells: model:protocol:concurrency over the built-in example repository; perf_analyzer as the client
   (benchmarks/peers/perf_analyzer.py), 1 s of warm-up, then `--duration` seconds.
 - server CPU per request: the server process's user + system time over the measured run, divided by
@@ -96,28 +100,37 @@ def base_tree(revision: str, workdir: Path) -> Path:
     return tree
 
 
+def check_source(env: dict[str, str], expected: Path) -> None:
+    """That a server started with `env` imports modelhost from `expected`."""
+    probe = [sys.executable, "-c", "import modelhost; print(modelhost.__file__)"]
+    found = subprocess.run(probe, env={**os.environ, **env}, capture_output=True, text=True, check=True).stdout.strip()
+    if not Path(found).resolve().is_relative_to(expected.resolve()):
+        raise SystemExit(f"a server would import modelhost from {found}, not from {expected}")
+
+
+def median(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
 def table(cells: list[Cell], results: dict[tuple[str, Cell], list[dict[str, float]]], builds: list[str]) -> str:
-    lines = ["| cell | build | req/s | p50 ms | p99 ms | server CPU µs / request | req/s vs base |",
-             "|---|---|---|---|---|---|---|"]
+    base, new = builds
+    lines = [f"| cell | {base}: req/s, p50, p99 ms, CPU µs / request | {new}: the same | new / base req/s, p99, "
+             "CPU (median of pairs) |", "|---|---|---|---|"]
     for cell in cells:
-        base_rps = None
-        for build in builds:
-            runs = results.get((build, cell), [])
-            if not runs:
-                lines.append(f"| {cell} | {build} | n/a | n/a | n/a | n/a | n/a |")
-                continue
-            median = {key: statistics.median(run[key] for run in runs) for key in ("rps", "p50", "p99", "cpu_us")}
-            base_rps = base_rps or median["rps"]
-            lines.append(f"| {cell} | {build} | {median['rps']:.0f} | {median['p50']:.2f} | {median['p99']:.2f} | "
-                         f"{median['cpu_us']:.0f} | {median['rps'] / base_rps:.2f}x |")
+        a, b = results[(base, cell)], results[(new, cell)]
+        cols = [f"{median(runs, 'rps'):.0f}, {median(runs, 'p50'):.2f}, {median(runs, 'p99'):.2f}, "
+                f"{median(runs, 'cpu_us'):.0f}" for runs in (a, b)]
+        ratios = [statistics.median(y[key] / x[key] for x, y in zip(a, b, strict=True))
+                  for key in ("rps", "p99", "cpu_us")]
+        lines.append(f"| {cell} | {cols[0]} | {cols[1]} | {ratios[0]:.2f}x, {ratios[1]:.2f}x, {ratios[2]:.2f}x |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--cells", default="tiny:http:8,tiny:http:32,tiny:http:128,tiny:grpc:8,tiny:grpc:32")
     parser.add_argument("--args", default="", help="extra `modelhost serve` arguments for both builds")
     options = parser.parse_args()
@@ -127,26 +140,28 @@ def main() -> None:
         repository = ensure_example_repository(workdir / "cache")
         data = {model: input_data(model, workdir) for model in {cell.model for cell in cells}}
         tree = base_tree(options.base, workdir)
-        builds = {f"base ({options.base})": {"PYTHONPATH": str(tree)}, "working tree": {}}
+        names = [f"base ({options.base})", "working tree"]
+        servers: dict[str, ServerProcess] = {}
         results: dict[tuple[str, Cell], list[dict[str, float]]] = {}
         try:
-            for round_number in range(options.rounds):
-                for build, env in builds.items():
-                    server = ServerProcess(repository, *shlex.split(options.args), env=env).wait_ready()
-                    try:
-                        for cell in cells:
-                            result = measure(server, cell, data[cell.model], options.duration)
-                            results.setdefault((build, cell), []).append(result)
-                            print(f"round {round_number} {build}: {cell}: {result['rps']:.0f} req/s, p50 "
-                                  f"{result['p50']:.2f} ms, p99 {result['p99']:.2f} ms, {result['cpu_us']:.0f} µs CPU "
-                                  "per request", flush=True)
-                    finally:
-                        server.stop()
+            for name, env in zip(names, ({"PYTHONPATH": str(tree)}, {}), strict=True):
+                env = {**env, "PYTHONSAFEPATH": "1"}
+                check_source(env, tree if env.get("PYTHONPATH") else ROOT)
+                servers[name] = ServerProcess(repository, *shlex.split(options.args), env=env).wait_ready()
+            for cell in cells:
+                for pair in range(options.pairs):
+                    for name in (names if pair % 2 == 0 else names[::-1]):
+                        result = measure(servers[name], cell, data[cell.model], options.duration)
+                        results.setdefault((name, cell), []).append(result)
+                        print(f"{cell}, pair {pair}, {name}: {result['rps']:.0f} req/s, p50 {result['p50']:.2f} ms, "
+                              f"p99 {result['p99']:.2f} ms, {result['cpu_us']:.0f} µs CPU per request", flush=True)
         finally:
+            for server in servers.values():
+                server.stop()
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
                            capture_output=True)
         print()
-        print(table(cells, results, list(builds)))
+        print(table(cells, results, names))
 
 
 if __name__ == "__main__":

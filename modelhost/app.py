@@ -20,7 +20,7 @@ import uvloop
 
 from modelhost import __version__, client_log
 from modelhost.access import AccessPolicy
-from modelhost.core import compute_threads, handoff_cost, loop_gate
+from modelhost.core import compute_threads
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
@@ -216,11 +216,6 @@ class Server:
         return next(front_end for front_end in self.front_ends if front_end.name == name)
 
     async def _start(self) -> None:
-        # Before any model's scheduler exists: their loop gates take the measured cost as their default budget.
-        cost = await handoff_cost.measure()
-        budget = loop_gate.use_handoff_cost(cost.wall_ns)
-        log.info("a handoff to a model thread and back takes %d µs (%d µs of the event loop's CPU): executions up to "
-                 "%d µs run on the loop", cost.wall_ns // 1000, cost.loop_cpu_ns // 1000, budget // 1000)
         if self.worker_statistics is not None:  # before the models load: the other workers may ask any time
             await self.worker_statistics.serve(self.dataplane.local_statistics, self.metrics.render)
         if self.settings.workers > 1:

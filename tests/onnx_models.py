@@ -109,6 +109,8 @@ input [
 ]
 output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {size}, {size} ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+# Its run time follows ITERATIONS's value, which the loop gate (sizes) cannot predict: never on the loop.
+parameters {{ key: "inline_max_microseconds" value: {{ string_value: "0" }} }}
 {extra}
 """
 

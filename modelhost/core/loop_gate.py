@@ -1,61 +1,80 @@
 """Which batches are cheap enough to run on the event loop itself, learned from measured executions.
 
-Handing a batch to an instance thread and its result back costs two thread wake-ups, in latency
-and in the loop's CPU (its own work and the GIL handed back and forth), more than a tiny model's whole
-run. A batch predicted to finish within the budget therefore runs on the loop. The default budget is
-what a handoff's round trip takes on this machine (core/handoff_cost.py, measured as the server
-starts; `use_handoff_cost`), kept within MIN_BUDGET_NS..MAX_BUDGET_NS: a run on the loop then delays
-the loop no longer than a handoff would delay the request. The loop's CPU alone, measured the same
-way, undercounts: on the 2-core VM it read 13-32 µs per round trip, about the old fixed 20 µs, and a
-budget made from it left tiny where the fixed one had it (0.95x the requests/s at concurrency 8, 3
-rounds), while the round trip's 114-244 µs gave 1.08x over HTTP and 1.29x over gRPC (4 rounds;
-docs/benchmarks.md). A model's `inline_max_microseconds` parameter sets its budget instead (0:
-never on the loop).
+Handing a batch to an instance thread and its result back costs two thread wake-ups, more than a tiny
+model's whole run. A batch predicted to finish within the budget therefore runs on the loop.
 
-Cost grows with rows, so the gate learns a row limit: every execution within budget lets the loop
-take batches of up to twice its rows, and SLOW_STRIKES executions on the loop in a row over budget
-halve the limit below their rows (down to 0: nothing runs on the loop until a fast execution is seen
-again). Slow executions on instance threads do not count against the loop: their time includes
-waiting for the GIL while the loop is busy, which the loop itself would not pay.
+The budget: a model's `inline_max_microseconds` parameter (0: never on the loop), or else what a
+handoff actually takes, learned from the model's own requests (`adaptive`): the scheduler reports the
+round trip of each request that went to an idle instance thread (`learn_handoff`: enqueue to answer on
+the loop, less the execution), and the budget is the median of the last HANDOFF_SAMPLES, kept within
+MIN_BUDGET_NS..MAX_BUDGET_NS. So that the figure stays current while requests run on the loop, every
+PROBE_EVERY-th request the loop could take goes to a thread instead (`should_probe`). A handoff's cost is
+the machine's and its load's more than Python's: on the 2-core VM this was measured on, a round trip
+took about 20 µs on a quiet machine and 110-250 µs with the cores busy, where a fixed 20 µs budget had
+tiny's 14-30 µs executions closing the gate and every request paying the handoff (docs/benchmarks.md).
+
+Cost grows with size, so the gate learns a size limit, in input elements (every input's, all dims: a
+request of one row and a long sequence is not the cheap one-row request that opened the gate, nor, on
+the loop, a way for a client to stall every other one): every execution within budget lets the loop
+take batches of up to twice its size, and SLOW_STRIKES executions on the loop in a row over budget
+halve the limit below their size (down to 0: nothing runs on the loop until a fast execution is seen
+again). Slow executions on instance threads do not count against the loop: their time includes waiting
+for the GIL while the loop is busy, which the loop itself would not pay. A model whose run time depends
+on its inputs' values rather than their sizes can mislead the gate: give it `inline_max_microseconds` 0.
 """
 
 from __future__ import annotations
 
-MAX_ROWS = 1 << 20
+import collections
+import statistics
+
+MAX_SIZE = 1 << 30
 SLOW_STRIKES = 2  # one slow execution is as likely a page fault or a preemption as a slow model
-# The default budget's bounds: 20 µs, the fixed budget before it was measured, for fast machines; 200 µs
+# The learned budget's bounds: 20 µs, the fixed budget before it was learned, for fast machines; 200 µs
 # keeps a machine with slow wake-ups from holding the loop on one execution for longer.
 MIN_BUDGET_NS = 20_000
 MAX_BUDGET_NS = 200_000
-_default_budget_ns = MIN_BUDGET_NS
-
-
-def use_handoff_cost(round_trip_ns: int) -> int:
-    """Make a handoff's measured round trip (bounded) the default budget of gates made from now on;
-    returns that budget."""
-    global _default_budget_ns
-    _default_budget_ns = min(max(round_trip_ns, MIN_BUDGET_NS), MAX_BUDGET_NS)
-    return _default_budget_ns
-
-
-def default_budget_ns() -> int:
-    return _default_budget_ns
+HANDOFF_SAMPLES = 16
+PROBE_EVERY = 64  # one request in this many that could run on the loop measures a handoff instead
 
 
 class LoopGate:
-    def __init__(self, budget_ns: int) -> None:
-        self.budget_ns = budget_ns
-        self.max_rows = 0  # batches of at most this many rows may run on the loop
+    def __init__(self, budget_ns: int | None) -> None:
+        """`budget_ns`: fixed (0 keeps everything off the loop), or None to learn it from handoffs."""
+        self.adaptive = budget_ns is None
+        self.budget_ns = MIN_BUDGET_NS if budget_ns is None else budget_ns
+        self.max_size = 0  # batches of at most this many input elements may run on the loop
         self._strikes = 0
+        self._handoffs: collections.deque[int] = collections.deque(maxlen=HANDOFF_SAMPLES)
+        self._until_probe = PROBE_EVERY
 
-    def learn(self, rows: int, elapsed_ns: int, on_loop: bool) -> None:
+    def learn(self, size: int, elapsed_ns: int, on_loop: bool) -> None:
+        """One execution of a batch of `size` input elements that took `elapsed_ns`."""
         if not self.budget_ns:
             return
         if elapsed_ns <= self.budget_ns:
-            self.max_rows = min(max(self.max_rows, 2 * rows), MAX_ROWS)
+            self.max_size = min(max(self.max_size, 2 * size), MAX_SIZE)
             self._strikes = 0
-        elif on_loop and rows <= self.max_rows:
+        elif on_loop and size <= self.max_size:
             self._strikes += 1
             if self._strikes >= SLOW_STRIKES:
-                self.max_rows = rows // 2
+                self.max_size = size // 2
                 self._strikes = 0
+
+    def learn_handoff(self, round_trip_ns: int) -> None:
+        """One request's round trip through an idle instance thread, its execution left out."""
+        if not self.adaptive:
+            return
+        self._handoffs.append(round_trip_ns)
+        self.budget_ns = min(max(int(statistics.median(self._handoffs)), MIN_BUDGET_NS), MAX_BUDGET_NS)
+
+    def should_probe(self) -> bool:
+        """Asked for each request that may run on the loop: True for the one in PROBE_EVERY that should
+        take a thread, to measure the handoff (never with a fixed budget)."""
+        if not self.adaptive:
+            return False
+        self._until_probe -= 1
+        if self._until_probe:
+            return False
+        self._until_probe = PROBE_EVERY
+        return True

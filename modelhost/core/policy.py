@@ -29,8 +29,8 @@ class SchedulingPolicy:
     levels: tuple[LevelPolicy, ...]  # levels[0] is priority 1, the highest
     default_level: int  # index into levels
     split_size: int = 0  # requests of more rows run as chunks of this many rows; 0 = never split
-    # Batches predicted to run within this many ns may run on the event loop; 0 = never, None = the
-    # measured cost of a handoff to an instance thread (core/loop_gate.py).
+    # Batches predicted to run within this many ns may run on the event loop; 0 = never, None = what a
+    # handoff to an instance thread takes, learned (core/loop_gate.py).
     inline_max_ns: int | None = 0
 
     @classmethod
@@ -81,7 +81,7 @@ class SchedulingPolicy:
 # `parameters { key: "request_split_size" value: { string_value: "N" } }`: split requests above N rows.
 SPLIT_PARAMETER = "request_split_size"
 # Batches predicted (from measured executions) to take at most this many µs run on the event loop
-# instead of an instance thread; 0 = never. Unset: what a handoff costs the loop (core/loop_gate.py).
+# instead of an instance thread; 0 = never. Unset: what a handoff takes, learned (core/loop_gate.py).
 INLINE_PARAMETER = "inline_max_microseconds"
 
 

@@ -34,6 +34,7 @@ class Pending:
     sequence: int = 0
     taken: bool = False
     delayed: bool = False
+    measures_handoff: bool = False  # queued alone with an instance free (core/loop_gate.py)
 
 
 class RequestQueue:

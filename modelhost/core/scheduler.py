@@ -12,8 +12,8 @@ loop resolves futures, keeps arrival order when asked, and expires requests that
 A cheap request runs on the event loop instead: handing it to a thread and back costs two wake-ups,
 more latency and more of the loop's CPU than a tiny model's whole run. It runs there, synchronously in
 submit, the way a naive server calls its model, when all of these hold: the model's measured
-executions for its rows fit the loop gate's budget (core/loop_gate.py: what a handoff costs the loop
-on this machine, or the model's inline_max_microseconds), nothing is queued for the model, an
+executions for its size fit the loop gate's budget (core/loop_gate.py: what a handoff takes, learned
+from the model's own requests, or the model's inline_max_microseconds), nothing is queued for the model, an
 instance is free, and no queue delay is configured. A model whose threads can do more than the loop
 under load (it batches, so queued requests run as one execution, or it has several instances that run
 at once) also needs the server quiet: at most LOOP_MAX_IN_PROGRESS requests in progress in the
@@ -38,7 +38,7 @@ from modelhost.backends.base import Model
 from modelhost.core import compute_threads
 from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
-from modelhost.core.loop_gate import LoopGate, default_budget_ns
+from modelhost.core.loop_gate import LoopGate
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.request_queue import Pending, RequestQueue
 from modelhost.core.statistics import ExecutionTiming, ModelStatistics
@@ -65,8 +65,7 @@ class Scheduler:
         # Each instance's lock keeps it to one call at a time between its thread and the loop.
         self._instances = [(instance, threading.Lock()) for instance in instances]
         inline = not policy.max_queue_delay_s and all(instance.runs_inline for instance in instances)
-        budget = policy.inline_max_ns if policy.inline_max_ns is not None else default_budget_ns()
-        self._gate = LoopGate(budget if inline else 0)
+        self._gate = LoopGate(policy.inline_max_ns if inline else 0)
         # Whether queueing under load gains anything over running on the loop: batches, or instances in parallel.
         self._threads_gain_under_load = policy.batching or len(instances) > 1
         self._in_flight = in_flight or InFlight()
@@ -88,7 +87,7 @@ class Scheduler:
         """
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
-        if self._may_run_now(rows):
+        if self._may_run_now(_elements(inputs)):
             result = self._run_on_loop(inputs, outputs, rows)
             if result is not None:
                 return result
@@ -122,7 +121,10 @@ class Scheduler:
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int) -> Pending:
         loop = asyncio.get_running_loop()
         key = _batch_key(inputs, outputs) if self._policy.batching else None
-        pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), sequence=self._sequence)
+        # Alone in the queue with an instance free: its round trip, less its execution, is a handoff's cost.
+        alone = not self._queue.depth() and any(not lock.locked() for _, lock in self._instances)
+        pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), sequence=self._sequence,
+                          measures_handoff=alone)
         self._queue.put(pending, self._label)
         self._sequence += 1
         self._inflight += 1
@@ -166,16 +168,17 @@ class Scheduler:
                     self._stopped.set_result(None)
         await asyncio.shield(self._stopped)
 
-    def _may_run_now(self, rows: int) -> bool:
+    def _may_run_now(self, size: int) -> bool:
         """Whether a request may run on the loop at once: cheap enough, the server quiet (where the threads
         would gain from the load), nothing queued ahead of it, no earlier answer it could overtake under
         preserve_ordering, the model not stopping."""
         return (
-            rows <= self._gate.max_rows
+            size <= self._gate.max_size
             and (self._in_flight.requests <= LOOP_MAX_IN_PROGRESS or not self._threads_gain_under_load)
             and not self._queue.depth()
             and not (self._policy.preserve_ordering and self._inflight)
             and not self._queue.closed
+            and not self._gate.should_probe()
         )
 
     def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int) -> Outputs | None:
@@ -189,7 +192,7 @@ class Scheduler:
                 finally:
                     lock.release()
                 self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
-                self._gate.learn(rows, elapsed, on_loop=True)
+                self._gate.learn(_elements(inputs), elapsed, on_loop=True)
                 return result
         return None
 
@@ -259,7 +262,10 @@ class Scheduler:
         if timing is not None:
             rows = sum(p.rows for p in batch)
             self._statistics.record_execution(rows, len(batch), timing)
-            self._gate.learn(rows, timing.infer_ns, on_loop=False)
+            self._gate.learn(sum(_elements(p.inputs) for p in batch), timing.infer_ns, on_loop=False)
+            if len(batch) == 1 and batch[0].measures_handoff:
+                round_trip_ns = int((self._clock.now() - batch[0].enqueued) * 1e9)
+                self._gate.learn_handoff(max(0, round_trip_ns - timing.input_ns - timing.infer_ns - timing.output_ns))
         for index, pending in enumerate(batch):
             self._finish(pending, results[index] if results is not None else None, error)
 
@@ -276,6 +282,10 @@ class Scheduler:
 def _set_done(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _elements(inputs: dict[str, np.ndarray]) -> int:
+    return sum(array.size for array in inputs.values())
 
 
 def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> Any:

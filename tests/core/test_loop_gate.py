@@ -1,36 +1,44 @@
-"""LoopGate: the row limit for running batches on the event loop, learned from measured executions."""
+"""LoopGate: the size limit for running batches on the event loop, learned from measured executions, and its
+budget, fixed or learned from handoffs."""
 
 from __future__ import annotations
 
-from modelhost.core import loop_gate
-from modelhost.core.loop_gate import MAX_BUDGET_NS, MAX_ROWS, MIN_BUDGET_NS, SLOW_STRIKES, LoopGate
+from modelhost.core.loop_gate import (
+    HANDOFF_SAMPLES,
+    MAX_BUDGET_NS,
+    MAX_SIZE,
+    MIN_BUDGET_NS,
+    PROBE_EVERY,
+    SLOW_STRIKES,
+    LoopGate,
+)
 
 BUDGET = 20_000
 
 
 def test_nothing_runs_on_the_loop_before_a_measurement() -> None:
-    assert LoopGate(BUDGET).max_rows == 0
+    assert LoopGate(BUDGET).max_size == 0
 
 
-def test_a_fast_execution_allows_twice_its_rows() -> None:
+def test_a_fast_execution_allows_twice_its_size() -> None:
     gate = LoopGate(BUDGET)
     gate.learn(1, 5_000, on_loop=False)
-    assert gate.max_rows == 2
+    assert gate.max_size == 2
     gate.learn(2, 5_000, on_loop=True)
     gate.learn(4, 5_000, on_loop=True)
-    assert gate.max_rows == 8
+    assert gate.max_size == 8
     gate.learn(1, 5_000, on_loop=True)  # a smaller fast batch never lowers the limit
-    assert gate.max_rows == 8
+    assert gate.max_size == 8
 
 
-def test_repeated_slow_executions_on_the_loop_halve_the_limit_below_their_rows() -> None:
+def test_repeated_slow_executions_on_the_loop_halve_the_limit_below_their_size() -> None:
     gate = LoopGate(BUDGET)
     gate.learn(8, 5_000, on_loop=True)
     for _ in range(SLOW_STRIKES - 1):
         gate.learn(6, 50_000, on_loop=True)
-    assert gate.max_rows == 16  # one slow run may be a preemption
+    assert gate.max_size == 16  # one slow run may be a preemption
     gate.learn(6, 50_000, on_loop=True)
-    assert gate.max_rows == 3
+    assert gate.max_size == 3
 
 
 def test_a_fast_execution_between_slow_ones_forgives_them() -> None:
@@ -39,15 +47,15 @@ def test_a_fast_execution_between_slow_ones_forgives_them() -> None:
     for _ in range(5):
         gate.learn(1, 50_000, on_loop=True)
         gate.learn(1, 5_000, on_loop=True)
-    assert gate.max_rows == 2
+    assert gate.max_size == 2
 
 
-def test_a_model_slow_at_one_row_leaves_the_loop_entirely() -> None:
+def test_a_model_slow_at_its_smallest_size_leaves_the_loop_entirely() -> None:
     gate = LoopGate(BUDGET)
     gate.learn(1, 5_000, on_loop=False)
     for _ in range(SLOW_STRIKES):
         gate.learn(1, 90_000, on_loop=True)
-    assert gate.max_rows == 0
+    assert gate.max_size == 0
 
 
 def test_slow_executions_on_threads_do_not_count_against_the_loop() -> None:
@@ -55,7 +63,7 @@ def test_slow_executions_on_threads_do_not_count_against_the_loop() -> None:
     gate.learn(1, 5_000, on_loop=False)
     for _ in range(10):
         gate.learn(1, 90_000, on_loop=False)
-    assert gate.max_rows == 2
+    assert gate.max_size == 2
 
 
 def test_slow_batches_larger_than_the_limit_change_nothing() -> None:
@@ -63,26 +71,47 @@ def test_slow_batches_larger_than_the_limit_change_nothing() -> None:
     gate.learn(2, 5_000, on_loop=True)
     for _ in range(SLOW_STRIKES):
         gate.learn(500, 900_000, on_loop=True)
-    assert gate.max_rows == 4
+    assert gate.max_size == 4
 
 
 def test_a_zero_budget_keeps_everything_on_threads() -> None:
     gate = LoopGate(0)
     gate.learn(1, 1, on_loop=True)
-    assert gate.max_rows == 0
+    assert gate.max_size == 0
 
 
 def test_the_limit_is_bounded() -> None:
     gate = LoopGate(BUDGET)
-    gate.learn(MAX_ROWS, 1_000, on_loop=True)
-    assert gate.max_rows == MAX_ROWS
+    gate.learn(MAX_SIZE, 1_000, on_loop=True)
+    assert gate.max_size == MAX_SIZE
 
 
-def test_the_default_budget_is_the_measured_handoff_cost_within_bounds() -> None:
-    saved = loop_gate.default_budget_ns()
-    try:
-        assert loop_gate.use_handoff_cost(95_000) == 95_000 == loop_gate.default_budget_ns()
-        assert loop_gate.use_handoff_cost(3_000) == MIN_BUDGET_NS  # bare metal: no less than the first VM's figure
-        assert loop_gate.use_handoff_cost(5_000_000) == MAX_BUDGET_NS  # a stalled measurement holds the loop no longer
-    finally:
-        loop_gate.use_handoff_cost(saved)
+
+def test_an_adaptive_budget_is_the_median_handoff_within_bounds() -> None:
+    gate = LoopGate(None)
+    assert gate.adaptive and gate.budget_ns == MIN_BUDGET_NS  # before any handoff is seen
+    for ns in (90_000, 150_000, 120_000):
+        gate.learn_handoff(ns)
+    assert gate.budget_ns == 120_000
+    for _ in range(HANDOFF_SAMPLES):  # the oldest samples leave: the budget follows the machine
+        gate.learn_handoff(30_000)
+    assert gate.budget_ns == 30_000
+    for _ in range(HANDOFF_SAMPLES):
+        gate.learn_handoff(3_000)
+    assert gate.budget_ns == MIN_BUDGET_NS  # a fast machine: no less than the old fixed budget
+    for _ in range(HANDOFF_SAMPLES):
+        gate.learn_handoff(5_000_000)
+    assert gate.budget_ns == MAX_BUDGET_NS  # stalled wake-ups hold the loop no longer than this
+
+
+def test_an_adaptive_gate_sends_one_request_in_probe_every_to_a_thread() -> None:
+    gate = LoopGate(None)
+    probes = [gate.should_probe() for _ in range(3 * PROBE_EVERY)]
+    assert probes.count(True) == 3 and probes[PROBE_EVERY - 1]
+
+
+def test_a_fixed_budget_neither_learns_handoffs_nor_probes() -> None:
+    gate = LoopGate(BUDGET)
+    gate.learn_handoff(150_000)
+    assert gate.budget_ns == BUDGET and not gate.adaptive
+    assert not any(gate.should_probe() for _ in range(3 * PROBE_EVERY))
