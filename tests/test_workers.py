@@ -39,6 +39,27 @@ def own_counts(workers_tmp: Path) -> list[int]:
     return counts
 
 
+def send_until_both_served(server: ServerProcess, workers_tmp: Path, least: int = 40, most: int = 400) -> int:
+    """Infer on a new connection each time (the kernel spreads them over the workers) until both workers have
+    served some and at least `least` are sent; the number sent. wait_ready returns once one worker listens:
+    the other may still be loading, and a fast server answers `least` requests before it binds."""
+    def both_served() -> bool:
+        try:
+            return all(own_counts(workers_tmp))
+        except OSError:  # a worker still starting has no statistics socket yet
+            return False
+
+    sent = 0
+    while sent < least or not both_served():
+        assert sent < most, f"{sent} requests and one worker served none"
+        response = requests.post(f"{server.base}/v2/models/tiny/infer", json=TINY, timeout=10,
+                                 headers={"Connection": "close"})
+        assert response.status_code == 200, response.text
+        assert response.json()["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
+        sent += 1
+    return sent
+
+
 def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type: ignore[no-untyped-def]
     metrics = free_port()
     workers_tmp = tmp_path / "tmp"
@@ -47,13 +68,7 @@ def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type:
                            env={"TMPDIR": str(workers_tmp)}).wait_ready()
     try:
         server.wait_ready(path=f"http://127.0.0.1:{metrics}/metrics")
-        sent = 0
-        for _ in range(40):  # a new connection each time, so the kernel spreads them over the workers
-            response = requests.post(f"{server.base}/v2/models/tiny/infer", json=TINY, timeout=10,
-                                     headers={"Connection": "close"})
-            assert response.status_code == 200, response.text
-            assert response.json()["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]
-            sent += 1
+        sent = send_until_both_served(server, workers_tmp)
         # Every worker listens on the metrics port and answers for the whole server, whichever a scrape reaches.
         assert {tiny_count(metrics) for _ in range(12)} == {sent}
         counts = own_counts(workers_tmp)
@@ -72,10 +87,7 @@ def test_statistics_answer_for_every_worker_whichever_answers(tmp_path) -> None:
     workers_tmp.mkdir()
     server = ServerProcess(None, "--workers", "2", cache_dir=tmp_path, env={"TMPDIR": str(workers_tmp)}).wait_ready()
     try:
-        for _ in range(40):  # new connections: the kernel spreads them over the workers
-            response = requests.post(f"{server.base}/v2/models/tiny/infer", json=TINY, timeout=10,
-                                     headers={"Connection": "close"})
-            assert response.status_code == 200, response.text
+        sent = send_until_both_served(server, workers_tmp)
         seen = set()
         for _ in range(12):
             response = requests.get(f"{server.base}/v2/models/tiny/stats", headers={"Connection": "close"},
@@ -85,7 +97,7 @@ def test_statistics_answer_for_every_worker_whichever_answers(tmp_path) -> None:
             with grpcclient.InferenceServerClient(server.grpc_url) as client:  # a new channel: any worker
                 stats = client.get_inference_statistics("tiny", as_json=True)
             seen.add(int(stats["model_stats"][0]["inference_count"]))
-        assert seen == {40}
+        assert seen == {sent}
         assert all(count > 0 for count in own_counts(workers_tmp))  # so each answer was a sum
         everything = requests.get(f"{server.base}/v2/models/stats", timeout=10).json()["model_stats"]
         assert [s["name"] for s in everything] == sorted({s["name"] for s in everything})  # one entry each
