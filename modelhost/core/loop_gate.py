@@ -10,8 +10,8 @@ the loop, less the execution), and the budget is the median of the last HANDOFF_
 MIN_BUDGET_NS..MAX_BUDGET_NS. So that the figure stays current while requests run on the loop, every
 PROBE_EVERY-th request the loop could take goes to a thread instead (`should_probe`). A handoff's cost is
 the machine's and its load's more than Python's: on the 2-core VM this was measured on, a round trip
-took about 20 µs on a quiet machine and 110-250 µs with the cores busy, where a fixed 20 µs budget had
-tiny's 14-30 µs executions closing the gate and every request paying the handoff (docs/benchmarks.md).
+took about 20 µs at one moment and 110-450 µs at others, where a fixed 20 µs budget had tiny's 14-30 µs
+executions closing the gate and every request paying the handoff (docs/benchmarks.md).
 
 Cost grows with size, so the gate learns a size limit, in input elements (every input's, all dims: a
 request of one row and a long sequence is not the cheap one-row request that opened the gate, nor, on

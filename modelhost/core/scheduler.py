@@ -13,14 +13,15 @@ A cheap request runs on the event loop instead: handing it to a thread and back 
 more latency and more of the loop's CPU than a tiny model's whole run. It runs there, synchronously in
 submit, the way a naive server calls its model, when all of these hold: the model's measured
 executions for its size fit the loop gate's budget (core/loop_gate.py: what a handoff takes, learned
-from the model's own requests, or the model's inline_max_microseconds), nothing is queued for the model, an
-instance is free, and no queue delay is configured. A model whose threads can do more than the loop
+from the model's own requests, or the model's inline_max_microseconds), nothing is queued for the
+model, an instance is free, and no queue delay is configured. A model whose threads can do more than the loop
 under load (it batches, so queued requests run as one execution, or it has several instances that run
 at once) also needs the server quiet: at most LOOP_MAX_IN_PROGRESS requests in progress in the
 process; under more load its requests queue and batch on the threads. A model with one instance that
 does not batch runs on the loop at any load, since its thread would run the same executions one at a
-time and only add the handoff: tiny over HTTP, 4 rounds on the 2-core VM, 1.22x the requests/s at
-concurrency 32 and at 128, with a lower p99 (docs/benchmarks.md).
+time and only add the handoff: tiny over HTTP on the 2-core VM (budget fixed at 300 µs, 3 rounds,
+medians), with the in-flight cap for it 2,431 and 2,397 req/s at concurrency 32 and 128, without it 3,260
+and 3,216 (docs/benchmarks.md has the change's before/after).
 """
 
 from __future__ import annotations
