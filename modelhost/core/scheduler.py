@@ -88,8 +88,9 @@ class Scheduler:
         """
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
-        if self._may_run_now(_elements(inputs)):
-            result = self._run_on_loop(inputs, outputs, rows)
+        size = _elements(inputs)
+        if self._may_run_now(size):
+            result = self._run_on_loop(inputs, outputs, rows, size)
             if result is not None:
                 return result
         split = self._policy.split_size
@@ -182,7 +183,8 @@ class Scheduler:
             and not self._gate.should_probe()
         )
 
-    def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int) -> Outputs | None:
+    def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
+                     size: int) -> Outputs | None:
         """Run one request right here with a free instance; None when every instance is busy on its thread."""
         for instance, lock in self._instances:
             if lock.acquire(blocking=False):
@@ -193,7 +195,7 @@ class Scheduler:
                 finally:
                     lock.release()
                 self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
-                self._gate.learn(_elements(inputs), elapsed, on_loop=True)
+                self._gate.learn(size, elapsed, on_loop=True)
                 return result
         return None
 
