@@ -86,7 +86,6 @@ def test_the_limit_is_bounded() -> None:
     assert gate.max_size == MAX_SIZE
 
 
-
 def test_an_adaptive_budget_is_the_median_handoff_within_bounds() -> None:
     gate = LoopGate(None)
     assert gate.adaptive and gate.budget_ns == MIN_BUDGET_NS  # before any handoff is seen

@@ -121,8 +121,8 @@ def test_a_slow_model_never_runs_on_the_loop() -> None:
     assert set(threads) == {"m:1#0"}
 
 
-def test_the_loop_is_on_by_default_with_the_measured_handoff_cost_as_budget() -> None:
-    assert policy_of("max_batch_size: 8").inline_max_ns is None  # the gate's default: the measured cost
+def test_the_loop_is_on_by_default_with_a_learned_budget() -> None:
+    assert policy_of("max_batch_size: 8").inline_max_ns is None  # None: the gate learns it from handoffs
     assert policy_of("max_batch_size: 8 " + on_loop_within(7)).inline_max_ns == 7_000
     assert policy_of("max_batch_size: 8 " + THREADS_ONLY).inline_max_ns == 0
     assert set(_threads_after_warmup("max_batch_size: 8 " + THREADS_ONLY, Echo())) == {"m:1#0"}
