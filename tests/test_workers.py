@@ -35,7 +35,8 @@ def own_counts(workers_tmp: Path) -> list[int]:
             sock.connect(str(directory / f"{index}.sock"))
             sock.sendall(b"stats\ttiny\t\n")
             answer = b"".join(iter(lambda: sock.recv(65536), b""))
-        counts.append(json.loads(answer)[0]["inference_count"])
+        models = json.loads(answer)  # empty from a worker whose socket is up before its models have loaded
+        counts.append(models[0]["inference_count"] if models else 0)
     return counts
 
 

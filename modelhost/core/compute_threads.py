@@ -50,6 +50,7 @@ T = TypeVar("T")
 _priority: Effective = "normal"
 _loading: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
+_thread = threading.local()  # `entered`: the priority a compute thread entered at; `watched_down`: lowered since
 
 
 def configure(priority: Priority, cpus: int | None = None) -> Effective:
@@ -67,10 +68,26 @@ def configure(priority: Priority, cpus: int | None = None) -> Effective:
     return _priority
 
 
+def current_priority() -> Effective:
+    """The configured compute priority, `auto` resolved."""
+    return _priority
+
+
 def enter() -> None:
     """Lower the calling thread to the configured compute priority (it stays there)."""
+    _thread.entered = _priority
     if _priority == "low" or _priority == "nice":
         _lower(_priority)
+
+
+def entered_priority() -> Effective | None:
+    """The priority the calling thread computes at now, as `enter` and the execution watch left it: what a thread
+    kept for other work must match. None for a thread that never entered, or that the watch lowered (`adaptive`
+    starts every instance at the loop's priority, and a lowered thread cannot rise again)."""
+    if getattr(_thread, "watched_down", False):
+        return None
+    entered: Effective | None = getattr(_thread, "entered", None)
+    return entered
 
 
 def execution_watch() -> Callable[[int], bool] | None:
@@ -87,6 +104,7 @@ def execution_watch() -> Callable[[int], bool] | None:
         if long_runs < LONG_RUNS:
             return False
         _lower("low")
+        _thread.watched_down = True
         return True
 
     return executed

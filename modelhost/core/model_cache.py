@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from modelhost.backends import backend_is_warm
-from modelhost.core.cache_memory import CacheMemory, Measured
+from modelhost.core.cache_memory import CacheMemory, Measured, Reading
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_loading import backend_of, warm_up_backend_of
 from modelhost.core.served_model import ServedModel
@@ -133,12 +133,12 @@ class ModelCache:
         entry = CacheEntry(name, (name,), measured.size)
         self._charge(entry)
         try:
-            await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock
+            reading = await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock
         except ModelhostError:
             self._uncharge(entry)
             self._memory.release()
             raise self._no_memory(name, f"{entry.size} bytes") from None
-        self._log_cached(entry)
+        self._log_cached(entry, reading.used)
 
     async def load(self, key: str, on_disk: int, warm: Callable[[], bool] | None,
                    add: Callable[[], Awaitable[Sequence[str]]]) -> CacheEntry:
@@ -154,11 +154,11 @@ class ModelCache:
         """Charge a loaded entry: others are evicted until it fits, or it is (NO_MEMORY)."""
         self._charge(entry)
         try:
-            await self._fit(0, entry.key)  # never its own victim
+            reading = await self._fit(0, entry.key)  # never its own victim
         except ModelhostError:
             await self.evict(entry)
             raise self._no_memory(entry.key, f"{entry.size} bytes") from None
-        self._log_cached(entry)
+        self._log_cached(entry, reading.used)
 
     async def discard(self, entry: CacheEntry) -> None:
         """Unload a loaded entry that `keep` never charged (its owner could not finish setting it up)."""
@@ -194,12 +194,12 @@ class ModelCache:
                     self._warming = False
                     await self._notify()
             peak = self._memory.estimate(key, on_disk)
-            await self._fit(peak, key)
+            reading = await self._fit(peak, key)
             expected = peak
             self._reserved += expected
             self._running += 1
             started = time.monotonic()
-            async with self._memory.measuring(key, on_disk) as measured:
+            async with self._memory.measuring(key, on_disk, reading.held) as measured:
                 yield measured
             self.statistics.load.observe(time.monotonic() - started)
         finally:
@@ -219,15 +219,15 @@ class ModelCache:
         async with self._changed:
             await self._changed.wait_for(lambda: self._finished != finished)
 
-    async def _fit(self, needed: int, key: str) -> None:
+    async def _fit(self, needed: int, key: str) -> Reading:
         """Make room for `needed` more bytes beside the expected peaks of the loads being measured; while that
-        cannot be done, wait for one of them to end, and raise NO_MEMORY once none is left."""
+        cannot be done, wait for one of them to end, and raise NO_MEMORY once none is left. Returns the memory
+        reading that showed it fits."""
         while True:
             finished = self._finished
             async with self._making_room:  # two loads evicting at once would each see the other's victims go
                 try:
-                    await self._make_room(needed + self._reserved, key)
-                    return
+                    return await self._make_room(needed + self._reserved, key)
                 except ModelhostError:
                     if self._running == 0:
                         raise
@@ -241,23 +241,25 @@ class ModelCache:
         del self._entries[entry.key]
         self._memory.forget(entry.size)
 
-    def _log_cached(self, entry: CacheEntry) -> None:
-        log.info("cached model %s: %d bytes (%d of %d used)", entry.key, entry.size, self.used_bytes,
-                 self.budget_bytes)
+    def _log_cached(self, entry: CacheEntry, used: int) -> None:
+        log.info("cached model %s: %d bytes (%d of %d used)", entry.key, entry.size, used, self.budget_bytes)
 
     # evictions
 
-    async def _make_room(self, needed: int, key: str) -> None:
-        """Evict idle entries, least recently used first, until `needed` more bytes fit the budget."""
-        if self.used_bytes + needed <= self.budget_bytes:
-            return
+    async def _make_room(self, needed: int, key: str) -> Reading:
+        """Evict idle entries, least recently used first, until `needed` more bytes fit the budget; returns the
+        reading that showed it. Memory is read once, and again after each eviction (a reading is not free:
+        CacheMemory.read)."""
+        reading = self._memory.read()
+        if reading.used + needed <= self.budget_bytes:
+            return reading
         for victim in sorted(self._entries.values(), key=lambda e: e.last_used):
-            if self.used_bytes + needed <= self.budget_bytes:
-                return
             if victim.key != key and not self._in_use(victim):
                 await self.evict(victim)
-        if self.used_bytes + needed > self.budget_bytes:
-            raise self._no_memory(key, f"about {needed} bytes to load")
+                reading = self._memory.read()
+                if reading.used + needed <= self.budget_bytes:
+                    return reading
+        raise self._no_memory(key, f"about {needed} bytes to load")
 
     def _in_use(self, entry: CacheEntry) -> bool:
         return any(self._manager.in_use(name) for name in entry.names)

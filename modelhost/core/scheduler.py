@@ -31,12 +31,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from modelhost.backends.base import Model
-from modelhost.core import compute_threads
+from modelhost.core import compute_threads, instance_threads
 from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
 from modelhost.core.loop_gate import LoopGate
@@ -74,8 +75,8 @@ class Scheduler:
         self._serving = len(self._instances)
         self._stopped: asyncio.Future[None] | None = None
         self._serving_lock = threading.Lock()
-        for index, pair in enumerate(self._instances):
-            threading.Thread(target=self._serve, args=pair, name=f"{label}#{index}", daemon=True).start()
+        for index, (instance, lock) in enumerate(self._instances):
+            instance_threads.start(partial(self._serve, instance, lock), f"{label}#{index}")
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,

@@ -317,9 +317,10 @@ def test_stop_drains_queued_requests_then_unloads_instances() -> None:
         a, b = gated(), gated()
         h = Harness("max_batch_size: 2 dynamic_batching { }", (a, b))
         try:
-            first = await h.hold(a)
+            first = h.spawn(0)
+            await until(lambda: a.started + b.started == 1, "one instance to take the first request")
             second = h.spawn(1)
-            await until(lambda: b.started == 1)
+            await until(lambda: a.started == b.started == 1, "the other to take the second")
             queued = await h.queue(2, 3, 4, 5, 6)
             stopping = asyncio.create_task(h.scheduler.stop())
             await asyncio.sleep(0.01)

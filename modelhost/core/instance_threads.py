@@ -1,0 +1,82 @@
+"""The threads model instances run on, kept for the next instance once theirs has unloaded.
+
+Each instance has a thread of its own while it is loaded (core/scheduler.py). A multi-model endpoint loads
+and unloads models many times a second, and creating an OS thread, handing it its first job and ending it
+costs each load 0.3-0.5 ms of CPU on the 2-core VM (a Python thread started and joined, 50 in a row,
+user plus system time). So a thread whose instance has unloaded waits up to IDLE_SECONDS for the next
+instance to start, and at most MAX_IDLE threads wait; a waiting thread holds no model, only its stack.
+A thread is handed only to an instance of the compute priority it runs at (core/compute_threads.py): one
+the execution watch lowered (`adaptive`) ends instead, as a new instance starts at the loop's priority.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from modelhost.core import compute_threads
+
+IDLE_SECONDS = 30.0
+MAX_IDLE = 32
+
+Work = Callable[[], None]
+
+
+class _Idle:
+    __slots__ = ("priority", "work", "given")
+
+    def __init__(self, priority: compute_threads.Effective) -> None:
+        self.priority = priority
+        self.work: tuple[Work, str] | None = None
+        self.given = threading.Lock()  # released once `work` is set
+        self.given.acquire()
+
+
+_idle: list[_Idle] = []  # most recently idle last
+_lock = threading.Lock()
+
+
+def start(work: Work, name: str) -> None:
+    """Run `work` on a thread of its own named `name`: a waiting one when one runs at the current compute
+    priority, else a new daemon thread. `work` must call compute_threads.enter() first, as on any new thread."""
+    priority = compute_threads.current_priority()
+    with _lock:
+        index = next((i for i in range(len(_idle) - 1, -1, -1) if _idle[i].priority == priority), None)
+        idle = _idle.pop(index) if index is not None else None
+    if idle is None:
+        threading.Thread(target=_run, args=(work,), name=name, daemon=True).start()
+        return
+    idle.work = (work, name)
+    idle.given.release()
+
+
+def idle_threads() -> int:
+    with _lock:
+        return len(_idle)
+
+
+def _run(work: Work) -> None:
+    while True:
+        work()
+        next_work = _wait()
+        if next_work is None:
+            return
+        work, threading.current_thread().name = next_work
+
+
+def _wait() -> tuple[Work, str] | None:
+    priority = compute_threads.entered_priority()
+    if priority is None:
+        return None
+    idle = _Idle(priority)
+    with _lock:
+        if len(_idle) >= MAX_IDLE:
+            return None
+        _idle.append(idle)
+    if not idle.given.acquire(timeout=IDLE_SECONDS):
+        with _lock:
+            if idle in _idle:
+                _idle.remove(idle)
+                return None
+        idle.given.acquire()  # taken between the timeout and the lock: its work is on its way
+    return idle.work
