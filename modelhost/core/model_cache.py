@@ -242,7 +242,8 @@ class ModelCache:
         self._memory.forget(entry.size)
 
     def _log_cached(self, entry: CacheEntry, used: int) -> None:
-        log.info("cached model %s: %d bytes (%d of %d used)", entry.key, entry.size, used, self.budget_bytes)
+        # Debug: the manager has logged the load; a log line costs a busy multi-model endpoint's loop 2 % of a load.
+        log.debug("cached model %s: %d bytes (%d of %d used)", entry.key, entry.size, used, self.budget_bytes)
 
     # evictions
 
