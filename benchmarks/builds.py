@@ -1,7 +1,7 @@
 """Two builds of modelhost side by side: a git revision against the working tree, measured in turns.
 
     python benchmarks/builds.py --base HEAD [--pairs 6] [--duration 2]
-        [--cells tiny:http:8,tiny:http:32,tiny:grpc:8] [--args "--workers 2"]
+        [--cells tiny:http:8,tiny:http:32,tiny:grpc:8] [--args "--workers 2"] [--base-args ...] [--new-args ...]
 
 A change to a hot path is judged against the build before it, on the same machine in the same seconds:
 on a shared machine a run's speed drifts by 1.5-2x within tens of seconds, more than most changes are
@@ -73,8 +73,11 @@ def input_data(model: str, workdir: Path) -> perf_analyzer.InputData:
 
 
 def process_cpu_s(pid: int) -> float:
+    """User + system time of the process and of its children while they run (`--workers`: the workers do the work)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own + sum(process_cpu_s(int(child)) for child in children)
 
 
 def requests_served(server: ServerProcess, model: str) -> int:
@@ -133,6 +136,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--cells", default="tiny:http:8,tiny:http:32,tiny:http:128,tiny:grpc:8,tiny:grpc:32")
     parser.add_argument("--args", default="", help="extra `modelhost serve` arguments for both builds")
+    parser.add_argument("--base-args", default="", help="and for the base build only")
+    parser.add_argument("--new-args", default="", help="and for the working tree only")
     options = parser.parse_args()
     cells = parse_cells(options.cells)
     with tempfile.TemporaryDirectory(prefix="builds-") as scratch:
@@ -144,10 +149,12 @@ def main() -> None:
         servers: dict[str, ServerProcess] = {}
         results: dict[tuple[str, Cell], list[dict[str, float]]] = {}
         try:
-            for name, env in zip(names, ({"PYTHONPATH": str(tree)}, {}), strict=True):
+            builds = zip(names, ({"PYTHONPATH": str(tree)}, {}), (options.base_args, options.new_args), strict=True)
+            for name, env, own_args in builds:
                 env = {**env, "PYTHONSAFEPATH": "1"}
                 check_source(env, tree if env.get("PYTHONPATH") else ROOT)
-                servers[name] = ServerProcess(repository, *shlex.split(options.args), env=env).wait_ready()
+                args = shlex.split(options.args) + shlex.split(own_args)
+                servers[name] = ServerProcess(repository, *args, env=env).wait_ready()
             for cell in cells:
                 for pair in range(options.pairs):
                     for name in (names if pair % 2 == 0 else names[::-1]):

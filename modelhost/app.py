@@ -20,7 +20,7 @@ import uvloop
 
 from modelhost import __version__, client_log
 from modelhost.access import AccessPolicy
-from modelhost.core import compute_threads
+from modelhost.core import compute_threads, spare_cores
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
@@ -28,6 +28,8 @@ from modelhost.core.in_flight import InFlight
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import ModelCache
 from modelhost.core.repository_poll import RepositoryPoller
+from modelhost.core.spare_cores import FILE_NAME as SPARE_CORES_FILE
+from modelhost.core.spare_cores import SpareCores
 from modelhost.core.worker_statistics import WorkerStatistics
 from modelhost.errors import ModelhostError, hide_paths_under
 from modelhost.metrics import MetricsExporter
@@ -75,6 +77,10 @@ class Server:
                          *([settings.model_repository] if settings.model_repository and
                            "://" not in settings.model_repository else []))
         self.in_flight = InFlight()
+        spare_cores.configure(
+            SpareCores.shared(Path(settings.workers_dir) / SPARE_CORES_FILE, settings.worker_index,
+                              settings.cpu_count * settings.workers, self.in_flight)
+            if settings.workers > 1 and settings.workers_dir else SpareCores.alone(settings.cpu_count, self.in_flight))
         self.tls = self._server_tls()
         self.http_access = AccessPolicy(settings.http_restricted_apis + settings.token_restrictions)
         self.grpc_access = AccessPolicy(settings.grpc_restricted_protocols + settings.token_restrictions)

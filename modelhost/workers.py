@@ -5,7 +5,8 @@ by the model; two processes on two cores serve ~1.9x the requests of one (tiny, 
 The trade-off: each worker loads its own copy of every model and batches only its own requests. Each
 keeps its own statistics, and a statistics request or a metrics scrape (every worker listens on
 --metrics-port) to any of them answers for all of them (core/worker_statistics.py, through Unix sockets
-in a directory made here).
+in a directory made here). Each computes on cores / N threads per model, and lends the cores it leaves
+idle to the others' large batches (core/spare_cores.py, through an array in the same directory).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import multiprocessing.connection
 import os
 import signal
 import tempfile
+from pathlib import Path
 from types import FrameType
 
+from modelhost.core import spare_cores
 from modelhost.settings import ServerSettings
 
 log = logging.getLogger("modelhost.workers")
@@ -33,6 +36,7 @@ def run_workers(settings: ServerSettings) -> int:
 def _run(settings: ServerSettings, directory: str) -> int:
     context = multiprocessing.get_context("spawn")
     cores = max(1, settings.cpu_count // settings.workers)
+    spare_cores.make_shared(Path(directory) / spare_cores.FILE_NAME, settings.workers)
     processes = [
         context.Process(
             target=_worker_main,

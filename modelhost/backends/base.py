@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -13,6 +15,8 @@ from modelhost.config.datatypes import config_type_name, v2_datatype
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.pbtxt import ConfigError
 from modelhost.types import TensorSpec
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +27,26 @@ class ModelSignature:
     outputs: tuple[TensorSpec, ...]
 
 
+class CoreLender(Protocol):
+    """Cores the rest of the server leaves idle now (core/spare_cores.py), for an execution that can use more than
+    its instance's threads: `borrow` claims up to `most` of them, `submit` runs work on a thread of the server's
+    compute priority, `give_back` returns the cores once the execution is done."""
+
+    def borrow(self, most: int) -> int: ...
+
+    def submit(self, work: Callable[[], T]) -> Future[T]: ...
+
+    def give_back(self, cores: int) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceSettings:
-    """What the core decides for one instance: its index and the CPU threads it may use."""
+    """What the core decides for one instance: its index, the CPU threads it may use, and where it may borrow
+    more while they are idle (None: nowhere)."""
 
     index: int
     threads: int
+    lender: CoreLender | None = None
 
 
 class Model(abc.ABC):

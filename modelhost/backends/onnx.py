@@ -20,6 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
+from modelhost.backends.row_split import RowSplitter
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import EXECUTION_MODE_PARAMETER, INTER_OP_PARAMETERS, INTRA_OP_PARAMETERS
 from modelhost.config.parameters import natural_parameter, string_parameters
@@ -84,21 +85,29 @@ class OnnxBackend(Backend):
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         options = session_options(config, instance.threads)
         session = ort.InferenceSession(_model_file(path), options, providers=["CPUExecutionProvider"])
-        return OnnxModel(session)
+        # A session runs from several threads at once: a batching model's large batch may run as parts on idle cores.
+        splitter = (RowSplitter(instance.lender, max(1, options.intra_op_num_threads))
+                    if instance.lender is not None and config.max_batch_size > 0 else None)
+        return OnnxModel(session, splitter)
 
 
 class OnnxModel(Model):
-    def __init__(self, session: ort.InferenceSession) -> None:
+    def __init__(self, session: ort.InferenceSession, splitter: RowSplitter | None = None) -> None:
         self._session: ort.InferenceSession | None = session
         self._string_inputs = {arg.name for arg in session.get_inputs() if arg.type == "tensor(string)"}
+        self._splitter = splitter
 
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         assert self._session is not None, "instance used after unload"
         feeds = inputs
         if self._string_inputs:
             feeds = {name: _to_str(name, a) if name in self._string_inputs else a for name, a in inputs.items()}
+        session, names = self._session, list(outputs)
         try:
-            results = self._session.run(list(outputs), feeds)
+            if self._splitter is None:
+                results = session.run(names, feeds)
+            else:
+                results = self._splitter.run(lambda part: session.run(names, part), feeds)
         except _ORT_ERROR.InvalidArgument as exc:
             raise ModelhostError(ErrorKind.INVALID_INPUT, f"onnxruntime: {exc}") from exc
         except Exception as exc:  # onnxruntime raises several unrelated types for run-time failures

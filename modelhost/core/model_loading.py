@@ -20,6 +20,7 @@ from modelhost.config.completion import apply_defaults, check_config, complete_c
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides, apply_overrides
 from modelhost.config.pbtxt import ConfigError, read_config
+from modelhost.core import spare_cores
 from modelhost.core.ensemble import Acquire, EnsemblePlan, EnsembleScheduler
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.in_flight import InFlight
@@ -174,7 +175,8 @@ def load_version(
     # signature spares the backend a second load just to describe the model.
     count = sum(group.count for group in plan.config.instance_group)
     threads = max(1, cpu_count // count)
-    instances = [backend.load(path, plan.config, InstanceSettings(0, threads))]
+    lender = spare_cores.current()
+    instances = [backend.load(path, plan.config, InstanceSettings(0, threads, lender))]
     try:
         signature = instances[0].signature() or backend.describe(path)
         # An endpoint-wide max batch size takes the default's path: only models that can batch get it.
@@ -183,7 +185,7 @@ def load_version(
             plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", max_batch_size
         )
         for index in range(1, count):
-            instances.append(backend.load(path, config, InstanceSettings(index, threads)))
+            instances.append(backend.load(path, config, InstanceSettings(index, threads, lender)))
         policy = SchedulingPolicy.from_config(config)
         _warm_up(source, version, config, instances)
     except BaseException:
@@ -192,7 +194,7 @@ def load_version(
         raise
     label = f"{source.name}:{version}"
     statistics = ModelStatistics()
-    scheduler = Scheduler(label, instances, policy, statistics, in_flight)
+    scheduler = Scheduler(label, instances, policy, statistics, in_flight, spare=lender, threads_per_instance=threads)
     return ServedModel(source.name, version, config, Signature.from_config(config), scheduler, statistics)
 
 

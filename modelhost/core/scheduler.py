@@ -43,6 +43,7 @@ from modelhost.core.in_flight import InFlight
 from modelhost.core.loop_gate import LoopGate
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.request_queue import Pending, RequestQueue
+from modelhost.core.spare_cores import SpareCores
 from modelhost.core.statistics import ExecutionTiming, ModelStatistics
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
@@ -53,8 +54,11 @@ LOOP_MAX_IN_PROGRESS = 8
 class Scheduler:
     def __init__(
         self, label: str, instances: Sequence[Model], policy: SchedulingPolicy, statistics: ModelStatistics,
-        in_flight: InFlight | None = None, clock: Clock = MONOTONIC,
+        in_flight: InFlight | None = None, clock: Clock = MONOTONIC, spare: SpareCores | None = None,
+        threads_per_instance: int = 1,
     ) -> None:
+        """`spare`: where an instance thread counts the cores it computes on (`threads_per_instance`) while it runs
+        a batch, so that other executions know them busy (core/spare_cores.py)."""
         self._label = label
         self._policy = policy
         self._statistics = statistics
@@ -71,6 +75,8 @@ class Scheduler:
         # Whether queueing under load gains anything over running on the loop: batches, or instances in parallel.
         self._threads_gain_under_load = policy.batching or len(instances) > 1
         self._in_flight = in_flight or InFlight()
+        self._spare = spare
+        self._threads_per_instance = threads_per_instance
         # Instance threads still serving, and what `stop` awaits: the last of them resolves it on the loop.
         self._serving = len(self._instances)
         self._stopped: asyncio.Future[None] | None = None
@@ -243,11 +249,18 @@ class Scheduler:
     def _serve_until_closed(self, instance: Model, lock: threading.Lock) -> None:
         compute_threads.enter()
         watch = compute_threads.execution_watch()
+        spare, cores = self._spare, self._threads_per_instance
         while (batch := self._queue.take()) is not None:
             loop = batch[0].future.get_loop()
             try:
                 with lock:
-                    results, timing = _run(instance, batch, self._clock.now())
+                    if spare is not None:
+                        spare.computing(cores)
+                    try:
+                        results, timing = _run(instance, batch, self._clock.now())
+                    finally:
+                        if spare is not None:
+                            spare.computing(-cores)
             except BaseException as exc:  # delivered to every request of the batch
                 loop.call_soon_threadsafe(self._complete, batch, None, exc, None)
             else:
