@@ -44,7 +44,10 @@ def start(work: Work, name: str) -> None:
         index = next((i for i in range(len(_idle) - 1, -1, -1) if _idle[i].priority == priority), None)
         idle = _idle.pop(index) if index is not None else None
     if idle is None:
-        threading.Thread(target=_run, args=(work,), name=name, daemon=True).start()
+        idle = _Idle(priority)
+        idle.work = (work, name)
+        # The slot, not the work, is the thread's argument: a Thread keeps its arguments until its target returns.
+        threading.Thread(target=_run, args=(idle,), name=name, daemon=True).start()
         return
     idle.work = (work, name)
     idle.given.release()
@@ -55,13 +58,14 @@ def idle_threads() -> int:
         return len(_idle)
 
 
-def _run(work: Work) -> None:
-    while True:
+def _run(first: _Idle) -> None:
+    job, first.work = first.work, None
+    while job is not None:
+        work, threading.current_thread().name = job
+        job = None
         work()
-        next_work = _wait()
-        if next_work is None:
-            return
-        work, threading.current_thread().name = next_work
+        del work  # what the finished instance held goes now, not once the next one starts
+        job = _wait()
 
 
 def _wait() -> tuple[Work, str] | None:

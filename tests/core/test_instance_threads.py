@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 
 import pytest
 
@@ -81,3 +82,17 @@ def test_an_idle_thread_ends_after_the_idle_time(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(instance_threads, "IDLE_SECONDS", 0.05)
     ident, _ = _run_and_wait("short-lived:1#0")
     run(until(lambda: not any(t.native_id == ident for t in threading.enumerate()), "the idle thread ended"))
+
+
+def test_a_waiting_thread_holds_nothing_of_the_instance_it_ran() -> None:
+    class Instance:
+        def run(self) -> None:
+            compute_threads.enter()
+
+    instance = Instance()
+    gone = weakref.ref(instance)
+    before = instance_threads.idle_threads()
+    instance_threads.start(instance.run, "done-model:1#0")
+    del instance
+    _idle_after(before + 1)
+    run(until(lambda: gone() is None, "the finished instance released"))
