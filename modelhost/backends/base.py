@@ -30,7 +30,10 @@ class ModelSignature:
 class CoreLender(Protocol):
     """Cores the rest of the server leaves idle now (core/spare_cores.py), for an execution that can use more than
     its instance's threads: `borrow` claims up to `most` of them, `submit` runs work on a thread of the server's
-    compute priority, `give_back` returns the cores once the execution is done."""
+    compute priority, `give_back` returns the cores once the execution is done; `total` is every core the
+    server computes on."""
+
+    total: int
 
     def borrow(self, most: int) -> int: ...
 

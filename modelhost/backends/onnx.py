@@ -85,9 +85,12 @@ class OnnxBackend(Backend):
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         options = session_options(config, instance.threads)
         session = ort.InferenceSession(_model_file(path), options, providers=["CPUExecutionProvider"])
-        # A session runs from several threads at once: a batching model's large batch may run as parts on idle cores.
-        splitter = (RowSplitter(instance.lender, max(1, options.intra_op_num_threads))
-                    if instance.lender is not None and config.max_batch_size > 0 else None)
+        # A session runs from several threads at once: a batching model's large batch may run as parts on cores
+        # idle beyond its own (none when it has them all: one instance in one process).
+        threads = max(1, options.intra_op_num_threads)
+        lender = instance.lender
+        splitter = (RowSplitter(lender, threads)
+                    if lender is not None and config.max_batch_size > 0 and threads < lender.total else None)
         return OnnxModel(session, splitter)
 
 

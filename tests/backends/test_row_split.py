@@ -130,3 +130,16 @@ def test_a_model_that_does_not_batch_is_never_split(tmp_path: Path, monkeypatch:
     for _ in range(3):
         model.infer({"features": features}, ["score"])
     assert spare.loans == []
+
+
+def test_an_instance_with_every_core_never_borrows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(row_split, "PART_MIN_NS", 1_000)
+    repository = write_example_repository(tmp_path / "repo")
+    config = parse_config((repository / "rank" / "config.pbtxt").read_text())
+    spare = CountedLoans()
+    spare.computing(1)  # both cores are the instance's own, as for one instance in one process
+    model = OnnxBackend().load(repository / "rank" / "1" / "model.onnx", config, InstanceSettings(0, 2, spare))
+    features = np.random.default_rng(0).random((ROWS, RANK_FEATURES), np.float32)
+    for _ in range(3):
+        model.infer({"features": features}, ["score"])
+    assert spare.loans == []
