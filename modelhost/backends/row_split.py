@@ -10,7 +10,8 @@ or instances. Measured on the 2-core VM, `rank` x 500 rows, a session of 1 intra
 run, 1.9-2.1 ms for two runs of 250 rows at once, 2.0-2.2 ms for one run on a session of 2 threads.
 
 The prediction is the last runs' time per row; a batch never split before runs whole first. Handing a part
-to another thread and back costs 0.1-0.45 ms there, hence PART_MIN_NS.
+to another thread and back costs 0.1-0.45 ms there, hence PART_MIN_NS; the first part, which the calling thread
+starts at once, is longer by the rows a helper's measured wake-up is worth, so that the parts end together.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class RowSplitter:
         self._lender = lender
         self._threads = threads
         self._ns_per_row = 0.0  # what a row took on the instance's own threads, smoothed
+        self._wake_ns = 0.0  # how long a helper took to start its part once handed it, smoothed
         self.enabled = True  # False once an output was seen not to be batch-major
 
     def run(self, run: Run, feeds: Feeds) -> list[np.ndarray]:
@@ -60,19 +62,40 @@ class RowSplitter:
         return outputs
 
     def _run_parts(self, run: Run, feeds: Feeds, rows: int, parts: int) -> list[np.ndarray]:
-        bounds = np.linspace(0, rows, parts + 1).astype(int)
+        bounds = self._bounds(rows, parts)
         pieces = [{name: array[bounds[i]:bounds[i + 1]] for name, array in feeds.items()} for i in range(parts)]
-        helpers: list[Future[list[np.ndarray]]] = [self._lender.submit(partial(run, piece)) for piece in pieces[1:]]
+        handed = time.monotonic_ns()
+        waits: list[int] = []
+        helpers: list[Future[list[np.ndarray]]] = [
+            self._lender.submit(partial(_started_late, run, piece, handed, waits)) for piece in pieces[1:]]
         try:
             first = run(pieces[0])
         finally:
             wait(helpers)  # none outlives the call, whatever failed
+        if waits:
+            late = sum(waits) / len(waits)
+            self._wake_ns = late if not self._wake_ns else _SMOOTHING * late + (1 - _SMOOTHING) * self._wake_ns
         outputs = [first, *(helper.result() for helper in helpers)]
         for piece, result in zip(pieces, outputs):
             if any(array.ndim == 0 or array.shape[0] != _rows(piece) for array in result):
                 self.enabled = False  # an output that is not batch-major cannot be joined: run it whole
                 return run(feeds)
         return [np.concatenate([result[index] for result in outputs]) for index in range(len(first))]
+
+
+    def _bounds(self, rows: int, parts: int) -> list[int]:
+        """Where the parts start and end. The calling thread starts at once and a helper only once woken, so
+        the first part takes the rows a helper's wake-up is worth more than the others: all end together."""
+        lead = self._wake_ns / self._ns_per_row if self._ns_per_row else 0.0
+        lead = min(lead, rows / parts)
+        first = min(round((rows + (parts - 1) * lead) / parts), rows - (parts - 1))  # every helper a row at least
+        rest = np.linspace(first, rows, parts).astype(int).tolist()
+        return [0, *rest]
+
+
+def _started_late(run: Run, piece: Feeds, handed: int, waits: list[int]) -> list[np.ndarray]:
+    waits.append(time.monotonic_ns() - handed)  # list.append is atomic: helpers may append at once
+    return run(piece)
 
 
 def _rows(feeds: Feeds) -> int:

@@ -23,10 +23,11 @@ Work = Callable[[], None]
 
 
 class _Idle:
-    __slots__ = ("priority", "work", "given")
+    __slots__ = ("priority", "work", "given", "thread")
 
     def __init__(self, priority: compute_threads.Effective) -> None:
         self.priority = priority
+        self.thread = threading.get_native_id()
         self.work: tuple[Work, str] | None = None
         self.given = threading.Lock()  # released once `work` is set
         self.given.acquire()
@@ -53,9 +54,10 @@ def start(work: Work, name: str) -> None:
     idle.given.release()
 
 
-def idle_threads() -> int:
+def idle_threads() -> list[int]:
+    """The native ids of the threads waiting for an instance."""
     with _lock:
-        return len(_idle)
+        return [idle.thread for idle in _idle]
 
 
 def _run(first: _Idle) -> None:

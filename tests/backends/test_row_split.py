@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from modelhost.core.spare_cores import SpareCores
 from modelhost.example_repository import RANK_FEATURES, write_example_repository
 
 ROWS = 500
+T = TypeVar("T")
 
 
 class Recorded:
@@ -57,6 +61,31 @@ def test_a_batch_runs_whole_until_its_time_is_known_then_in_parts_on_idle_cores(
     for a, b in zip(whole, parted, strict=True):
         np.testing.assert_array_equal(a, b)  # joined back in order
     assert spare.borrow(1) == 1  # the borrowed core was given back
+
+
+class SlowToWake(SpareCores):
+    """Its helpers start their part 2 ms after they are handed it."""
+
+    def submit(self, work: Callable[[], T]) -> Future[T]:
+        def late() -> T:
+            time.sleep(0.002)
+            return work()
+
+        return super().submit(late)
+
+
+def test_the_calling_thread_takes_more_rows_by_what_a_helper_takes_to_wake() -> None:
+    spare = SlowToWake(2, memoryview(bytearray(4)).cast("i"), 0)
+    spare.computing(1)
+    splitter, run = RowSplitter(spare, threads=1), Recorded()
+    splitter.run(run, rows())
+    splitter.run(run, rows())  # equal parts: no wake-up measured yet
+    run.parts.clear()
+    caller = threading.get_ident()
+    splitter.run(run, rows())
+    mine = sum(n for n, thread in run.parts if thread == caller)
+    assert sum(n for n, _ in run.parts) == ROWS
+    assert ROWS // 2 < mine < ROWS  # about 2 ms worth of rows more, never all of them
 
 
 def test_no_idle_core_no_parts() -> None:
