@@ -87,10 +87,11 @@ class OnnxBackend(Backend):
         session = ort.InferenceSession(_model_file(path), options, providers=["CPUExecutionProvider"])
         # A session runs from several threads at once: a batching model's large batch may run as parts on cores
         # idle beyond its own (none when it has them all: one instance in one process).
-        threads = max(1, options.intra_op_num_threads)
         lender = instance.lender
-        splitter = (RowSplitter(lender, threads)
-                    if lender is not None and config.max_batch_size > 0 and threads < lender.total else None)
+        splitter = None
+        if lender is not None and config.max_batch_size > 0:
+            threads = options.intra_op_num_threads or lender.total  # 0: ONNX Runtime's default, every core
+            splitter = RowSplitter(lender, threads) if threads < lender.total else None
         return OnnxModel(session, splitter)
 
 

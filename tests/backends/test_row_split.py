@@ -172,3 +172,17 @@ def test_an_instance_with_every_core_never_borrows(tmp_path: Path, monkeypatch: 
     for _ in range(3):
         model.infer({"features": features}, ["score"])
     assert spare.loans == []
+
+
+def test_a_session_on_every_core_by_its_own_parameter_never_borrows(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(row_split, "PART_MIN_NS", 1_000)
+    repository = write_example_repository(tmp_path / "repo")
+    config = parse_config((repository / "rank" / "config.pbtxt").read_text()
+                          + 'parameters { key: "intra_op_thread_count" value: { string_value: "0" } }\n')
+    spare = CountedLoans()
+    model = OnnxBackend().load(repository / "rank" / "1" / "model.onnx", config, InstanceSettings(0, 1, spare))
+    features = np.random.default_rng(0).random((ROWS, RANK_FEATURES), np.float32)
+    for _ in range(3):
+        model.infer({"features": features}, ["score"])
+    assert spare.loans == []  # ONNX Runtime's 0 is every core: nothing idle to add
