@@ -6,7 +6,7 @@ A BYTES tensor is a numpy object array whose elements are `bytes`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +124,16 @@ class TensorSpec:
 
 
 @dataclass(slots=True, frozen=True)
+class SignatureSpec:
+    """A named signature's tensors as the model file shapes them, and what it does ("" where the file does not say;
+    a SavedModel's method_name)."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    method: str = ""
+
+
+@dataclass(slots=True, frozen=True)
 class ModelMetadata:
     name: str
     versions: tuple[str, ...]
@@ -131,6 +141,9 @@ class ModelMetadata:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int = 0  # > 0: every tensor's shape starts with the batch dim, -1
+    version: str = ""  # the version these tensors are of
+    # Every signature by name, for APIs whose requests name one (the config's inputs and outputs are one of them).
+    signatures: Mapping[str, SignatureSpec] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -149,6 +162,7 @@ class InferRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    signature: str | None = None  # one of ModelMetadata.signatures by name; None: the config's inputs and outputs
 
 
 @dataclass(slots=True)

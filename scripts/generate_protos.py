@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = [
     "modelhost/config/model_config.proto",
     "modelhost/protocols/tfserving/predict.proto",
+    "modelhost/protocols/tfserving/apis.proto",
     "modelhost/protocols/kserve_v2/grpc_service.proto",
 ]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +21,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class ModelSignature:
-    """Inputs and outputs as the model file declares them (full shapes, -1 where variable)."""
+    """Inputs and outputs as the model file declares them (full shapes, -1 where variable); `method` is what the
+    file says the signature does, where it says (a SavedModel's method_name, "tensorflow/serving/classify")."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    method: str = ""
 
 
 class CoreLender(Protocol):
@@ -69,6 +71,20 @@ class Model(abc.ABC):
     def signature(self) -> ModelSignature | None:
         """The inputs and outputs this loaded instance declares, if it can tell: spares `describe`."""
         return None
+
+    def signature_name(self) -> str:
+        """The name the model file gives the signature `infer` runs ("" where it names none)."""
+        return ""
+
+    def signatures(self) -> Mapping[str, ModelSignature]:
+        """The model file's other named signatures, which `infer_signature` runs (a SavedModel has several)."""
+        return {}
+
+    def infer_signature(
+        self, signature: str, inputs: dict[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """Run one batch through the named signature, one of `signatures()`."""
+        raise NotImplementedError(f"{type(self).__name__} has no signature '{signature}'")
 
 
 class Backend(abc.ABC):

@@ -31,6 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.core.protobuf import saved_model_pb2  # noqa: E402
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature  # noqa: E402
 from modelhost.config.model_config_pb2 import ModelConfig  # noqa: E402
@@ -89,33 +90,55 @@ class TensorflowBackend(Backend):
         self, path: Path, signature_name: str = DEFAULT_SIGNATURE, tag: str = DEFAULT_TAG
     ) -> ModelSignature:
         """The named signature's inputs and outputs (loads the SavedModel once to read them)."""
-        function = _signature_function(_load_saved_model(path, tag), signature_name, path)
-        return _model_signature(function, signature_name, path)
+        loaded = _load_saved_model(path, tag)
+        function = _signature_function(loaded, signature_name, path)
+        return _model_signature(function, signature_name, path, _methods(path, tag).get(signature_name, ""))
 
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         params = string_parameters(config)
         instances = max(1, sum(group.count for group in config.instance_group))
         _size_thread_pools(params, instance.threads * instances, path)
-        loaded = _load_saved_model(path, params.get(GRAPH_TAG_PARAMETER) or DEFAULT_TAG)
+        tag = params.get(GRAPH_TAG_PARAMETER) or DEFAULT_TAG
+        loaded = _load_saved_model(path, tag)
         signature_name = params.get(SIGNATURE_PARAMETER) or DEFAULT_SIGNATURE
-        function = _signature_function(loaded, signature_name, path)
-        return TensorflowModel(loaded, function, _model_signature(function, signature_name, path))
+        served = _signature_function(loaded, signature_name, path)
+        methods = _methods(path, tag)
+        functions = {signature_name: served}
+        signatures = {signature_name: _model_signature(served, signature_name, path, methods.get(signature_name, ""))}
+        for name in loaded.signatures:
+            if name == signature_name:
+                continue
+            try:  # another signature is served by name where modelhost can serve its tensors
+                signatures[name] = _model_signature(loaded.signatures[name], name, path, methods.get(name, ""))
+            except ConfigError as exc:
+                log.info("%s: signature '%s' is not served: %s", path, name, exc)
+                continue
+            functions[name] = loaded.signatures[name]
+        return TensorflowModel(loaded, functions, signatures, signature_name)
 
 
 class TensorflowModel(Model):
-    """One loaded SavedModel; `infer` calls its signature function with the inputs as keyword tensors."""
+    """One loaded SavedModel; `infer` calls the served signature's function with the inputs as keyword tensors,
+    `infer_signature` any other of its signatures."""
 
-    def __init__(self, loaded: Any, function: Any, signature: ModelSignature) -> None:
-        # `loaded` owns the variables the signature function reads: keep it alive as long as the function.
+    def __init__(self, loaded: Any, functions: dict[str, Any], signatures: dict[str, ModelSignature],
+                 served: str) -> None:
+        # `loaded` owns the variables the signature functions read: keep it alive as long as they are.
         self._loaded: Any = loaded
-        self._function: Any = function
-        self._signature = signature
+        self._functions: dict[str, Any] | None = functions
+        self._signatures = signatures
+        self._served = served
 
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-        assert self._function is not None, "instance used after unload"
+        return self.infer_signature(self._served, inputs, outputs)
+
+    def infer_signature(
+        self, signature: str, inputs: dict[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        assert self._functions is not None, "instance used after unload"
         feeds = {name: _to_tensor(name, array) for name, array in inputs.items()}
         try:
-            results = self._function(**feeds)
+            results = self._functions[signature](**feeds)
         except TypeError as exc:  # the inputs do not bind to the signature (a missing or unknown name)
             raise ModelhostError(ErrorKind.INVALID_INPUT, f"tensorflow: {exc}") from exc
         except tf.errors.InvalidArgumentError as exc:
@@ -123,10 +146,16 @@ class TensorflowModel(Model):
         return {name: _to_numpy(results[name]) for name in outputs}
 
     def signature(self) -> ModelSignature | None:
-        return self._signature if self._function is not None else None
+        return self._signatures[self._served] if self._functions is not None else None
+
+    def signature_name(self) -> str:
+        return self._served
+
+    def signatures(self) -> dict[str, ModelSignature]:
+        return {name: signature for name, signature in self._signatures.items() if name != self._served}
 
     def unload(self) -> None:
-        self._function = None
+        self._functions = None
         self._loaded = None
 
 
@@ -150,7 +179,18 @@ def _signature_function(loaded: Any, name: str, path: Path) -> Any:
     return signatures[name]
 
 
-def _model_signature(function: Any, signature_name: str, path: Path) -> ModelSignature:
+def _methods(path: Path, tag: str) -> dict[str, str]:
+    """Each signature's method_name ("tensorflow/serving/predict", ...), from the MetaGraphDef of `tag`: what TF
+    Serving's classify and regress check, and its metadata shows; the loaded functions do not keep it."""
+    saved_model = saved_model_pb2.SavedModel()
+    saved_model.ParseFromString((path / SAVED_MODEL_FILE).read_bytes())
+    for meta_graph in saved_model.meta_graphs:
+        if tag in meta_graph.meta_info_def.tags:
+            return {name: definition.method_name for name, definition in meta_graph.signature_def.items()}
+    return {}
+
+
+def _model_signature(function: Any, signature_name: str, path: Path, method: str) -> ModelSignature:
     _, keyword_specs = function.structured_input_signature
     where = f"SavedModel {path} signature '{signature_name}'"
     # A SignatureDef's inputs and outputs are protobuf maps, whose order differs between loads: sort by name.
@@ -160,6 +200,7 @@ def _model_signature(function: Any, signature_name: str, path: Path) -> ModelSig
             _spec(name, function.structured_outputs[name], f"{where} output")
             for name in sorted(function.structured_outputs)
         ),
+        method=method,
     )
 
 

@@ -76,6 +76,8 @@ class DataPlane:
             inputs=signature.specs(signature.inputs),
             outputs=signature.specs(signature.outputs),
             max_batch_size=signature.max_batch_size,
+            version=str(served.version),
+            signatures=served.signature_specs,
         )
 
     async def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
@@ -114,7 +116,7 @@ class DataPlane:
         try:
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes)
+                                       self.limits.max_output_bytes, request.signature)
             return InferResponse(served.name, str(served.version), outputs, request.id)
         finally:
             served.pins.release()
@@ -130,7 +132,7 @@ class DataPlane:
             request.model_name, request.model_version = name, version
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes)
+                                       self.limits.max_output_bytes, request.signature)
             return InferResponse(served.name, str(served.version), outputs, request.id), context
         finally:
             served.pins.release()

@@ -53,11 +53,12 @@ class EnsembleScheduler:
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
-        timeout_us: int | None = None,
+        timeout_us: int | None = None, entry: str = "", batchable: bool = True,
     ) -> Outputs:
         """Run the steps the requested `outputs` need; priority and timeout pass to every step's scheduler.
 
-        `inputs` are the ensemble's checked inputs; `rows` is unused (each step counts its own). A failing
+        `inputs` are the ensemble's checked inputs; `rows`, `entry` and `batchable` are unused (an ensemble
+        has one signature, and each step counts its own rows and batches in its own model). A failing
         step cancels the running ones and fails the request with the same ErrorKind, naming the step.
         """
         if self._stopping:

@@ -27,7 +27,7 @@ from modelhost.core.in_flight import InFlight
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
-from modelhost.core.signature import Signature
+from modelhost.core.signature import Signature, named_signatures
 from modelhost.core.statistics import ModelStatistics
 from modelhost.core.warmup import run_warmup, warmup_samples
 from modelhost.store.local import ModelSource
@@ -195,7 +195,9 @@ def load_version(
     label = f"{source.name}:{version}"
     statistics = ModelStatistics()
     scheduler = Scheduler(label, instances, policy, statistics, in_flight, spare=lender, threads_per_instance=threads)
-    return ServedModel(source.name, version, config, Signature.from_config(config), scheduler, statistics)
+    served = Signature.from_config(config)
+    named = named_signatures(served, instances[0].signature_name(), signature.method, dict(instances[0].signatures()))
+    return ServedModel(source.name, version, config, served, scheduler, statistics, named=named)
 
 
 def _warm_up(source: ModelSource, version: int, config: ModelConfig, instances: list[Model]) -> None:
@@ -210,4 +212,6 @@ def load_ensemble_version(name: str, version: int, plan: LoadPlan, acquire: Acqu
     """An ensemble version: its steps run on the composing models that `acquire` holds at request time."""
     assert plan.ensemble is not None
     scheduler = EnsembleScheduler(f"{name}:{version}", plan.ensemble, acquire)
-    return ServedModel(name, version, plan.config, Signature.from_config(plan.config), scheduler, ModelStatistics())
+    served = Signature.from_config(plan.config)
+    return ServedModel(name, version, plan.config, served, scheduler, ModelStatistics(),
+                       named=named_signatures(served, "", "", {}))

@@ -30,6 +30,7 @@ class Pending:
     key: Any  # requests batch together only when their keys are equal
     level: int
     future: asyncio.Future[Any]
+    entry: str = ""  # the model's signature it runs ("" Model.infer; batched only with its own, by `key`)
     enqueued: float = 0.0  # the queue's clock when it was put
     sequence: int = 0
     taken: bool = False

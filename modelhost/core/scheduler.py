@@ -86,9 +86,12 @@ class Scheduler:
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
-        timeout_us: int | None = None,
+        timeout_us: int | None = None, entry: str = "", batchable: bool = True,
     ) -> Outputs:
         """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest.
+
+        `entry` names the model's signature to run (`Model.infer_signature`; "" is `Model.infer`); a request
+        that is not `batchable` (its signature has no batch dim) runs alone.
 
         A request of more than the policy's split size is cut into chunks along the batch dim that
         queue (and batch, and run on free instances) independently, merged back in order.
@@ -97,19 +100,19 @@ class Scheduler:
         timeout = self._timeout(level, timeout_us)
         size = _elements(inputs)
         if self._may_run_now(size):
-            result = self._run_on_loop(inputs, outputs, rows, size)
+            result = self._run_on_loop(inputs, outputs, rows, size, entry)
             if result is not None:
                 return result
-        split = self._policy.split_size
+        split = self._policy.split_size if batchable else 0
         if not split or rows <= split:
-            return await self._wait(self._enqueue(inputs, outputs, rows, level), timeout)
+            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable), timeout)
         # Every chunk is queued before the first await: a request that got this scheduler is in its queue
         # before a reload can stop it, so it drains on this version rather than failing.
         pendings: list[Pending] = []
         try:
             for start in range(0, rows, split):
                 chunk = {name: array[start : start + split] for name, array in inputs.items()}
-                pendings.append(self._enqueue(chunk, outputs, min(split, rows - start), level))
+                pendings.append(self._enqueue(chunk, outputs, min(split, rows - start), level, entry, batchable))
         except BaseException:
             self._withdraw(pendings)
             raise
@@ -127,13 +130,19 @@ class Scheduler:
         checks again). Lets a front-end refuse a request before reading and decoding it."""
         self._queue.check_room(self._level(0), self._label)
 
-    def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int) -> Pending:
+    def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, entry: str,
+                 batchable: bool) -> Pending:
         loop = asyncio.get_running_loop()
-        key = _batch_key(inputs, outputs) if self._policy.batching else None
+        if not self._policy.batching:
+            key: Any = None
+        elif batchable:
+            key = _batch_key(inputs, outputs, entry)
+        else:
+            key = object()  # equal to no other request's
         # Alone in the queue with an instance free: its round trip, less its execution, is a handoff's cost.
         alone = not self._queue.depth() and any(not lock.locked() for _, lock in self._instances)
-        pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), sequence=self._sequence,
-                          measures_handoff=alone)
+        pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), entry,
+                          sequence=self._sequence, measures_handoff=alone)
         self._queue.put(pending, self._label)
         self._sequence += 1
         self._inflight += 1
@@ -191,13 +200,13 @@ class Scheduler:
         )
 
     def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
-                     size: int) -> Outputs | None:
+                     size: int, entry: str) -> Outputs | None:
         """Run one request right here with a free instance; None when every instance is busy on its thread."""
         for instance, lock in self._instances:
             if lock.acquire(blocking=False):
                 try:
                     started = time.monotonic_ns()
-                    result = instance.infer(inputs, outputs)
+                    result = _call(instance, entry, inputs, outputs)
                     elapsed = time.monotonic_ns() - started
                 finally:
                     lock.release()
@@ -305,8 +314,14 @@ def _elements(inputs: dict[str, np.ndarray]) -> int:
     return sum(array.size for array in inputs.values())
 
 
-def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> Any:
-    return tuple((name, array.shape[1:], array.dtype.str) for name, array in inputs.items()), tuple(outputs)
+def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str], entry: str) -> Any:
+    return tuple((name, array.shape[1:], array.dtype.str) for name, array in inputs.items()), tuple(outputs), entry
+
+
+def _call(instance: Model, entry: str, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> Outputs:
+    if entry:
+        return instance.infer_signature(entry, inputs, outputs)
+    return instance.infer(inputs, outputs)
 
 
 def _run(instance: Model, batch: list[Pending], taken: float) -> tuple[list[Outputs], ExecutionTiming]:
@@ -316,12 +331,12 @@ def _run(instance: Model, batch: list[Pending], taken: float) -> tuple[list[Outp
     first = batch[0]
     if len(batch) == 1:
         started = time.monotonic_ns()
-        outputs = instance.infer(first.inputs, first.outputs)
+        outputs = _call(instance, first.entry, first.inputs, first.outputs)
         return [outputs], ExecutionTiming(queue_ns, 0, time.monotonic_ns() - started, 0)
     started = time.monotonic_ns()
     inputs = {name: np.concatenate([p.inputs[name] for p in batch]) for name in first.inputs}
     concatenated = time.monotonic_ns()
-    outputs = instance.infer(inputs, first.outputs)
+    outputs = _call(instance, first.entry, inputs, first.outputs)
     inferred = time.monotonic_ns()
     total = sum(p.rows for p in batch)
     for name, array in outputs.items():

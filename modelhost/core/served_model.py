@@ -19,10 +19,10 @@ import numpy as np
 from modelhost.client_log import client_log
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.core.model_hold import Pins
-from modelhost.core.signature import Signature, check_output_bytes
+from modelhost.core.signature import NamedSignature, Signature, check_output_bytes
 from modelhost.core.statistics import ModelStatistics
-from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.types import RequestedOutput
+from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.types import RequestedOutput, SignatureSpec
 
 if TYPE_CHECKING:
     from modelhost.core.ensemble import EnsembleScheduler
@@ -42,12 +42,29 @@ class ServedModel:
     scheduler: Scheduler | EnsembleScheduler
     statistics: ModelStatistics
     pins: Pins = field(default_factory=Pins)  # requests holding this version (ModelManager.acquire)
+    # Its signatures by name, for APIs whose requests name one (TF Serving's); `signature` is the config's view.
+    named: dict[str, NamedSignature] = field(default_factory=dict)
+
+    signature_specs: dict[str, SignatureSpec] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signature_specs", {name: named.spec() for name, named in self.named.items()})
+
+    def named_signature(self, name: str) -> NamedSignature:
+        """INVALID_INPUT naming the model's signatures when it has none of that name."""
+        found = self.named.get(name)
+        if found is None:
+            have = ", ".join(f"'{n}'" for n in self.named) or "none"
+            raise invalid(f"model '{self.name}' has no signature '{name}'; its signatures: {have}")
+        return found
 
     async def run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int = 0,
-        timeout_us: int = 0, max_output_bytes: int | None = None,
+        timeout_us: int = 0, max_output_bytes: int | None = None, signature: str | None = None,
     ) -> Outputs:
         """The requested outputs (all, in model order, when `outputs` is None or empty), in request order.
+
+        `signature` names one of `named` (None: the config's signature, `signature`).
 
         Raises INVALID_INPUT for inputs or outputs the signature refuses and for outputs over
         `max_output_bytes`; the scheduler's errors as they are; anything else the model raises as INTERNAL,
@@ -56,7 +73,7 @@ class ServedModel:
         started = time.monotonic_ns()
         ok = False
         try:
-            result = await self._run(inputs, outputs, priority, timeout_us, max_output_bytes)
+            result = await self._run(inputs, outputs, priority, timeout_us, max_output_bytes, signature)
             ok = True
             return result
         finally:
@@ -64,13 +81,18 @@ class ServedModel:
 
     async def _run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int,
-        timeout_us: int, max_output_bytes: int | None,
+        timeout_us: int, max_output_bytes: int | None, signature_name: str | None,
     ) -> Outputs:
-        signature = self.signature
+        if signature_name is None:
+            signature, entry = self.signature, ""
+        else:
+            named = self.named_signature(signature_name)
+            signature, entry = named.signature, named.entry
         feeds, rows = signature.check_inputs(inputs)
         names = signature.check_outputs(outputs)
         try:
-            results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us)
+            results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us, entry,
+                                                  signature.max_batch_size > 0)
         except ModelhostError:
             raise
         except Exception as exc:

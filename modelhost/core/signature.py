@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from modelhost.backends.base import ModelSignature
 from modelhost.config.datatypes import v2_datatype
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.errors import invalid
-from modelhost.types import DATATYPE_DTYPES, RequestedOutput, TensorSpec, datatype_of, format_shape
+from modelhost.types import DATATYPE_DTYPES, RequestedOutput, SignatureSpec, TensorSpec, datatype_of, format_shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,11 @@ class TensorRule:
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None
     optional: bool = False
+
+
+# What a model's one signature is called where its file names none: TensorFlow's default, which TF Serving's API
+# selects when a request names no signature.
+DEFAULT_SIGNATURE = "serving_default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,35 @@ class Signature:
             {t.name: rule(t, t.optional) for t in config.input},
             {t.name: rule(t, False) for t in config.output},
         )
+
+    @classmethod
+    def from_model(cls, model: str, signature: ModelSignature, max_batch_size: int) -> Signature:
+        """A model file's own signature: batched with `max_batch_size` (the model's) when every tensor's first
+        dim is variable, otherwise taking whole tensors one request at a time (max_batch_size 0)."""
+        tensors = (*signature.inputs, *signature.outputs)
+        batched = max_batch_size > 0 and all(spec.shape[:1] == (-1,) for spec in tensors)
+        skip = 1 if batched else 0
+
+        def rule(spec: TensorSpec) -> TensorRule:
+            return TensorRule(spec.name, spec.datatype, DATATYPE_DTYPES[spec.datatype], spec.shape[skip:], None,
+                              spec.optional)
+
+        return cls(model, max_batch_size if batched else 0,
+                   {spec.name: rule(spec) for spec in signature.inputs},
+                   {spec.name: rule(spec) for spec in signature.outputs})
+
+    def as_model_declares(self) -> Signature:
+        """The same signature with each tensor in the shape the model file gives it (its `reshape`), not the
+        config's `dims`: Triton's APIs show a [batch]-shaped tensor as [batch, 1], TF Serving's as it is."""
+        if all(rule.reshape is None for rule in (*self.inputs.values(), *self.outputs.values())):
+            return self
+
+        def native(rule: TensorRule) -> TensorRule:
+            return rule if rule.reshape is None else TensorRule(rule.name, rule.datatype, rule.dtype, rule.reshape,
+                                                                None, rule.optional)
+
+        return Signature(self.model, self.max_batch_size, {n: native(r) for n, r in self.inputs.items()},
+                         {n: native(r) for n, r in self.outputs.items()})
 
     def specs(self, rules: dict[str, TensorRule]) -> tuple[TensorSpec, ...]:
         batch = (-1,) if self.max_batch_size > 0 else ()
@@ -132,6 +167,33 @@ class Signature:
                 array = array.reshape(lead + _resolve(array.shape[len(lead):], rule.reshape, rule.dims))
             shaped[name] = array
         return shaped
+
+
+@dataclass(frozen=True, slots=True)
+class NamedSignature:
+    """A signature a request can ask for by name: its checks, the model's call that runs it (`entry` "" is
+    `Model.infer`, any other name `Model.infer_signature(entry, ...)`), and what it does (`method`, "" unknown)."""
+
+    signature: Signature
+    entry: str = ""
+    method: str = ""
+
+    def spec(self) -> SignatureSpec:
+        return SignatureSpec(self.signature.specs(self.signature.inputs), self.signature.specs(self.signature.outputs),
+                             self.method)
+
+
+def named_signatures(
+    served: Signature, served_name: str, method: str, others: dict[str, ModelSignature]
+) -> dict[str, NamedSignature]:
+    """Every signature of a model by name: the served one (as the model file shapes it) under `served_name`
+    ("" means DEFAULT_SIGNATURE), then the model file's other signatures, batched as the model is where they can."""
+    named = {served_name or DEFAULT_SIGNATURE: NamedSignature(served.as_model_declares(), "", method)}
+    for name, other in sorted(others.items()):
+        if name not in named:
+            named[name] = NamedSignature(Signature.from_model(served.model, other, served.max_batch_size), name,
+                                         other.method)
+    return named
 
 
 def check_output_bytes(outputs: dict[str, np.ndarray], limit: int) -> None:

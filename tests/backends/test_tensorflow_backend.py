@@ -100,6 +100,7 @@ def _load(path: Path, **parameters: str) -> Any:
 DENSE_SIGNATURE = ModelSignature(
     inputs=(TensorSpec("x", "FP32", (-1, 3)),),
     outputs=(TensorSpec("total", "FP32", (-1,)), TensorSpec("y", "FP32", (-1, 2))),
+    method="tensorflow/serving/predict",
 )
 
 
@@ -155,6 +156,27 @@ def test_named_signature_runs_string_tensors_as_bytes_object_arrays(models: dict
     np.testing.assert_array_equal(results["length"], expected["length"])
 
 
+def test_other_signatures_run_by_name_beside_the_served_one(models: dict[str, Path]) -> None:
+    model = _load(models["dense"])
+    assert model.signature_name() == "serving_default"
+    assert model.signatures() == {"upper": TensorflowBackend().describe(models["dense"], "upper")}
+    results = model.infer_signature("upper", {"s": np.array([b"ab"], dtype=object)}, ["upper"])
+    assert results["upper"].tolist() == [b"AB"]
+    served = _load(models["dense"], TF_SIGNATURE_DEF="upper")
+    assert served.signature_name() == "upper" and set(served.signatures()) == {"serving_default"}
+
+
+def test_signatures_modelhost_cannot_serve_are_left_out(tmp_path: Path) -> None:
+    odd = _Odd()
+    module = _Dense()
+    tf.saved_model.save(module, str(tmp_path / "mixed"),
+                        signatures={"serving_default": module.serve, "complex": odd.complex_out,
+                                    "any_rank": odd.any_rank})
+    model = _load(tmp_path / "mixed")
+    assert model.signatures() == {}
+    assert model.signature() == DENSE_SIGNATURE
+
+
 def test_empty_string_batch(models: dict[str, Path]) -> None:
     results = _load(models["dense"], TF_SIGNATURE_DEF="upper").infer({"s": np.array([], dtype=object)}, ["upper"])
     assert results["upper"].shape == (0,) and results["upper"].dtype == np.object_
@@ -163,7 +185,8 @@ def test_empty_string_batch(models: dict[str, Path]) -> None:
 def test_tf1_saved_model_loads_and_matches_tensorflow(models: dict[str, Path]) -> None:
     model = _load(models["v1"])
     assert model.signature() == ModelSignature(
-        inputs=(TensorSpec("inputs", "FP32", (-1, 2)),), outputs=(TensorSpec("scores", "FP32", (-1, 2)),))
+        inputs=(TensorSpec("inputs", "FP32", (-1, 2)),), outputs=(TensorSpec("scores", "FP32", (-1, 2)),),
+        method="tensorflow/serving/predict")
     x = np.array([[1.0, 2.0], [-3.0, 0.5]], np.float32)
     results = model.infer({"inputs": x}, ["scores"])
     np.testing.assert_array_equal(results["scores"], run_directly(models["v1"], "serving_default", inputs=x)["scores"])

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from modelhost.config.pbtxt import parse_config
-from modelhost.core.signature import Signature
+from modelhost.backends.base import ModelSignature
+from modelhost.core.signature import NamedSignature, Signature, named_signatures
 from modelhost.types import RequestedOutput, TensorSpec
 from tests.helpers import rejected
 from tests.onnx_models import ADD_SUB_CONFIG
@@ -280,3 +281,32 @@ class TestOutputs:
     def test_unbatched_output_without_reshape_is_untouched(self) -> None:
         label = np.array([b"cat"], dtype=object)
         assert UNBATCHED.shape_outputs({"label": label}, ["label"])["label"] is label
+
+
+def test_as_model_declares_shows_reshaped_tensors_in_the_model_files_shape() -> None:
+    native = SCALAR.as_model_declares()
+    assert native.specs(native.inputs) == (TensorSpec("x", "FP32", (-1,)),)
+    feeds, rows = native.check_inputs({"x": np.ones(3, np.float32)})
+    assert rows == 3 and feeds["x"].shape == (3,)
+    assert native.shape_outputs({"y": np.ones(3, np.float32)}, ["y"])["y"].shape == (3,)
+    assert ADD_SUB.as_model_declares() is ADD_SUB  # nothing reshaped: the same object
+
+
+def test_named_signatures_batch_the_others_only_where_every_first_dim_varies() -> None:
+    others = {
+        "rows": ModelSignature((TensorSpec("s", "BYTES", (-1,)),), (TensorSpec("n", "INT32", (-1, 2)),),
+                               "tensorflow/serving/classify"),
+        "whole": ModelSignature((TensorSpec("t", "FP32", (4, 2)),), (TensorSpec("u", "FP32", (-1,)),)),
+    }
+    named = named_signatures(SCALAR, "", "tensorflow/serving/predict", others)
+    assert list(named) == ["serving_default", "rows", "whole"]
+    assert named["serving_default"] == NamedSignature(SCALAR.as_model_declares(), "", "tensorflow/serving/predict")
+    rows = named["rows"]
+    assert (rows.entry, rows.method, rows.signature.max_batch_size) == ("rows", "tensorflow/serving/classify", 4)
+    assert rows.spec().inputs == (TensorSpec("s", "BYTES", (-1,)),)
+    whole = named["whole"].signature
+    assert whole.max_batch_size == 0 and whole.specs(whole.inputs) == (TensorSpec("t", "FP32", (4, 2)),)
+    rejected(lambda: whole.check_inputs({"t": np.ones((3, 2), np.float32)}),
+             r"has shape \[3,2\], but model 'scalar' expects \[4,2\]")
+    # A served signature the model file names keeps that name; an "other" of the same name does not replace it.
+    assert list(named_signatures(SCALAR, "upper", "", {"upper": others["rows"]})) == ["upper"]
