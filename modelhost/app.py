@@ -44,7 +44,9 @@ from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.prometheus import MetricsFrontEnd
 from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMakerOptions, local_url
 from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetModels
+from modelhost.protocols.tfserving import grpc as tfserving_grpc
 from modelhost.protocols.tfserving import rest as tfserving_rest
+from modelhost.protocols.tfserving.serving import TfServing
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
 from modelhost.settings import (
     ServerSettings,
@@ -96,6 +98,7 @@ class Server:
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings))
+        self.tfserving = TfServing(self.dataplane)  # TF Serving's REST and gRPC APIs
         self.worker_statistics = (WorkerStatistics(Path(settings.workers_dir), settings.worker_index, settings.workers)
                                   if settings.workers > 1 and settings.workers_dir else None)
         if self.worker_statistics is not None:
@@ -187,12 +190,12 @@ class Server:
         options = GrpcOptions(s.grpc_max_message_bytes, s.grpc_keepalive_time_seconds,
                               s.grpc_keepalive_timeout_seconds, reuse_port=s.workers > 1)
         credentials = self.tls.grpc_credentials() if self.tls is not None and "grpc" not in s.tls_off else None
-        return GrpcServer([kserve_v2_grpc.service(self.dataplane, self.control)], s.host, s.grpc_port, options,
-                          self.in_flight, self.grpc_access, credentials)
+        services = [kserve_v2_grpc.service(self.dataplane, self.control), *tfserving_grpc.services(self.tfserving)]
+        return GrpcServer(services, s.host, s.grpc_port, options, self.in_flight, self.grpc_access, credentials)
 
     def build_asgi(self) -> HttpApp:
         return HttpApp(
-            kserve_v2_rest.routes(self.dataplane, self.control) + tfserving_rest.routes(self.dataplane)
+            kserve_v2_rest.routes(self.dataplane, self.control) + tfserving_rest.routes(self.dataplane, self.tfserving)
             + openapi.routes(),
             startup=self._start,
             shutdown=self._stop,

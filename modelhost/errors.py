@@ -15,6 +15,9 @@ class ErrorKind(enum.Enum):
     OVERLOADED = "overloaded"
     TIMEOUT = "timeout"
     UNSUPPORTED = "unsupported"
+    # The request is well formed but the model cannot run it this way (TF Serving's FAILED_PRECONDITION: no
+    # signature of that name for a gRPC Predict); HTTP 400, as TF Serving's REST answers it.
+    PRECONDITION = "precondition"
     ALREADY_EXISTS = "already_exists"
     # Not enough memory for a model even after evicting every idle one (SageMaker answers 507).
     NO_MEMORY = "no_memory"

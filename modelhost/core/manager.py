@@ -412,6 +412,13 @@ class ModelManager:
             entries = [e for e in entries if e.state == ModelState.READY.value]
         return entries
 
+    def index_of(self, name: str) -> list[IndexEntry]:
+        """One model's entries of `index` (NOT_FOUND when it is unknown)."""
+        record = self._records.get(name)
+        if record is None:
+            raise _unknown(name)
+        return record.index()
+
     def served(self, name: str = "") -> list[ServedModel]:
         """Loaded versions, of every model or of the one named (NOT_FOUND when it is unknown)."""
         if name and name not in self._records:

@@ -179,8 +179,11 @@ def load_version(
     instances = [backend.load(path, plan.config, InstanceSettings(0, threads, lender))]
     try:
         signature = instances[0].signature() or backend.describe(path)
-        # An endpoint-wide max batch size takes the default's path: only models that can batch get it.
-        max_batch_size = plan.overrides.max_batch_size or default_max_batch_size
+        # An endpoint-wide max batch size takes the default's path: only models that can batch get it. Triton's
+        # default is for Triton's layout: a model whose version directory is the model (TF Serving's SavedModel
+        # layout) takes whole tensors of any batch size its signature allows, as TF Serving runs it.
+        tf_serving_layout = path == source.path / str(version)
+        max_batch_size = plan.overrides.max_batch_size or (0 if tf_serving_layout else default_max_batch_size)
         config = complete_config(
             plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", max_batch_size
         )

@@ -131,7 +131,8 @@ class Signature:
         if shape[0] > self.max_batch_size:
             raise invalid(
                 f"input '{rule.name}' has batch size {shape[0]}, above max_batch_size "
-                f"{self.max_batch_size} of model '{self.model}'"
+                f"{self.max_batch_size} of model '{self.model}' (a larger max_batch_size in its config.pbtxt raises "
+                "it; for a model without one, --default-max-batch-size)"
             )
         if batch != -1 and shape[0] != batch:
             raise invalid(

@@ -37,6 +37,7 @@ STATUS = {
     ErrorKind.OVERLOADED: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorKind.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorKind.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorKind.NO_MEMORY: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,

@@ -33,6 +33,7 @@ STATUS = {
     ErrorKind.OVERLOADED: 503,
     ErrorKind.TIMEOUT: 504,
     ErrorKind.UNSUPPORTED: 501,
+    ErrorKind.PRECONDITION: 400,
     ErrorKind.ALREADY_EXISTS: 409,
     ErrorKind.NO_MEMORY: 507,
     ErrorKind.INTERNAL: 500,

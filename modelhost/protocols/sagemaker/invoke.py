@@ -32,7 +32,7 @@ from modelhost.protocols.sagemaker.payloads import (
     encode_invocation,
     media_type,
 )
-from modelhost.protocols.tfserving.rest import predict_response
+from modelhost.protocols.tfserving.serving import TfServing
 from modelhost.types import DATATYPE_DTYPES, InferRequest, ModelMetadata, TensorSpec
 
 T = TypeVar("T")
@@ -122,10 +122,10 @@ class ServedModelHandle:
     def tfs_predict(self, body: bytes) -> TfsResponse:
         """What TF Serving's REST predict would answer this body, without the HTTP round trip."""
         try:
-            response = self._run(predict_response(self._dataplane, self.name, self.version, body))
+            answer = self._run(TfServing(self._dataplane).predict_json(self.name, self.version, "", body))
         except ModelhostError as exc:
             return TfsResponse(STATUS[exc.kind], orjson.dumps({"error": public_message(exc.message)}), JSON)
-        return TfsResponse(200, b"".join(response.body), JSON)
+        return TfsResponse(200, answer, JSON)
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()

@@ -255,11 +255,47 @@ class GetModelMetadataResponse(_message.Message):
 
 class StatusProto(_message.Message):
     __slots__ = ("error_code", "error_message")
+    class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OK: _ClassVar[StatusProto.Code]
+        CANCELLED: _ClassVar[StatusProto.Code]
+        UNKNOWN: _ClassVar[StatusProto.Code]
+        INVALID_ARGUMENT: _ClassVar[StatusProto.Code]
+        DEADLINE_EXCEEDED: _ClassVar[StatusProto.Code]
+        NOT_FOUND: _ClassVar[StatusProto.Code]
+        ALREADY_EXISTS: _ClassVar[StatusProto.Code]
+        PERMISSION_DENIED: _ClassVar[StatusProto.Code]
+        RESOURCE_EXHAUSTED: _ClassVar[StatusProto.Code]
+        FAILED_PRECONDITION: _ClassVar[StatusProto.Code]
+        ABORTED: _ClassVar[StatusProto.Code]
+        OUT_OF_RANGE: _ClassVar[StatusProto.Code]
+        UNIMPLEMENTED: _ClassVar[StatusProto.Code]
+        INTERNAL: _ClassVar[StatusProto.Code]
+        UNAVAILABLE: _ClassVar[StatusProto.Code]
+        DATA_LOSS: _ClassVar[StatusProto.Code]
+        UNAUTHENTICATED: _ClassVar[StatusProto.Code]
+    OK: StatusProto.Code
+    CANCELLED: StatusProto.Code
+    UNKNOWN: StatusProto.Code
+    INVALID_ARGUMENT: StatusProto.Code
+    DEADLINE_EXCEEDED: StatusProto.Code
+    NOT_FOUND: StatusProto.Code
+    ALREADY_EXISTS: StatusProto.Code
+    PERMISSION_DENIED: StatusProto.Code
+    RESOURCE_EXHAUSTED: StatusProto.Code
+    FAILED_PRECONDITION: StatusProto.Code
+    ABORTED: StatusProto.Code
+    OUT_OF_RANGE: StatusProto.Code
+    UNIMPLEMENTED: StatusProto.Code
+    INTERNAL: StatusProto.Code
+    UNAVAILABLE: StatusProto.Code
+    DATA_LOSS: StatusProto.Code
+    UNAUTHENTICATED: StatusProto.Code
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    error_code: int
+    error_code: StatusProto.Code
     error_message: str
-    def __init__(self, error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+    def __init__(self, error_code: _Optional[_Union[StatusProto.Code, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class ModelVersionStatus(_message.Message):
     __slots__ = ("version", "state", "status")

@@ -1,37 +1,85 @@
-"""TF Serving REST predict (`POST /v1/models/{m}[/versions/{v}]:predict`): parse, call the core once, encode.
+"""TF Serving's REST API (tsfs §B1): model status and metadata, predict, classify and regress, by version or label.
 
-Also what a SageMaker TF Serving `inference.py` posts to (`context.rest_uri`).
+Routes match TF Serving's, case-insensitively; answers are JSON, errors `{"error": message}` with the status
+codes of http.STATUS. Also what a SageMaker TF Serving `inference.py` posts to (`context.rest_uri`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from google.protobuf import json_format
+
 from modelhost.access import Api
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
-from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route
-from modelhost.protocols.tfserving.json_codec import decode_predict, encode_predict
-from modelhost.types import InferRequest, ModelMetadata
+from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, json_response
+from modelhost.protocols.tfserving.examples import input_from_json
+from modelhost.protocols.tfserving.json_codec import parse_json
+from modelhost.protocols.tfserving.serving import DEFAULT_SIGNATURE, TfServing
+from modelhost.protocols.tfserving.signature_def import metadata_json
+from modelhost.protocols.tfserving.tensor_proto import ModelSpecInfo
 
-# Model names are any characters but "/" and ":"; TF Serving matches paths case-insensitively.
-PREDICT = r"(?i)/v1/models/(?P<model>[^/:]+)(?:/versions/(?P<version>[0-9]+)|/labels/(?P<label>[^/:]+))?:predict"
+# Model names and labels are any characters but "/" and ":".
+_MODEL = r"(?i)/v1/models/(?P<model>[^/:]+)(?:/versions/(?P<version>[0-9]+)|/labels/(?P<label>[^/:]+))?"
+PREDICT = _MODEL + ":predict"
+CLASSIFY = _MODEL + ":classify"
+REGRESS = _MODEL + ":regress"
+STATUS = _MODEL
+METADATA = _MODEL + "/metadata"
+NO_MODEL = r"(?i)/v1/models"
 
 
-def routes(dataplane: DataPlane) -> list[Route]:
+def routes(dataplane: DataPlane, serving: TfServing | None = None) -> list[Route]:
+    api = serving or TfServing(dataplane)
+
+    def where(request: HttpRequest) -> tuple[str, str, str]:
+        params = request.params
+        return params["model"], params.get("version") or "", params.get("label") or ""
+
     async def predict(request: HttpRequest) -> HttpResponse:
-        if "label" in request.params:
-            raise invalid(f"version label '{request.params['label']}': modelhost serves versions by number only")
-        return await predict_response(dataplane, request.params["model"], request.params.get("version", ""),
-                                      request.body)
+        return HttpResponse(200, [await api.predict_json(*where(request), request.body)],
+                            [(b"content-type", b"application/json")])
 
-    return [Route("POST", PREDICT, predict, Api.INFERENCE)]
+    async def classify(request: HttpRequest) -> HttpResponse:
+        spec, source = _examples_request(request, where(request))
+        result, _ = await api.classify(spec, source)
+        rows = [[[c.label, c.score] for c in row.classes] for row in result.classifications]
+        return json_response({"results": rows})
+
+    async def regress(request: HttpRequest) -> HttpResponse:
+        spec, source = _examples_request(request, where(request))
+        result, _ = await api.regress(spec, source)
+        return json_response({"results": [r.value for r in result.regressions]})
+
+    async def status(request: HttpRequest) -> HttpResponse:
+        message = api.status(*where(request))
+        return json_response(json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                                       always_print_fields_with_no_presence=True))
+
+    async def metadata(request: HttpRequest) -> HttpResponse:
+        return json_response(metadata_json(api.metadata(*where(request))))
+
+    async def no_model(request: HttpRequest) -> HttpResponse:
+        raise invalid("Missing model name in request.")
+
+    return [
+        Route("POST", PREDICT, predict, Api.INFERENCE),
+        Route("POST", CLASSIFY, classify, Api.INFERENCE),
+        Route("POST", REGRESS, regress, Api.INFERENCE),
+        Route("GET", METADATA, metadata, Api.METADATA),
+        Route("GET", STATUS, status, Api.HEALTH),
+        Route("GET", NO_MODEL, no_model, Api.HEALTH),
+    ]
 
 
-async def predict_response(dataplane: DataPlane, model: str, version: str, body: bytes) -> HttpResponse:
-    """One TF Serving predict call, answered in the format (row or columnar) the body used."""
+def _examples_request(request: HttpRequest, where: tuple[str, str, str]) -> tuple[ModelSpecInfo, Any]:
+    document = parse_json(request.body)
+    if not isinstance(document, dict):
+        raise invalid("request body must be a JSON object with 'examples'")
+    signature = document.get("signature_name", "")
+    if not isinstance(signature, str):
+        raise invalid("'signature_name' must be a string")
+    name, version, label = where
+    return ModelSpecInfo(name, version, signature or DEFAULT_SIGNATURE, label), input_from_json(document)
 
-    def decode(metadata: ModelMetadata) -> tuple[InferRequest, str]:  # the form: ROW or COLUMNAR
-        inputs, form = decode_predict(body, metadata.inputs, dataplane.limits)
-        return InferRequest(model, inputs, version), form
-
-    response, form = await dataplane.decode_and_infer(model, version, decode)
-    return HttpResponse(200, [encode_predict(response.outputs, form)], [(b"content-type", b"application/json")])

@@ -64,6 +64,11 @@ def dtype_name(data_type: int) -> str:
         return str(data_type)
 
 
+def data_type_of(datatype: str) -> int:
+    """The DataType of a V2 datatype name (BYTES is DT_STRING)."""
+    return _DATA_TYPES[DATATYPE_DTYPES[datatype]]
+
+
 def tensor_to_array(proto: pb.TensorProto, where: str, budget: ElementBudget | None = None) -> np.ndarray:
     """The array a TensorProto holds; errors are INVALID_INPUT and start with `where` (e.g. "inputs['x']").
 
@@ -167,16 +172,24 @@ def _fill(proto: pb.TensorProto, array: np.ndarray, typed: bool) -> None:
 def decode_predict_request(
     body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits = DEFAULT_LIMITS
 ) -> tuple[dict[str, np.ndarray], ModelSpecInfo, list[str]]:
-    """Input arrays by name (in the model's input order), the ModelSpec and the output_filter of a PredictRequest.
-
-    Raises INVALID_INPUT when the body does not parse, names inputs the model lacks or misses required ones,
-    or holds a tensor whose dtype is not the input's.
-    """
+    """Input arrays by name (in the model's input order), the ModelSpec and the output_filter of a serialized
+    PredictRequest; INVALID_INPUT when it does not parse, and as `predict_inputs`."""
     request = pb.PredictRequest()
     try:
         request.ParseFromString(body)
     except DecodeError as error:
         raise invalid(f"request body is not a serialized tensorflow.serving.PredictRequest: {error}") from None
+    return predict_inputs(request, inputs, limits), model_spec_info(request.model_spec), list(request.output_filter)
+
+
+def predict_inputs(
+    request: pb.PredictRequest, inputs: Sequence[TensorSpec], limits: RequestLimits = DEFAULT_LIMITS
+) -> dict[str, np.ndarray]:
+    """A PredictRequest's input arrays by name, in the order of `inputs` (a signature's).
+
+    Raises INVALID_INPUT when it names inputs the signature lacks or misses required ones, or holds a tensor
+    whose dtype is not the input's.
+    """
     specs = {spec.name: spec for spec in inputs}
     check_input_names(request.inputs.keys(), specs, "PredictRequest.inputs")
     arrays = {}
@@ -184,13 +197,16 @@ def decode_predict_request(
     for name, spec in specs.items():
         if name in request.inputs:
             where = f"inputs['{name}']"
-            array = tensor_to_array(request.inputs[name], where, budget)
-            _check_dtype(array, request.inputs[name].dtype, spec, where)
+            proto = request.inputs[name]
+            array = tensor_to_array(proto, where, budget)
+            _check_dtype(array, proto.dtype, spec, where)
             arrays[name] = array
-    model_spec = request.model_spec
+    return arrays
+
+
+def model_spec_info(model_spec: pb.ModelSpec) -> ModelSpecInfo:
     version = str(model_spec.version.value) if model_spec.HasField("version") else ""
-    info = ModelSpecInfo(model_spec.name, version, model_spec.signature_name, model_spec.version_label)
-    return arrays, info, list(request.output_filter)
+    return ModelSpecInfo(model_spec.name, version, model_spec.signature_name, model_spec.version_label)
 
 
 def _check_dtype(array: np.ndarray, data_type: int, spec: TensorSpec, where: str) -> None:
@@ -204,11 +220,22 @@ def encode_predict_response(
     outputs: dict[str, np.ndarray], name: str, version: str, *, signature_name: str = "", typed: bool = False
 ) -> bytes:
     """A serialized PredictResponse; its ModelSpec carries `version` when it is an integer."""
+    return predict_response(outputs, name, version, signature_name=signature_name, typed=typed).SerializeToString()
+
+
+def predict_response(
+    outputs: dict[str, np.ndarray], name: str, version: str, *, signature_name: str = "", typed: bool = False
+) -> pb.PredictResponse:
     response = pb.PredictResponse()
-    response.model_spec.name = name
-    if version.isascii() and version.isdigit():
-        response.model_spec.version.value = int(version)
-    response.model_spec.signature_name = signature_name
+    fill_model_spec(response.model_spec, name, version, signature_name)
     for output, array in outputs.items():
         _fill(response.outputs[output], array, typed)
-    return response.SerializeToString()
+    return response
+
+
+def fill_model_spec(model_spec: pb.ModelSpec, name: str, version: str, signature_name: str) -> None:
+    """The ModelSpec of an answer: the model, the version that ran (when it is an integer) and the signature."""
+    model_spec.name = name
+    if version.isascii() and version.isdigit():
+        model_spec.version.value = int(version)
+    model_spec.signature_name = signature_name

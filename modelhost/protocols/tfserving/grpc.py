@@ -1,0 +1,73 @@
+"""TF Serving's gRPC services (tsfs §B2): `tensorflow.serving.PredictionService` (Predict, Classify, Regress,
+MultiInference, GetModelMetadata) and `tensorflow.serving.ModelService` (GetModelStatus), registered by TF
+Serving's names on the server's gRPC port, over modelhost's own messages (apis.proto, predict.proto).
+"""
+
+from __future__ import annotations
+
+from modelhost.access import Api
+from modelhost.errors import invalid
+from modelhost.protocols.grpc_server import Service, Unary
+from modelhost.protocols.tfserving import apis_pb2 as pb
+from modelhost.protocols.tfserving import predict_pb2
+from modelhost.protocols.tfserving.serving import DEFAULT_SIGNATURE, TfServing
+from modelhost.protocols.tfserving.signature_def import SIGNATURE_DEF_MAP_URL, signature_def_map
+from modelhost.protocols.tfserving.tensor_proto import fill_model_spec, model_spec_info
+
+PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
+MODEL_SERVICE = "tensorflow.serving.ModelService"
+SIGNATURE_DEF_FIELD = "signature_def"
+
+
+def services(serving: TfServing) -> list[Service]:
+    async def predict(request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
+        return await serving.predict(request)
+
+    async def classify(request: pb.ClassificationRequest) -> pb.ClassificationResponse:
+        spec = model_spec_info(request.model_spec)
+        result, version = await serving.classify(spec, request.input)
+        response = pb.ClassificationResponse(result=result)
+        fill_model_spec(response.model_spec, spec.name, version, spec.signature_name or DEFAULT_SIGNATURE)
+        return response
+
+    async def regress(request: pb.RegressionRequest) -> pb.RegressionResponse:
+        spec = model_spec_info(request.model_spec)
+        result, version = await serving.regress(spec, request.input)
+        response = pb.RegressionResponse(result=result)
+        fill_model_spec(response.model_spec, spec.name, version, spec.signature_name or DEFAULT_SIGNATURE)
+        return response
+
+    async def multi_inference(request: pb.MultiInferenceRequest) -> pb.MultiInferenceResponse:
+        return await serving.multi_inference(request)
+
+    async def get_model_metadata(request: pb.GetModelMetadataRequest) -> pb.GetModelMetadataResponse:
+        if not request.metadata_field:
+            raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
+        for field in request.metadata_field:
+            if field != SIGNATURE_DEF_FIELD:
+                raise invalid(f"Metadata field {field} is not supported")
+        spec = model_spec_info(request.model_spec)
+        metadata = serving.metadata(spec.name, spec.version, spec.version_label)
+        response = pb.GetModelMetadataResponse()
+        fill_model_spec(response.model_spec, metadata.name, metadata.version, "")
+        packed = response.metadata[SIGNATURE_DEF_FIELD]
+        packed.type_url = SIGNATURE_DEF_MAP_URL
+        packed.value = signature_def_map(metadata).SerializeToString()
+        return response
+
+    async def get_model_status(request: pb.GetModelStatusRequest) -> pb.GetModelStatusResponse:
+        spec = model_spec_info(request.model_spec)
+        return serving.status(spec.name, spec.version, spec.version_label)
+
+    return [
+        Service(PREDICTION_SERVICE, [
+            Unary("Predict", predict_pb2.PredictRequest, predict, Api.INFERENCE),
+            Unary("Classify", pb.ClassificationRequest, classify, Api.INFERENCE),
+            Unary("Regress", pb.RegressionRequest, regress, Api.INFERENCE),
+            Unary("MultiInference", pb.MultiInferenceRequest, multi_inference, Api.INFERENCE),
+            Unary("GetModelMetadata", pb.GetModelMetadataRequest, get_model_metadata, Api.METADATA),
+        ]),
+        Service(MODEL_SERVICE, [
+            Unary("GetModelStatus", pb.GetModelStatusRequest, get_model_status, Api.HEALTH),
+        ]),
+    ]
