@@ -209,6 +209,9 @@ class Server:
             s.sagemaker_port, local_url(s.host, s.sagemaker_port, self._tls_for("sagemaker") is not None),
             s.default_accept, s.invocation_timeout_seconds, s.sagemaker_program, s.default_model_name,
             handler_threads(s), s.http_max_body_bytes,
+            # The TF Serving container's context.grpc_port: this server's gRPC port, where handlers reach it in plain
+            # text (with TLS on gRPC they would need credentials the container's conventions have no place for).
+            s.grpc_port if s.grpc_port and (self.tls is None or "grpc" in s.tls_off) else None,
         )
         target_models = None if self.cache is None else TargetModels(
             self.cache, self.manager, self.archives, self.work_dir / "cache",

@@ -24,6 +24,7 @@ from modelhost.settings import (
     parse_byte_size,
     resolve_settings,
     sagemaker_repository,
+    unused_variables,
 )
 
 _LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
@@ -228,9 +229,11 @@ def serve_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Se
     return settings
 
 
-def run(settings: ServerSettings) -> int:
-    """Serve until SIGTERM/SIGINT; one process, or --workers processes."""
+def run(settings: ServerSettings, notes: Sequence[str] = ()) -> int:
+    """Serve until SIGTERM/SIGINT; one process, or --workers processes. `notes` are logged as warnings first."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for note in notes:
+        logging.getLogger("modelhost").warning("%s", note)
     if settings.workers > 1:
         from modelhost.workers import run_workers
 
@@ -243,9 +246,9 @@ def run(settings: ServerSettings) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`modelhost ...` (the `modelhost` console entry and `python -m modelhost`)."""
-    return run(modelhost_settings(argv, os.environ))
+    return run(modelhost_settings(argv, os.environ), unused_variables(os.environ))
 
 
 def serve_main(argv: list[str] | None = None) -> int:
     """`serve ...`, the entry of a SageMaker image: `ENTRYPOINT ["serve"]`."""
-    return run(serve_settings(argv, os.environ))
+    return run(serve_settings(argv, os.environ), unused_variables(os.environ))

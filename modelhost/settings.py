@@ -469,8 +469,12 @@ def _server_values(env: _Variables) -> dict[str, Any]:
             "the invocation timeout",
             [(env.show("SAGEMAKER_TS_RESPONSE_TIMEOUT"), env.seconds("SAGEMAKER_TS_RESPONSE_TIMEOUT"))],
             [(env.show(name), env.seconds(name))
-             for name in ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS")],
+             for name in ("SAGEMAKER_MODEL_SERVER_TIMEOUT", "SAGEMAKER_MODEL_SERVER_TIMEOUT_SECONDS",
+                          "SAGEMAKER_GUNICORN_TIMEOUT_SECONDS")],
         ),
+        "handler_threads": _gunicorn_threads(env),
+        # The TF Serving container serves gRPC on the first port of the range; inference.py reaches it there.
+        "grpc_port": _safe_port_range(env),
         "default_accept": env.text("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"),
         "sagemaker_program": env.text("SAGEMAKER_PROGRAM"),
         "default_model_name": env.text("SAGEMAKER_TFS_DEFAULT_MODEL_NAME"),
@@ -481,6 +485,47 @@ def _server_values(env: _Variables) -> dict[str, Any]:
         raise SettingsError(f"{env.show('SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT')} must be a media type like "
                             "application/json")
     return {name: value for name, value in values.items() if value is not None}
+
+
+def _gunicorn_threads(env: _Variables) -> int | None:
+    """The TF Serving container's Python service runs SAGEMAKER_GUNICORN_WORKERS x _THREADS handlers at once
+    (1 x 1 by default); modelhost's handler pool runs as many."""
+    workers = env.integer("SAGEMAKER_GUNICORN_WORKERS", 1)
+    threads = env.integer("SAGEMAKER_GUNICORN_THREADS", 1)
+    if workers is None and threads is None:
+        return None
+    return (workers or 1) * (threads or 1)
+
+
+def _safe_port_range(env: _Variables) -> int | None:
+    text = env.text("SAGEMAKER_SAFE_PORT_RANGE")
+    if text is None:
+        return None
+    low, _, high = text.partition("-")
+    try:
+        first, last = int(low), int(high)
+    except ValueError:
+        first, last = 0, -1
+    if not 1 <= first <= last <= 65535:
+        raise SettingsError(f"{env.show('SAGEMAKER_SAFE_PORT_RANGE')} must be a port range like 20000-20999")
+    return first
+
+
+# Container variables modelhost has no use for: each is named in the log at start, never silently ignored.
+UNUSED_VARIABLES = {
+    "SAGEMAKER_GUNICORN_WORKER_CLASS": "inference.py handlers run in modelhost's handler pool, not in gunicorn "
+                                       "workers (SAGEMAKER_GUNICORN_WORKERS x _THREADS sizes it)",
+    "SAGEMAKER_TFS_FRACTIONAL_GPU_MEM_MARGIN": "modelhost runs models on CPU",
+    "SAGEMAKER_TFS_NGINX_LOGLEVEL": "modelhost has no nginx in front; --log-level sets its log",
+    "SAGEMAKER_NGINX_PROXY_READ_TIMEOUT_SECONDS": "modelhost has no nginx in front; the invocation timeout is "
+                                                 "SAGEMAKER_MODEL_SERVER_TIMEOUT",
+}
+
+
+def unused_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line for each set container variable that modelhost does not use, saying why."""
+    return [f"{name} is set but not used: {why}" for name, why in UNUSED_VARIABLES.items()
+            if environ.get(name, "").strip()]
 
 
 def _model_overrides(env: _Variables) -> ModelOverrides:

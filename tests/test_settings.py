@@ -23,6 +23,7 @@ from modelhost.settings import (
     sagemaker_repository,
     settings_from_environment,
     unpacked_cache_bytes,
+    unused_variables,
 )
 
 BASE = ServerSettings()
@@ -186,6 +187,33 @@ def test_invalid_variables(environ: dict[str, str], message: str) -> None:
         settings_from_environment(BASE, environ)
     assert message in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+class TestContainerVariables:
+    def test_gunicorn_workers_times_threads_size_the_handler_pool(self) -> None:
+        assert from_env(SAGEMAKER_GUNICORN_WORKERS="3", SAGEMAKER_GUNICORN_THREADS="4").handler_threads == 12
+        assert from_env(SAGEMAKER_GUNICORN_WORKERS="2").handler_threads == 2
+        assert from_env(SAGEMAKER_GUNICORN_THREADS="5").handler_threads == 5
+        with pytest.raises(SettingsError, match="SAGEMAKER_GUNICORN_WORKERS='0' must be an integer >= 1"):
+            from_env(SAGEMAKER_GUNICORN_WORKERS="0")
+
+    def test_gunicorn_timeout_is_the_invocation_timeout(self) -> None:
+        assert from_env(SAGEMAKER_GUNICORN_TIMEOUT_SECONDS="7").invocation_timeout_seconds == 7.0
+        with pytest.raises(SettingsError, match="set the invocation timeout to different values"):
+            from_env(SAGEMAKER_GUNICORN_TIMEOUT_SECONDS="7", SAGEMAKER_MODEL_SERVER_TIMEOUT="8")
+
+    def test_safe_port_range_gives_the_grpc_port(self) -> None:
+        assert from_env(SAGEMAKER_SAFE_PORT_RANGE="20000-20999").grpc_port == 20000
+        for bad in ("20000", "b-c", "20999-20000", "0-10"):
+            with pytest.raises(SettingsError, match="SAGEMAKER_SAFE_PORT_RANGE=.* must be a port range"):
+                from_env(SAGEMAKER_SAFE_PORT_RANGE=bad)
+
+    def test_unused_variables_are_named_with_why(self) -> None:
+        notes = unused_variables({"SAGEMAKER_GUNICORN_WORKER_CLASS": "gevent", "SAGEMAKER_TFS_NGINX_LOGLEVEL": " ",
+                                  "SAGEMAKER_TFS_FRACTIONAL_GPU_MEM_MARGIN": "0.2"})
+        assert len(notes) == 2
+        assert notes[0].startswith("SAGEMAKER_GUNICORN_WORKER_CLASS is set but not used: inference.py handlers run")
+        assert "CPU" in notes[1]
 
 
 class TestCheckSettings:

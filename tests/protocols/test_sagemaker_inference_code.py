@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import orjson
 import requests
@@ -61,6 +62,32 @@ def output_handler(response, context):
 '''
 
 
+# The TF Serving container's gRPC fast path, as its published examples write it: a channel to context.grpc_port
+# (or context.channel), a PredictRequest built with make_tensor_proto, the content type compared as sent.
+TFS_GRPC = '''
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+
+def handler(data, context):
+    if context.request_content_type != "application/X-npy-rows":
+        raise ValueError("unexpected content type " + context.request_content_type)
+    rows = np.frombuffer(data.read(), dtype=np.float32).reshape(-1, 4)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = context.model_name
+    request.model_spec.signature_name = "serving_default"
+    request.inputs["INPUT0"].CopyFrom(tf.make_tensor_proto(rows))
+    channel = grpc.insecure_channel(f"0.0.0.0:{context.grpc_port}")
+    first = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, 10.0)
+    channel.close()
+    again = prediction_service_pb2_grpc.PredictionServiceStub(context.channel).Predict(request, 10.0)
+    assert first == again
+    return tf.make_ndarray(first.outputs["OUTPUT0"]).astype(np.float32).tobytes(), "application/octet-stream"
+'''
+
+
 def opt_ml_model(root: Path, inference: str) -> Path:
     onnx.save_model(scale_model(2.0), str(root / "model.onnx"))
     (root / "code").mkdir()
@@ -97,6 +124,16 @@ def test_tfs_handler_posts_to_the_rest_uri(tmp_path: Path, start_server: Any) ->
     assert response.json() == {"model": "model", "sums": [8.0, 20.0]}
     refused = post(server, b"1,2,3,4", "text/csv")
     assert refused.status_code == 500 and "only JSON, got text/csv" in refused.json()["error"]
+
+
+def test_tfs_handler_calls_tf_servings_grpc_api_on_context_grpc_port(tmp_path: Path, start_server: Any) -> None:
+    server = start(start_server, opt_ml_model(tmp_path, TFS_GRPC))
+    rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    response = post(server, rows.tobytes(), "application/X-npy-rows")
+    assert response.status_code == 200, response.text
+    np.testing.assert_array_equal(np.frombuffer(response.content, np.float32).reshape(3, 4), rows * 2)
+    refused = post(server, rows.tobytes(), "application/x-npy-rows")  # as sent, not lower-cased
+    assert refused.status_code == 500 and "unexpected content type application/x-npy-rows" in refused.json()["error"]
 
 
 def test_tfs_input_and_output_handler_pair(tmp_path: Path, start_server: Any) -> None:

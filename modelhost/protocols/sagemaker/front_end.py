@@ -44,6 +44,8 @@ class SageMakerOptions:
     default_model_name: str
     handler_threads: int
     max_body_bytes: int
+    # Where this server answers TF Serving's gRPC API in plain text: inference.py's context.grpc_port (None: off).
+    grpc_port: int | None = None
 
 
 def local_url(host: str, port: int, tls: bool = False) -> str:
@@ -72,7 +74,7 @@ class SageMakerFrontEnd(FrontEnd):
         # handlers never hold up model loads and drains, which run on the loop's default executor.
         self._handler_pool = ThreadPoolExecutor(options.handler_threads, thread_name_prefix="sagemaker-handler")
         self._invoker = Invoker(dataplane, options.default_accept, options.invocation_timeout_seconds, options.url,
-                                self._handler_pool)
+                                self._handler_pool, options.grpc_port)
         self._user_code = UserCode(self._invoker, options.program, options.default_model_name, code_policy)
         self._code_ready = layout is None or layout.code_dir is None
         targets: rest.Targets
@@ -112,6 +114,7 @@ class SageMakerFrontEnd(FrontEnd):
         if self._target_models is not None:
             await self._target_models.stop()
         self._handler_pool.shutdown(wait=False, cancel_futures=True)
+        self._invoker.close()
 
 
 class UserCode:

@@ -67,6 +67,8 @@ class RequestInfo:
     model_name: str = ""
     model_version: str = ""
     rest_uri: str = ""  # where modelhost serves this model's TF Serving REST :predict
+    grpc_port: int | None = None  # where it serves TF Serving's gRPC API (None: gRPC is off)
+    channel: Any = None  # a grpc.Channel to that port
 
 
 class TfsResponse:
@@ -125,7 +127,8 @@ class Defaults(Protocol):
 
 
 class Context(NamedTuple):
-    """The TF Serving container's context argument, field for field (no gRPC here: grpc_port and channel are None)."""
+    """The TF Serving container's context argument, field for field: `grpc_port` and `channel` reach this server's
+    own TF Serving gRPC API (PredictionService), None where gRPC is off."""
 
     model_name: str
     model_version: str | None
@@ -326,8 +329,8 @@ def _tfs_context(request: RequestInfo) -> Context:
         model_version=request.model_version or None,
         method=_tfs_attribute(request.custom_attributes, "tfs-method") or "predict",
         rest_uri=request.rest_uri,
-        grpc_port=None,
-        channel=None,
+        grpc_port=request.grpc_port,
+        channel=request.channel,
         custom_attributes=request.custom_attributes or None,
         request_content_type=request.content_type or DEFAULT_CONTENT_TYPE,
         accept_header=request.accept or DEFAULT_CONTENT_TYPE,

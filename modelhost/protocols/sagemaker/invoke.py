@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import threading
 from collections.abc import Awaitable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import grpc
 import numpy as np
 import orjson
 
@@ -50,8 +52,11 @@ class Call:
 
 class Invoker:
     def __init__(self, dataplane: DataPlane, default_accept: str, timeout_seconds: float, rest_base: str,
-                 handler_pool: Executor | None = None) -> None:
+                 handler_pool: Executor | None = None, grpc_port: int | None = None) -> None:
         self._dataplane = dataplane
+        self._grpc_port = grpc_port  # where TF Serving's gRPC API answers (context.grpc_port); None: off
+        self._channel: grpc.Channel | None = None  # context.channel, opened at the first handler call
+        self._channel_lock = threading.Lock()
         self._handler_pool = handler_pool  # where user handlers run (None: the loop's default executor)
         self._default_accept = default_accept
         self._timeout = timeout_seconds
@@ -90,14 +95,29 @@ class Invoker:
         version = handle.version
         info = RequestInfo(
             body=call.body,
-            content_type=media_type(call.content_type) if call.content_type else JSON,
+            content_type=call.content_type or JSON,  # as sent: handlers compare it with "application/X-protobuf"
             accept=accept,
             custom_attributes=call.custom_attributes,
             model_name=handle.name,
             model_version=version,
             rest_uri=f"{self._rest_base}/v1/models/{handle.name}{f'/versions/{version}' if version else ''}:predict",
+            grpc_port=self._grpc_port,
+            channel=self._grpc_channel(),
         )
         return handler.invoke(info, ServedDefaults(handle))
+
+    def _grpc_channel(self) -> grpc.Channel | None:
+        """One channel to this server's gRPC port for every handler call, as the TF Serving container keeps one."""
+        if self._grpc_port is None:
+            return None
+        with self._channel_lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(f"127.0.0.1:{self._grpc_port}")
+            return self._channel
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
 
 
 class ServedModelHandle:
