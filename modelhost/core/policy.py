@@ -32,6 +32,8 @@ class SchedulingPolicy:
     # Batches predicted to run within this many ns may run on the event loop; 0 = never, None = what a
     # handoff to an instance thread takes, learned (core/loop_gate.py).
     inline_max_ns: int | None = 0
+    # Batch sizes a batch is padded up to (ascending; TF Serving's allowed_batch_sizes); () = run as formed.
+    pad_sizes: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> SchedulingPolicy:
@@ -65,16 +67,19 @@ class SchedulingPolicy:
             _level(batching.priority_queue_policy[n]) if n in batching.priority_queue_policy else default
             for n in range(1, count + 1)
         )
+        pad_sizes = _pad_sizes(config)
         return cls(
             batching=config.max_batch_size > 0,
             max_batch_size=config.max_batch_size,
-            preferred_batch_sizes=tuple(sorted(set(batching.preferred_batch_size), reverse=True)),
+            # Padded batches form as TF Serving forms them: up to max_batch_size, the sizes only pad.
+            preferred_batch_sizes=() if pad_sizes else tuple(sorted(set(batching.preferred_batch_size), reverse=True)),
             max_queue_delay_s=batching.max_queue_delay_microseconds / 1e6,
             preserve_ordering=batching.preserve_ordering,
             levels=levels,
             default_level=batching.default_priority_level - 1 if batching.priority_levels else 0,
             split_size=split,
             inline_max_ns=inline_ns,
+            pad_sizes=pad_sizes,
         )
 
 
@@ -83,6 +88,24 @@ SPLIT_PARAMETER = "request_split_size"
 # Batches predicted (from measured executions) to take at most this many µs run on the event loop
 # instead of an instance thread; 0 = never. Unset: what a handoff takes, learned (core/loop_gate.py).
 INLINE_PARAMETER = "inline_max_microseconds"
+
+
+# `parameters { key: "pad_to_preferred_batch_size" value: { string_value: "true" } }`: a batch runs padded up to
+# the next preferred_batch_size, the largest of which must be max_batch_size (TF Serving's allowed_batch_sizes).
+PAD_PARAMETER = "pad_to_preferred_batch_size"
+
+
+def _pad_sizes(config: ModelConfig) -> tuple[int, ...]:
+    value = string_parameters(config).get(PAD_PARAMETER, "false").strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"parameter {PAD_PARAMETER} must be true or false, got '{value}'")
+    if value == "false":
+        return ()
+    sizes = tuple(sorted(set(config.dynamic_batching.preferred_batch_size)))
+    if not sizes or sizes[-1] != config.max_batch_size:
+        raise ConfigError(f"parameter {PAD_PARAMETER} needs preferred_batch_size values whose largest is "
+                          f"max_batch_size {config.max_batch_size}, got {list(sizes)}")
+    return sizes
 
 
 def _natural_parameter(config: ModelConfig, name: str, default: int = 0) -> int:

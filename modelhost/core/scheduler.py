@@ -266,7 +266,7 @@ class Scheduler:
                     if spare is not None:
                         spare.computing(cores)
                     try:
-                        results, timing = _run(instance, batch, self._clock.now())
+                        results, timing = _run(instance, batch, self._clock.now(), self._policy.pad_sizes)
                     finally:
                         if spare is not None:
                             spare.computing(-cores)
@@ -324,23 +324,26 @@ def _call(instance: Model, entry: str, inputs: dict[str, np.ndarray], outputs: S
     return instance.infer(inputs, outputs)
 
 
-def _run(instance: Model, batch: list[Pending], taken: float) -> tuple[list[Outputs], ExecutionTiming]:
+def _run(instance: Model, batch: list[Pending], taken: float,
+         pad_sizes: tuple[int, ...] = ()) -> tuple[list[Outputs], ExecutionTiming]:
     """Run one batch on an instance thread (taken from the queue at `taken` on its clock): concatenate along
-    dim 0, run once, give each its rows."""
+    dim 0 (padded up to the next of `pad_sizes`, where given), run once, give each its rows."""
     queue_ns = [int((taken - p.enqueued) * 1e9) for p in batch]
     first = batch[0]
-    if len(batch) == 1:
+    total = sum(p.rows for p in batch)
+    # A batch key is a tuple only for requests with a batch dim (_enqueue): only those can be padded.
+    padded = _padded_size(total, pad_sizes) if isinstance(first.key, tuple) else total
+    if len(batch) == 1 and padded == total:
         started = time.monotonic_ns()
         outputs = _call(instance, first.entry, first.inputs, first.outputs)
         return [outputs], ExecutionTiming(queue_ns, 0, time.monotonic_ns() - started, 0)
     started = time.monotonic_ns()
-    inputs = {name: np.concatenate([p.inputs[name] for p in batch]) for name in first.inputs}
+    inputs = {name: _concatenate([p.inputs[name] for p in batch], padded - total) for name in first.inputs}
     concatenated = time.monotonic_ns()
     outputs = _call(instance, first.entry, inputs, first.outputs)
     inferred = time.monotonic_ns()
-    total = sum(p.rows for p in batch)
     for name, array in outputs.items():
-        if array.ndim == 0 or array.shape[0] != total:
+        if array.ndim == 0 or array.shape[0] != padded:
             raise ModelhostError(
                 ErrorKind.INTERNAL,
                 f"output '{name}' of a batch of {total} rows has shape {list(array.shape)}: its first dimension "
@@ -354,6 +357,18 @@ def _run(instance: Model, batch: list[Pending], taken: float) -> tuple[list[Outp
         start = end
     timing = ExecutionTiming(queue_ns, concatenated - started, inferred - concatenated, time.monotonic_ns() - inferred)
     return results, timing
+
+
+def _padded_size(rows: int, pad_sizes: tuple[int, ...]) -> int:
+    return next((size for size in pad_sizes if size >= rows), rows)
+
+
+def _concatenate(parts: list[np.ndarray], padding: int) -> np.ndarray:
+    """The parts one after another along dim 0, then `padding` copies of the last row (rows whose answers are
+    dropped: a copy of real data, unlike zeros, cannot make a model divide by zero)."""
+    if padding:
+        parts = [*parts, np.repeat(parts[-1][-1:], padding, axis=0)]
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 def _resolve(future: asyncio.Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from modelhost.errors import ErrorKind
+from modelhost.config.pbtxt import ConfigError
 from tests.core.scheduler_harness import (
     BATCHING,
     gated,
+    policy_of,
     rows_of,
     serving,
     tags_of,
@@ -165,6 +167,40 @@ def test_preferred_batch_size_is_chosen_when_a_prefix_makes_it() -> None:
             assert [tags_of(b) for b in model.batches[1:]] == [[1, 2, 3, 4], [5, 6], [7]]
 
     run(scenario())
+
+
+PADDED = ('max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 2, 4, 8 ] } '
+          'parameters { key: "pad_to_preferred_batch_size" value: { string_value: "true" } }')
+
+
+def test_batches_are_padded_up_to_the_next_allowed_size_and_the_padding_dropped() -> None:
+    async def scenario() -> None:
+        model = gated()
+        async with serving(PADDED, model) as h:
+            blocker = await h.hold(model)
+            queued = await h.queue(1, 2, 3)
+            model.open()
+            await asyncio.gather(blocker, *queued)
+            await h.call(9, rows=5)  # `call` checks each caller gets exactly its own rows back
+            # Batches form up to max_batch_size as usual, then pad: the blocker's 1 row to 2, the 3 queued rows
+            # to 4 with a copy of the last row, the 5-row request to 8.
+            assert model.sizes[:2] == [2, 4]
+            assert tags_of(model.batches[1]) == [1, 2, 3, 3]
+            assert model.sizes[2] == 8
+            assert h.statistics.inference_count == 9  # real rows only
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("config, message", [
+    ('max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 2, 4 ] } '
+     'parameters { key: "pad_to_preferred_batch_size" value: { string_value: "true" } }', "whose largest is"),
+    ('max_batch_size: 8 dynamic_batching { } '
+     'parameters { key: "pad_to_preferred_batch_size" value: { string_value: "yes" } }', "must be true or false"),
+])
+def test_padding_needs_preferred_sizes_up_to_max_batch_size(config: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        policy_of(config)
 
 
 def test_preferred_batch_size_counts_rows_not_requests() -> None:
