@@ -46,6 +46,8 @@ from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMaker
 from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetModels
 from modelhost.protocols.tfserving import grpc as tfserving_grpc
 from modelhost.protocols.tfserving import rest as tfserving_rest
+from modelhost.protocols.tfserving.model_config_poll import ModelConfigPoller
+from modelhost.protocols.tfserving.model_server import TfServingSetup
 from modelhost.protocols.tfserving.serving import TfServing
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
 from modelhost.settings import (
@@ -59,6 +61,7 @@ from modelhost.store.archive_repository import ArchiveRepository
 from modelhost.store.archive_store import ArchiveStore, holds_only_archives, open_archive_store
 from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.local import LocalStore
+from modelhost.store.model_list import ModelListStore
 from modelhost.store.model_store import ModelStore
 
 log = logging.getLogger("modelhost")
@@ -67,8 +70,10 @@ log = logging.getLogger("modelhost")
 class Server:
     """One modelhost server; `build_asgi()` gives the ASGI app, `run()` serves it (and gRPC) until a signal."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, tfserving: TfServingSetup | None = None) -> None:
+        """`tfserving`: serve as `modelhost tfserving` does, its model list instead of a repository."""
         self.settings = settings
+        self.tfserving_setup = tfserving
         settings.cache_dir.mkdir(parents=True, exist_ok=True)
         # This process's own files (generated layouts, unpacked archives), removed at stop.
         self.work_dir = Path(tempfile.mkdtemp(prefix="server-", dir=settings.cache_dir))
@@ -89,16 +94,23 @@ class Server:
         self.root: Path | None = None  # the directory served (one endpoint), None with a multi-model cache
         self.layout: ModelLayout | None = None
         self.source = ""  # where the models come from, for the log
+        self.model_list: ModelListStore | None = None
         if settings.multi_model:  # the archives, if any, are the manager's store as well as the cache's
             archives = self._archive_store()
             store: ModelStore | None = None if archives is None else self._archive_repository(archives)
+        elif tfserving is not None:
+            (self.work_dir / "models").mkdir()
+            self.model_list = ModelListStore(self.work_dir / "models", tfserving.listed())
+            archives, store = None, self.model_list
+            self.source = f"{len(tfserving.models)} model base path(s)"
         else:
             archives, store = None, self._model_store()
         self.code_policy = CodePolicy(settings.user_code)
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings))
-        self.tfserving = TfServing(self.dataplane)  # TF Serving's REST and gRPC APIs
+        self.tfserving = TfServing(self.dataplane, typed_outputs=tfserving is None or tfserving.typed_outputs)
+        self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)
         self.worker_statistics = (WorkerStatistics(Path(settings.workers_dir), settings.worker_index, settings.workers)
                                   if settings.workers > 1 and settings.workers_dir else None)
         if self.worker_statistics is not None:
@@ -190,7 +202,9 @@ class Server:
         options = GrpcOptions(s.grpc_max_message_bytes, s.grpc_keepalive_time_seconds,
                               s.grpc_keepalive_timeout_seconds, reuse_port=s.workers > 1)
         credentials = self.tls.grpc_credentials() if self.tls is not None and "grpc" not in s.tls_off else None
-        services = [kserve_v2_grpc.service(self.dataplane, self.control), *tfserving_grpc.services(self.tfserving)]
+        reload = None if self.model_config_poller is None else self.model_config_poller.reload
+        services = [kserve_v2_grpc.service(self.dataplane, self.control),
+                    *tfserving_grpc.services(self.tfserving, reload)]
         return GrpcServer(services, s.host, s.grpc_port, options, self.in_flight, self.grpc_access, credentials)
 
     def build_asgi(self) -> HttpApp:
@@ -265,6 +279,9 @@ class Server:
             await front_end.start()
         if self.poller is not None:
             self.poller.start()
+        if self.model_config_poller is not None and self.model_list is not None:
+            apply = (self.poller or RepositoryPoller(self.manager, self.model_list, 1.0)).poll
+            self.model_config_poller.start(self.model_list, apply)
         self.dataplane.mark_started()
         grpc = f", gRPC on {self.settings.host}:{self.settings.grpc_port}" if self.grpc else ""
         log.info("ready: HTTP on %s:%d%s", self.settings.host, self.settings.http_port, grpc)
@@ -284,6 +301,8 @@ class Server:
             self._loading.cancel()
         if self.poller is not None:
             await self.poller.stop()
+        if self.model_config_poller is not None:
+            await self.model_config_poller.stop()
         if self.grpc is not None:  # (stopping since the signal, unless startup failed before it)
             await self.grpc.stop(self.settings.graceful_shutdown_seconds)
         for front_end in reversed(self.front_ends):
@@ -306,8 +325,10 @@ class Server:
             f"{s.host}:{s.metrics_port}" if s.metrics_port else "off",
         )
         handshake = s.tls_handshake_timeout_seconds
-        listeners = [Listener("HTTP", self.build_asgi(), s.http_port, self.in_flight, tls=self._tls_for("http"),
-                      tls_handshake_seconds=handshake)]
+        # TF Serving's --rest_api_port 0: no REST port (the app still runs its lifespan: it starts the server).
+        http_port = None if self.tfserving_setup is not None and not s.http_port else s.http_port
+        listeners = [Listener("HTTP", self.build_asgi(), http_port, self.in_flight, tls=self._tls_for("http"),
+                              tls_handshake_seconds=handshake)]
         for front_end in self.front_ends:
             in_flight = self.in_flight if front_end.counts_in_flight else InFlight()
             listeners.append(Listener(front_end.name, front_end.app, front_end.port, in_flight, front_end.shared,

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from modelhost import __version__
 from modelhost.access import API_NAMES, GRPC_HEADER_PREFIX, Restriction, parse_restriction
@@ -21,11 +22,15 @@ from modelhost.settings import (
     TLS_SITES,
     ServerSettings,
     SettingsError,
+    check_settings,
     parse_byte_size,
     resolve_settings,
     sagemaker_repository,
     unused_variables,
 )
+
+if TYPE_CHECKING:
+    from modelhost.protocols.tfserving.model_server import TfServingFlags
 
 _LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 # What `serve` changes in a container: listen on every interface (SageMaker connects from outside).
@@ -185,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="start the server", argument_default=argparse.SUPPRESS)
     add_serve_flags(serve, ServerSettings(), "built-in examples")
+    # Listed for --help; `main` hands `modelhost tfserving ...` to its own parser, which has TF Serving's flags.
+    commands.add_parser("tfserving", add_help=False,
+                        help="serve as tensorflow_model_server, with its flags (modelhost tfserving --help)")
     return parser
 
 
@@ -246,7 +254,45 @@ def run(settings: ServerSettings, notes: Sequence[str] = ()) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`modelhost ...` (the `modelhost` console entry and `python -m modelhost`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tfserving"]:
+        return tfserving_main(argv[1:])
     return run(modelhost_settings(argv, os.environ), unused_variables(os.environ))
+
+
+def tfserving_settings(flags: TfServingFlags) -> ServerSettings:
+    """`modelhost tfserving`'s ServerSettings: TF Serving's ports on every interface, its models polled for new
+    versions every --file_system_poll_wait_seconds, no SageMaker or separate metrics port."""
+    poll = flags.file_system_poll_seconds
+    settings = ServerSettings(
+        host="0.0.0.0", http_port=flags.rest_api_port, grpc_port=flags.grpc_port, sagemaker_port=0, metrics_port=0,
+        model_control_mode="poll" if poll > 0 else "none", repository_poll_seconds=poll if poll > 0 else 15.0,
+        model_overrides=flags.overrides,
+    )
+    check_settings(settings)
+    return settings
+
+
+def tfserving_main(argv: Sequence[str]) -> int:
+    """`modelhost tfserving ...`: tensorflow_model_server's command line (protocols/tfserving/model_server.py)."""
+    from modelhost.protocols.tfserving.model_server import TfServingFlagError, parse_flags
+
+    try:
+        flags = parse_flags(argv)
+        settings = tfserving_settings(flags)
+    except (TfServingFlagError, SettingsError) as exc:
+        print(f"modelhost tfserving: error: {exc}", file=sys.stderr)
+        return 2
+    if flags.print_version:
+        print(f"modelhost {__version__} (TensorFlow ModelServer command line)")
+        return 0
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for note in flags.setup.notes:
+        logging.getLogger("modelhost").warning("%s", note)
+    from modelhost.app import Server
+
+    Server(settings, tfserving=flags.setup).run()
+    return 0
 
 
 def serve_main(argv: list[str] | None = None) -> int:

@@ -109,6 +109,25 @@ class ServerProcess:
         return self.output
 
 
+class TfServingProcess(ServerProcess):
+    """`modelhost tfserving` with TF Serving's flags: gRPC (`--port`) on `grpc_port`, REST on `port`."""
+
+    def __init__(self, *flags: str) -> None:  # noqa: D107 - the attributes are ServerProcess's
+        self.port = free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        self.base = f"http://{self.url}"
+        self.grpc_port = free_port()
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
+        self.cache_dir = None
+        args = [sys.executable, "-m", "modelhost", "tfserving", f"--port={self.grpc_port}",
+                f"--rest_api_port={self.port}", *flags]
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.output = ""
+        self._lines = []
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+
+
 def pending(server: ServerProcess, model: str) -> int:
     """Requests queued for `model` (not running), from the Prometheus endpoint."""
     text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from modelhost.errors import ErrorKind
 from modelhost.config.pbtxt import ConfigError
+from modelhost.errors import ErrorKind
 from tests.core.scheduler_harness import (
     BATCHING,
     gated,

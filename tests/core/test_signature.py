@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from modelhost.config.pbtxt import parse_config
 from modelhost.backends.base import ModelSignature
+from modelhost.config.pbtxt import parse_config
 from modelhost.core.signature import NamedSignature, Signature, named_signatures
 from modelhost.types import RequestedOutput, TensorSpec
 from tests.helpers import rejected

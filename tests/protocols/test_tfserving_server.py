@@ -17,8 +17,8 @@ pytest.importorskip("tensorflow_serving")
 
 import grpc  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2  # noqa: E402
 from tensorflow.core.example import example_pb2, feature_pb2  # noqa: E402
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2  # noqa: E402
 from tensorflow_serving.apis import (  # noqa: E402
     classification_pb2,
     get_model_metadata_pb2,

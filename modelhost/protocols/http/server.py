@@ -39,7 +39,7 @@ class Listener:
 
     name: str
     app: ASGIApp
-    port: int
+    port: int | None  # None: the app runs (its lifespan too) but no port serves it
     in_flight: InFlight = field(default_factory=InFlight)  # counts this listener's requests in progress
     shared: bool = True  # with --workers, every process listens on this port (SO_REUSEPORT)
     tls: ssl.SSLContext | None = None  # None: plain HTTP; shared by listeners, reloaded in place (protocols/tls.py)
@@ -102,6 +102,8 @@ class HttpServer:
         servers = []
         try:
             for listener in self.listeners:
+                if listener.port is None:
+                    continue
                 reuse = self.reuse_port and listener.shared
                 protocol = partial(HttpConnection, self, listener.app, listener.in_flight)
                 handshake = listener.tls_handshake_seconds if listener.tls is not None else None

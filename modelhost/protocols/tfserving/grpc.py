@@ -5,8 +5,10 @@ Serving's names on the server's gRPC port, over modelhost's own messages (apis.p
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from modelhost.access import Api
-from modelhost.errors import invalid
+from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.protocols.grpc_server import Service, Unary
 from modelhost.protocols.tfserving import apis_pb2 as pb
 from modelhost.protocols.tfserving import predict_pb2
@@ -17,9 +19,12 @@ from modelhost.protocols.tfserving.tensor_proto import fill_model_spec, model_sp
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
 SIGNATURE_DEF_FIELD = "signature_def"
+Reload = Callable[[pb.ModelServerConfig], Awaitable[None]]
 
 
-def services(serving: TfServing) -> list[Service]:
+def services(serving: TfServing, reload: Reload | None = None) -> list[Service]:
+    """`reload` applies a HandleReloadConfigRequest's model list (modelhost tfserving); None: the server serves
+    a repository, which the RPC cannot change."""
     async def predict(request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
         return await serving.predict(request)
 
@@ -59,6 +64,13 @@ def services(serving: TfServing) -> list[Service]:
         spec = model_spec_info(request.model_spec)
         return serving.status(spec.name, spec.version, spec.version_label)
 
+    async def handle_reload_config(request: pb.ReloadConfigRequest) -> pb.ReloadConfigResponse:
+        if reload is None:
+            raise ModelhostError(ErrorKind.PRECONDITION, "this server serves a model repository (modelhost serve); "
+                                 "HandleReloadConfigRequest changes the model list of modelhost tfserving")
+        await reload(request.config)
+        return pb.ReloadConfigResponse(status=pb.StatusProto(error_code=pb.StatusProto.OK))
+
     return [
         Service(PREDICTION_SERVICE, [
             Unary("Predict", predict_pb2.PredictRequest, predict, Api.INFERENCE),
@@ -69,5 +81,6 @@ def services(serving: TfServing) -> list[Service]:
         ]),
         Service(MODEL_SERVICE, [
             Unary("GetModelStatus", pb.GetModelStatusRequest, get_model_status, Api.HEALTH),
+            Unary("HandleReloadConfigRequest", pb.ReloadConfigRequest, handle_reload_config, Api.MODEL_REPOSITORY),
         ]),
     ]

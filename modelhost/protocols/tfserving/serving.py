@@ -55,6 +55,10 @@ class VersionLabels:
     def set(self, model: str, labels: Mapping[str, int]) -> None:
         self._labels[model] = dict(labels)
 
+    def replace(self, labels: Mapping[str, Mapping[str, int]]) -> None:
+        """These labels, by model, and no others."""
+        self._labels = {model: dict(named) for model, named in labels.items()}
+
     def version(self, model: str, label: str) -> str:
         version = self._labels.get(model, {}).get(label)
         if version is None:
