@@ -10,7 +10,8 @@ as a TF Serving gRPC `PredictRequest` (the official stubs; `make_tensor_proto`, 
 REST JSON (columnar `inputs` and row `instances`), as KServe V2 over HTTP (binary extension and JSON) and as V2
 gRPC (`raw_input_contents`). Request bodies are built once; each answer is checked against the SavedModel called
 in-process, which is also the limit (its median call). Python threads as clients, one connection each, c=1 and
-c=8: they share the machine's cores with the server, so read the ratios.
+c=8: they share the machine's cores with the server, so read the ratios. Every cell runs --rounds times, the
+protocols in a rotated order each round; the table shows each figure's median.
 """
 
 from __future__ import annotations
@@ -171,6 +172,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per cell (after --warmup)")
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every cell; the table shows medians")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
@@ -186,16 +188,19 @@ def main() -> None:
     try:
         for protocol in PROTOCOLS:
             np.testing.assert_allclose(make_client(server, protocol, ids, dense)(), expected, rtol=1e-5, atol=1e-6)
-        for c in (1, 8):
-            for protocol in PROTOCOLS:
-                cpu_before = cpu_seconds(server.process.pid)
-                result = threaded([make_client(server, protocol, ids, dense) for _ in range(c)], args.warmup,
-                                  args.duration)
-                server_cpu = (cpu_seconds(server.process.pid) - cpu_before) / result["total"] * 1e3
-                rows.append({"protocol": protocol, "c": c, "limit_p50_ms": limit_ms, **result,
-                             "server_cpu_ms": server_cpu})
-                print(f"c={c} {protocol}: {result['rps']:.0f} req/s p50 {result['p50']:.2f} ms "
-                      f"p99 {result['p99']:.2f} ms, server CPU {server_cpu:.2f} ms/req", flush=True)
+        for round_ in range(args.rounds):
+            # Each round starts one protocol later, so that no protocol always runs first after a change of c.
+            order = PROTOCOLS[round_ % len(PROTOCOLS):] + PROTOCOLS[:round_ % len(PROTOCOLS)]
+            for c in (1, 8):
+                for protocol in order:
+                    cpu_before = cpu_seconds(server.process.pid)
+                    result = threaded([make_client(server, protocol, ids, dense) for _ in range(c)], args.warmup,
+                                      args.duration)
+                    server_cpu = (cpu_seconds(server.process.pid) - cpu_before) / result["total"] * 1e3
+                    rows.append({"protocol": protocol, "c": c, "limit_p50_ms": limit_ms, **result,
+                                 "server_cpu_ms": server_cpu, "round": round_})
+                    print(f"round {round_ + 1} c={c} {protocol}: {result['rps']:.0f} req/s p50 {result['p50']:.2f} "
+                          f"ms p99 {result['p99']:.2f} ms, server CPU {server_cpu:.2f} ms/req", flush=True)
     finally:
         server.stop()
     print(f"load average at end {os.getloadavg()}")
@@ -205,12 +210,24 @@ def main() -> None:
     print(table(rows))
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (c, protocol): the median of each figure over the rounds."""
+    cells: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        cells.setdefault((row["c"], row["protocol"]), []).append(row)
+    return [{"c": c, "protocol": protocol, "limit_p50_ms": runs[0]["limit_p50_ms"],
+             **{key: statistics.median(r[key] for r in runs) for key in ("rps", "p50", "p99", "server_cpu_ms")}}
+            for (c, protocol), runs in sorted(cells.items(), key=lambda item: (item[0][0], PROTOCOLS.index(
+                item[0][1])))]
+
+
+def table(raw: list[dict[str, Any]]) -> str:
+    rows = medians(raw)
     lines = ["| c | protocol | req/s | p50 ms | p99 ms | p50 / limit | p50 / V2 HTTP binary | p50 / V2 JSON "
              "| server CPU ms/req |", "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        def base(protocol: str) -> dict[str, Any]:
-            return next(r for r in rows if (r["c"], r["protocol"]) == (row["c"], protocol))
+        def base(protocol: str, c: int = row["c"]) -> dict[str, Any]:
+            return next(r for r in rows if (r["c"], r["protocol"]) == (c, protocol))
 
         lines.append(f"| {row['c']} | {row['protocol']} | {row['rps']:.0f} | {row['p50']:.2f} | {row['p99']:.2f} | "
                      f"{row['p50'] / row['limit_p50_ms']:.2f}x | {row['p50'] / base('V2 HTTP binary')['p50']:.2f}x | "

@@ -49,6 +49,7 @@ from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.protocols.tfserving.model_config_poll import ModelConfigPoller
 from modelhost.protocols.tfserving.model_server import TfServingSetup
 from modelhost.protocols.tfserving.serving import TfServing
+from modelhost.protocols.tfserving.warmup_records import read_warmup_requests
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
 from modelhost.settings import (
     ServerSettings,
@@ -106,8 +107,11 @@ class Server:
         else:
             archives, store = None, self._model_store()
         self.code_policy = CodePolicy(settings.user_code)
+        # TF Serving's warmup requests (assets.extra/tf_serving_warmup_requests) are replayed unless
+        # `modelhost tfserving --enable_model_warmup=false` says not to.
+        warmup = None if tfserving is not None and not tfserving.model_warmup else read_warmup_requests
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
-                                    settings.model_overrides, self.work_dir, self.code_policy)
+                                    settings.model_overrides, self.work_dir, self.code_policy, warmup)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings))
         self.tfserving = TfServing(self.dataplane, typed_outputs=tfserving is None or tfserving.typed_outputs)
         self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)

@@ -16,6 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Protocol
 
+from modelhost.backends import freeze_long_lived
 from modelhost.config.overrides import ModelOverrides
 from modelhost.core import compute_threads
 from modelhost.core.code_policy import CodePolicy
@@ -27,6 +28,7 @@ from modelhost.core.model_hold import ModelHold
 from modelhost.core.model_loading import LoadPlan, load_ensemble_version, load_version, plan_model
 from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
 from modelhost.core.served_model import ServedModel
+from modelhost.core.warmup import WarmupReader
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
 from modelhost.store.local import ModelFingerprint, ModelSource
 from modelhost.store.model_store import ModelStore
@@ -54,8 +56,12 @@ class ModelManager:
     def __init__(
         self, store: ModelStore | None, cpu_count: int, default_max_batch_size: int, in_flight: InFlight | None = None,
         overrides: ModelOverrides | None = None, work_dir: Path | None = None, code_policy: CodePolicy | None = None,
+        warmup_reader: WarmupReader | None = None,
     ) -> None:
+        """`warmup_reader`: warmup requests in another server's format that a version's directory may hold
+        (TF Serving's), replayed with the config's model_warmup before the version serves."""
         self._store = store
+        self._warmup_reader = warmup_reader
         self._code_policy = code_policy or CodePolicy()
         self._overrides = overrides
         self._in_flight = in_flight or InFlight()
@@ -85,6 +91,8 @@ class ModelManager:
                 raise result
             if isinstance(result, ModelhostError) and name not in self._records:  # refused before it had a record
                 log.error("cannot load model %r: %s", name, result.message)
+        if wanted:
+            freeze_long_lived()  # what these loads keep, out of the cyclic GC's full collections
 
     async def load(self, name: str, override: LoadOverride | None = None) -> None:
         """Load a model of the store, or reload every version of a loaded one (zero-downtime).
@@ -224,7 +232,7 @@ class ModelManager:
             else:
                 served = await compute_threads.run_loading(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size,
-                    self._in_flight,
+                    self._in_flight, self._warmup_reader,
                 )
         except Exception as exc:
             reason = reason_of(exc)

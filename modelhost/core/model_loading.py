@@ -29,7 +29,7 @@ from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
 from modelhost.core.signature import Signature, named_signatures
 from modelhost.core.statistics import ModelStatistics
-from modelhost.core.warmup import run_warmup, warmup_samples
+from modelhost.core.warmup import WarmupReader, run_warmup, warmup_samples
 from modelhost.store.local import ModelSource
 from modelhost.store.paths import check_relative
 
@@ -162,7 +162,7 @@ def select_versions(config: ModelConfig, source: ModelSource) -> tuple[int, ...]
 
 def load_version(
     source: ModelSource, version: int, plan: LoadPlan, cpu_count: int, default_max_batch_size: int,
-    in_flight: InFlight | None = None,
+    in_flight: InFlight | None = None, warmup_reader: WarmupReader | None = None,
 ) -> ServedModel:
     backend = plan.backend
     assert backend is not None, "an ensemble loads with load_ensemble_version"
@@ -190,7 +190,7 @@ def load_version(
         for index in range(1, count):
             instances.append(backend.load(path, config, InstanceSettings(index, threads, lender)))
         policy = SchedulingPolicy.from_config(config)
-        _warm_up(source, version, config, instances)
+        _warm_up(source, version, config, instances, warmup_reader)
     except BaseException:
         for instance in instances:
             instance.unload()
@@ -203,9 +203,13 @@ def load_version(
     return ServedModel(source.name, version, config, served, scheduler, statistics, named=named)
 
 
-def _warm_up(source: ModelSource, version: int, config: ModelConfig, instances: list[Model]) -> None:
-    """Run the config's model_warmup samples on every instance, before the version takes any request."""
+def _warm_up(source: ModelSource, version: int, config: ModelConfig, instances: list[Model],
+             reader: WarmupReader | None) -> None:
+    """Run the config's model_warmup samples, then those `reader` finds in the version's directory, on every
+    instance, before the version takes any request."""
     samples = warmup_samples(config, source.path)
+    if reader is not None:
+        samples += reader(source.path / str(version))
     outputs = [output.name for output in config.output]
     for instance in instances:
         run_warmup(samples, instance, outputs, f"{source.name}:{version}")

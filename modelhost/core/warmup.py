@@ -24,7 +24,7 @@ import math
 import struct
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from modelhost.backends.base import Model
 from modelhost.config.datatypes import config_type_name, v2_datatype
 from modelhost.config.model_config_pb2 import ModelConfig, ModelInput, ModelWarmup
 from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError
-from modelhost.core.signature import Signature
+from modelhost.core.signature import DEFAULT_SIGNATURE, Signature
 from modelhost.errors import ModelhostError
 from modelhost.types import DATATYPE_DTYPES, format_shape
 
@@ -50,12 +50,22 @@ class WarmupError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class WarmupSample:
-    """One `model_warmup` entry, ready to run: inputs as the backend takes them (batched, reshaped)."""
+    """One warmup request, ready to run: inputs as the backend takes them (batched, reshaped). A `model_warmup`
+    entry runs the served signature; another server's warmup file (`WarmupReader`) may name a signature, the
+    outputs to ask for, and give `examples` (serialized tf.Examples) for that signature's one input."""
 
     title: str  # how messages name it: config.pbtxt model_warmup 'name' (or [index] when unnamed)
     batch_size: int
     count: int  # runs per instance, >= 1
     inputs: dict[str, np.ndarray]
+    signature: str | None = None  # None: the served signature
+    outputs: tuple[str, ...] | None = None  # None: all of the signature's
+    examples: np.ndarray | None = None
+
+
+# Warmup requests a model's version directory holds in another server's format, as samples (blocking; ConfigError
+# for a file that cannot be used): TF Serving's assets.extra/tf_serving_warmup_requests.
+WarmupReader = Callable[[Path], list[WarmupSample]]
 
 
 def warmup_samples(config: ModelConfig, model_dir: Path) -> list[WarmupSample]:
@@ -88,7 +98,7 @@ def run_warmup(samples: Sequence[WarmupSample], instance: Model, output_names: S
     for sample in samples:
         for run in range(1, sample.count + 1):
             try:
-                instance.infer(sample.inputs, outputs)
+                _run_sample(sample, instance, outputs)
             except Exception as exc:
                 reason = exc.message if isinstance(exc, ModelhostError) else (str(exc) or type(exc).__name__)
                 raise WarmupError(
@@ -97,6 +107,30 @@ def run_warmup(samples: Sequence[WarmupSample], instance: Model, output_names: S
     if samples:
         runs = sum(sample.count for sample in samples)
         log.info("model %s: %d warmup run(s) took %.1f ms", label, runs, (time.monotonic() - started) * 1e3)
+
+
+def _run_sample(sample: WarmupSample, instance: Model, served_outputs: list[str]) -> None:
+    name = sample.signature
+    served = name is None or name == (instance.signature_name() or DEFAULT_SIGNATURE)
+    if served:
+        signature = instance.signature()
+        outputs = list(sample.outputs or served_outputs)
+    else:
+        assert name is not None
+        signature = instance.signatures().get(name)
+        if signature is None:
+            have = ", ".join(sorted(instance.signatures())) or "none"
+            raise WarmupError(f"the model has no signature '{name}' (its other signatures: {have})")
+        outputs = list(sample.outputs or [spec.name for spec in signature.outputs])
+    inputs = sample.inputs
+    if sample.examples is not None:
+        if signature is None or len(signature.inputs) != 1:
+            raise WarmupError(f"signature '{name}' does not take one tensor of serialized tf.Examples")
+        inputs = {signature.inputs[0].name: sample.examples}
+    if served:
+        instance.infer(inputs, outputs)
+    else:
+        instance.infer_signature(name, inputs, outputs)  # type: ignore[arg-type]
 
 
 def _build(config: ModelConfig, signature: Signature, setting: ModelWarmup, title: str,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from tensorflow_serving.apis import (  # noqa: E402
     inference_pb2,
     model_service_pb2_grpc,
     predict_pb2,
+    prediction_log_pb2,
     prediction_service_pb2_grpc,
     regression_pb2,
 )
@@ -38,11 +40,31 @@ from tests.server import ServerProcess  # noqa: E402
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("tfs-repository")
-    save_recommender(repository / "recommender" / "1")
+    write_warmup_requests(save_recommender(repository / "recommender" / "1"))
     write_model(repository, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
+    # A warmup record that cannot run (an input the signature lacks): that version never serves.
+    save_recommender(repository / "broken_warmup" / "1")
+    write_warmup_requests(repository / "broken_warmup" / "1", input_name="nope")
     server = ServerProcess(repository).wait_ready(timeout=120)
     yield server
     server.stop()
+
+
+def write_warmup_requests(version_dir: Path, input_name: str = "x") -> None:
+    """assets.extra/tf_serving_warmup_requests as TF Serving's docs write it: tf.io.TFRecordWriter and
+    PredictionLog records (a predict log, and a classify log for the "classify" signature)."""
+    (version_dir / "assets.extra").mkdir()
+    predict = predict_pb2.PredictRequest()
+    predict.model_spec.name = "recommender"
+    predict.inputs[input_name].CopyFrom(tf.make_tensor_proto(np.ones(3, np.float32)))
+    classify = classification_pb2.ClassificationRequest()
+    classify.model_spec.signature_name = "classify"
+    classify.input.example_list.examples.extend([example(f=1.0)])
+    with tf.io.TFRecordWriter(str(version_dir / "assets.extra" / "tf_serving_warmup_requests")) as writer:
+        writer.write(prediction_log_pb2.PredictionLog(
+            predict_log=prediction_log_pb2.PredictLog(request=predict)).SerializeToString())
+        writer.write(prediction_log_pb2.PredictionLog(
+            classify_log=prediction_log_pb2.ClassifyLog(request=classify)).SerializeToString())
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +103,20 @@ def example(**features: Any) -> example_pb2.Example:
         else:
             result.features.feature[name].CopyFrom(feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[value])))
     return result
+
+
+# warmup
+
+
+def test_warmup_requests_are_replayed_before_the_version_serves(server: ServerProcess) -> None:
+    assert "model recommender:1: 2 warmup run(s)" in server.printed
+
+
+def test_a_warmup_request_that_fails_keeps_the_version_from_serving(server: ServerProcess) -> None:
+    (status,) = requests.get(f"{server.base}/v1/models/broken_warmup", timeout=10).json()["model_version_status"]
+    assert (status["version"], status["state"], status["status"]["error_code"]) == ("1", "END", "UNKNOWN")
+    assert "assets.extra/tf_serving_warmup_requests record 1" in status["status"]["error_message"]
+    assert "'nope'" in status["status"]["error_message"]
 
 
 # REST: status and metadata

@@ -40,6 +40,7 @@ class TfServingSetup:
     model_config_poll_seconds: float = 0.0
     model_config: str = ""  # config.pbtxt lines for every model (scheduling, graph tag)
     typed_outputs: bool = True
+    model_warmup: bool = True  # replay assets.extra/tf_serving_warmup_requests
     metrics_path: str | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)  # flags accepted and not used, for the log
 
@@ -97,6 +98,8 @@ _NOTED: dict[str, tuple[Callable[[str], object], str]] = {
     "allow_version_labels_for_unavailable_models": (_boolean, "a label may name any version of the config"),
     "grpc_channel_arguments": (str, "gRPC keepalive and message size follow modelhost's own settings"),
     "num_request_iterations_for_warmup": (_natural, "each warmup record is replayed once"),
+    "enable_per_model_batching_parameters": (_boolean, "per-model batching_params.pbtxt files are not read: "
+                                                      "--batching_parameters_file applies to every model"),
     "enable_model_warmup": (_boolean, "warmup records (assets.extra/tf_serving_warmup_requests) are not replayed "
                                       "yet: the first requests warm the model up"),
 }
@@ -127,14 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="look for new and removed versions this often (default 1; 0: once, at start)")
     add("--enable_batching", type=_boolean, nargs="?", const=True, default=False, help="batch requests")
     add("--batching_parameters_file", type=Path, help="BatchingParameters in text format")
-    add("--enable_per_model_batching_parameters", type=_boolean, nargs="?", const=True, default=False,
-        help=argparse.SUPPRESS)
     add("--tensorflow_intra_op_parallelism", type=_natural, default=0, help="threads within an op (0: automatic)")
     add("--tensorflow_inter_op_parallelism", type=_natural, default=0, help="ops at once (0: automatic)")
     add("--tensorflow_session_parallelism", type=_natural, default=0,
         help="both of the above where they are not given (0: automatic)")
     add("--saved_model_tags", default="serve", help="the MetaGraph to load (default 'serve')")
     add("--monitoring_config_file", type=Path, help="MonitoringConfig in text format: Prometheus metrics")
+    add("--enable_model_warmup", type=_boolean, nargs="?", const=True, default=True,
+        help="replay each version's assets.extra/tf_serving_warmup_requests before it serves (default true)")
     add("--enable_serialization_as_tensor_content", type=_boolean, nargs="?", const=True, default=False,
         help="write Predict outputs as tensor_content rather than typed values")
     add("--version", action="store_true", help="print the version and exit")
@@ -194,6 +197,7 @@ def parse_flags(argv: Sequence[str]) -> TfServingFlags:
         model_config_poll_seconds=args.model_config_file_poll_wait_seconds if config_file else 0.0,
         model_config=_model_config(args.saved_model_tags, batching),
         typed_outputs=not args.enable_serialization_as_tensor_content,
+        model_warmup=args.enable_model_warmup,
         metrics_path=metrics_path,
         notes=notes,
     )
