@@ -213,7 +213,9 @@ class Server:
 
     def build_asgi(self) -> HttpApp:
         return HttpApp(
-            kserve_v2_rest.routes(self.dataplane, self.control) + tfserving_rest.routes(self.dataplane, self.tfserving)
+            kserve_v2_rest.routes(self.dataplane, self.control)
+            + tfserving_rest.routes(self.dataplane, self.tfserving,
+                                    self.tfserving_setup.metrics_path if self.tfserving_setup else None)
             + openapi.routes(),
             startup=self._start,
             shutdown=self._stop,

@@ -59,7 +59,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TfSer
     save_recommender(root / "models" / "rec" / "1")
     (root / "models.config").write_text(ONE_MODEL)
     (root / "batching.config").write_text(BATCHING)
+    (root / "monitoring.config").write_text('prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }')
     server = TfServingProcess(f"--model_config_file={root / 'models.config'}",
+                              f"--monitoring_config_file={root / 'monitoring.config'}",
                               "--model_config_file_poll_wait_seconds=1", "--file_system_poll_wait_seconds=1",
                               "--enable_batching", f"--batching_parameters_file={root / 'batching.config'}",
                               "--rest_api_num_threads=4")
@@ -124,6 +126,27 @@ def test_batching_parameters_batch_and_pad(deployment: tuple[TfServingProcess, P
     assert config["max_batch_size"] == 32
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 5000
     assert config["parameters"]["pad_to_preferred_batch_size"]["string_value"] == "true"
+
+
+def test_tf_servings_prometheus_metrics_at_the_monitoring_path(deployment: tuple[TfServingProcess, Path]) -> None:
+    server, _ = deployment
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        predict(stub)
+        with pytest.raises(grpc.RpcError):
+            predict(stub, model="no_such_model")
+    requests.post(f"{server.base}/v1/models/rec:predict", json={"instances": ["not a number"]}, timeout=30)
+    response = requests.get(f"{server.base}/monitoring/prometheus/metrics", timeout=10)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in response.text.splitlines() if line and not line.startswith("#")}
+    assert samples[':tensorflow:serving:request_count{model_name="rec",status="OK"}'] >= 1
+    assert samples[':tensorflow:serving:request_count{model_name="rec",status="INVALID_ARGUMENT"}'] >= 1
+    assert samples[':tensorflow:serving:request_count{model_name="",status="NOT_FOUND"}'] >= 1  # no label per name
+    count = samples[':tensorflow:serving:request_latency_count{API="Predict",entrypoint="GRPC",model_name="rec"}']
+    assert count >= 1
+    assert samples[':tensorflow:serving:request_latency_bucket{API="Predict",entrypoint="GRPC",le="+Inf",'
+                   'model_name="rec"}'] == count
 
 
 def test_config_file_reloaded_by_polling_under_traffic(deployment: tuple[TfServingProcess, Path]) -> None:

@@ -131,6 +131,10 @@ def test_flags_in_tf_servings_forms(tmp_path: Path) -> None:
     assert (settings.host, settings.grpc_port, settings.http_port) == ("0.0.0.0", 9000, 9001)
     assert (settings.sagemaker_port, settings.metrics_port, settings.model_control_mode) == (0, 0, "none")
     assert tfserving_settings(parse_flags([f"--model_base_path={tmp_path}"])).model_control_mode == "poll"
+    assert flags.setup.model_warmup and flags.setup.typed_outputs
+    off = parse_flags([f"--model_base_path={tmp_path}", "--enable_model_warmup=false",
+                       "--enable_serialization_as_tensor_content"]).setup
+    assert not off.model_warmup and not off.typed_outputs
 
 
 def test_batching_file_gives_each_model_padding_and_splitting(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.protocols.grpc_server import Service, Unary
 from modelhost.protocols.tfserving import apis_pb2 as pb
 from modelhost.protocols.tfserving import predict_pb2
+from modelhost.protocols.tfserving.examples import example_count
 from modelhost.protocols.tfserving.serving import DEFAULT_SIGNATURE, TfServing
 from modelhost.protocols.tfserving.signature_def import SIGNATURE_DEF_MAP_URL, signature_def_map
 from modelhost.protocols.tfserving.tensor_proto import fill_model_spec, model_spec_info
@@ -25,25 +26,32 @@ Reload = Callable[[pb.ModelServerConfig], Awaitable[None]]
 def services(serving: TfServing, reload: Reload | None = None) -> list[Service]:
     """`reload` applies a HandleReloadConfigRequest's model list (modelhost tfserving); None: the server serves
     a repository, which the RPC cannot change."""
+    counted = serving.metrics.request
+
     async def predict(request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
-        return await serving.predict(request)
+        with counted(request.model_spec.name, "Predict", "GRPC"):
+            return await serving.predict(request)
 
     async def classify(request: pb.ClassificationRequest) -> pb.ClassificationResponse:
         spec = model_spec_info(request.model_spec)
-        result, version = await serving.classify(spec, request.input)
+        with counted(spec.name, "Classify", "GRPC", example_count(request.input)):
+            result, version = await serving.classify(spec, request.input)
         response = pb.ClassificationResponse(result=result)
         fill_model_spec(response.model_spec, spec.name, version, spec.signature_name or DEFAULT_SIGNATURE)
         return response
 
     async def regress(request: pb.RegressionRequest) -> pb.RegressionResponse:
         spec = model_spec_info(request.model_spec)
-        result, version = await serving.regress(spec, request.input)
+        with counted(spec.name, "Regress", "GRPC", example_count(request.input)):
+            result, version = await serving.regress(spec, request.input)
         response = pb.RegressionResponse(result=result)
         fill_model_spec(response.model_spec, spec.name, version, spec.signature_name or DEFAULT_SIGNATURE)
         return response
 
     async def multi_inference(request: pb.MultiInferenceRequest) -> pb.MultiInferenceResponse:
-        return await serving.multi_inference(request)
+        model = request.tasks[0].model_spec.name if request.tasks else ""
+        with counted(model, "MultiInference", "GRPC", example_count(request.input)):
+            return await serving.multi_inference(request)
 
     async def get_model_metadata(request: pb.GetModelMetadataRequest) -> pb.GetModelMetadataResponse:
         if not request.metadata_field:

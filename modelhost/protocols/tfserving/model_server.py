@@ -100,8 +100,6 @@ _NOTED: dict[str, tuple[Callable[[str], object], str]] = {
     "num_request_iterations_for_warmup": (_natural, "each warmup record is replayed once"),
     "enable_per_model_batching_parameters": (_boolean, "per-model batching_params.pbtxt files are not read: "
                                                       "--batching_parameters_file applies to every model"),
-    "enable_model_warmup": (_boolean, "warmup records (assets.extra/tf_serving_warmup_requests) are not replayed "
-                                      "yet: the first requests warm the model up"),
 }
 # Flags TF Serving has for what modelhost does not do; refused rather than silently changed.
 _REFUSED = {

@@ -6,15 +6,17 @@ codes of http.STATUS. Also what a SageMaker TF Serving `inference.py` posts to (
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from google.protobuf import json_format
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from modelhost.access import Api
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, json_response
-from modelhost.protocols.tfserving.examples import input_from_json
+from modelhost.protocols.tfserving.examples import example_count, input_from_json
 from modelhost.protocols.tfserving.json_codec import parse_json
 from modelhost.protocols.tfserving.serving import DEFAULT_SIGNATURE, TfServing
 from modelhost.protocols.tfserving.signature_def import metadata_json
@@ -30,7 +32,8 @@ METADATA = _MODEL + "/metadata"
 NO_MODEL = r"(?i)/v1/models"
 
 
-def routes(dataplane: DataPlane, serving: TfServing | None = None) -> list[Route]:
+def routes(dataplane: DataPlane, serving: TfServing | None = None, metrics_path: str | None = None) -> list[Route]:
+    """`metrics_path`: where TF Serving's Prometheus metrics are served (modelhost tfserving's monitoring config)."""
     api = serving or TfServing(dataplane)
 
     def where(request: HttpRequest) -> tuple[str, str, str]:
@@ -38,18 +41,22 @@ def routes(dataplane: DataPlane, serving: TfServing | None = None) -> list[Route
         return params["model"], params.get("version") or "", params.get("label") or ""
 
     async def predict(request: HttpRequest) -> HttpResponse:
-        return HttpResponse(200, [await api.predict_json(*where(request), request.body)],
-                            [(b"content-type", b"application/json")])
+        model, version, label = where(request)
+        with api.metrics.request(model, "predict", "REST"):
+            answer = await api.predict_json(model, version, label, request.body)
+        return HttpResponse(200, [answer], [(b"content-type", b"application/json")])
 
     async def classify(request: HttpRequest) -> HttpResponse:
         spec, source = _examples_request(request, where(request))
-        result, _ = await api.classify(spec, source)
+        with api.metrics.request(spec.name, "classify", "REST", example_count(source)):
+            result, _ = await api.classify(spec, source)
         rows = [[[c.label, c.score] for c in row.classes] for row in result.classifications]
         return json_response({"results": rows})
 
     async def regress(request: HttpRequest) -> HttpResponse:
         spec, source = _examples_request(request, where(request))
-        result, _ = await api.regress(spec, source)
+        with api.metrics.request(spec.name, "regress", "REST", example_count(source)):
+            result, _ = await api.regress(spec, source)
         return json_response({"results": [r.value for r in result.regressions]})
 
     async def status(request: HttpRequest) -> HttpResponse:
@@ -63,7 +70,11 @@ def routes(dataplane: DataPlane, serving: TfServing | None = None) -> list[Route
     async def no_model(request: HttpRequest) -> HttpResponse:
         raise invalid("Missing model name in request.")
 
-    return [
+    async def metrics(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, [api.metrics.render()], [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+
+    extra = [] if metrics_path is None else [Route("GET", re.escape(metrics_path), metrics, Api.METRICS)]
+    return extra + [
         Route("POST", PREDICT, predict, Api.INFERENCE),
         Route("POST", CLASSIFY, classify, Api.INFERENCE),
         Route("POST", REGRESS, regress, Api.INFERENCE),

@@ -22,6 +22,7 @@ from modelhost.protocols.tfserving import apis_pb2 as pb
 from modelhost.protocols.tfserving import predict_pb2
 from modelhost.protocols.tfserving.examples import example_count, serialized_examples
 from modelhost.protocols.tfserving.json_codec import decode_predict_document, encode_predict, parse_json
+from modelhost.protocols.tfserving.metrics import TfServingMetrics
 from modelhost.protocols.tfserving.signature_def import CLASSIFY_METHOD, REGRESS_METHOD
 from modelhost.protocols.tfserving.tensor_proto import (
     ModelSpecInfo,
@@ -74,6 +75,7 @@ class TfServing:
         self.dataplane = dataplane
         self.labels = labels or VersionLabels()
         self.typed_outputs = typed_outputs
+        self.metrics = TfServingMetrics()
 
     def version(self, name: str, version: str, label: str) -> str:
         """The version a request names by number or label ("" for the latest)."""
