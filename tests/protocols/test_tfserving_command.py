@@ -59,7 +59,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TfSer
     save_recommender(root / "models" / "rec" / "1")
     (root / "models.config").write_text(ONE_MODEL)
     (root / "batching.config").write_text(BATCHING)
-    (root / "monitoring.config").write_text('prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }')
+    monitoring = 'prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }'
+    (root / "monitoring.config").write_text(monitoring)
     server = TfServingProcess(f"--model_config_file={root / 'models.config'}",
                               f"--monitoring_config_file={root / 'monitoring.config'}",
                               "--model_config_file_poll_wait_seconds=1", "--file_system_poll_wait_seconds=1",
