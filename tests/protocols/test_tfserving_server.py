@@ -1,7 +1,7 @@
 """TF Serving's REST and gRPC APIs end to end: one server for the module, TF Serving's official client stubs
 (`tensorflow-serving-api`) over gRPC and `requests` over REST, on a SavedModel in TF Serving's own layout with
-predict, classify and regress signatures (tests/protocols/tfserving_models.py) and on an ONNX model, which TF
-Serving itself cannot serve. Answers are checked against the SavedModel's arithmetic."""
+predict, classify and regress signatures (tests/protocols/tfserving_models.py) and on an ONNX and a Python model,
+which TF Serving itself cannot serve. Answers are checked against the SavedModel's arithmetic."""
 
 from __future__ import annotations
 
@@ -36,12 +36,35 @@ from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, write_model  # noqa
 from tests.protocols.tfserving_models import WEIGHTS, expected_scores, expected_y, save_recommender  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
 
+# A Python model behind TF Serving's API: its config's [1] dims reshaped to [] are [batch]-shaped tensors.
+PY_STRINGS_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "text" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } } ]
+output [
+  { name: "length" data_type: TYPE_INT32 dims: [ 1 ] reshape: { shape: [ ] } },
+  { name: "shout" data_type: TYPE_STRING dims: [ 1 ] reshape: { shape: [ ] } }
+]
+"""
+PY_STRINGS = """
+import numpy as np
+
+class Model:
+    def execute(self, inputs):
+        text = inputs["text"]
+        return {"length": np.array([len(t) for t in text], np.int32),
+                "shout": np.array([t.upper() + b"!" for t in text], dtype=object)}
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("tfs-repository")
     write_warmup_requests(save_recommender(repository / "recommender" / "1"))
     write_model(repository, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
+    (repository / "py_strings" / "1").mkdir(parents=True)
+    (repository / "py_strings" / "config.pbtxt").write_text(PY_STRINGS_CONFIG)
+    (repository / "py_strings" / "1" / "model.py").write_text(PY_STRINGS)
     # A warmup record that cannot run (an input the signature lacks): that version never serves.
     save_recommender(repository / "broken_warmup" / "1")
     write_warmup_requests(repository / "broken_warmup" / "1", input_name="nope")
@@ -218,6 +241,14 @@ def test_rest_predict_onnx_model(server: ServerProcess) -> None:
     np.testing.assert_array_equal(outputs["OUTPUT1"], a - b)
 
 
+def test_rest_predict_python_model_one_string_per_instance(server: ServerProcess) -> None:
+    response = post(server, "/v1/models/py_strings:predict", {"instances": ["ab", "tf serving"]})
+    assert response.json() == {"predictions": [{"length": 2, "shout": "AB!"}, {"length": 10, "shout": "TF SERVING!"}]}
+    metadata = requests.get(f"{server.base}/v1/models/py_strings/metadata", timeout=10).json()
+    text = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]["text"]
+    assert (text["dtype"], text["tensor_shape"]["dim"]) == ("DT_STRING", [{"size": "-1", "name": ""}])
+
+
 @pytest.mark.parametrize("body, message", [
     ({"signature_name": "nope", "instances": [1.0]}, 'Serving signature name: "nope" not found in signature def'),
     ({"instances": [1.0], "inputs": [1.0]}, "exactly one of 'instances'"),
@@ -313,6 +344,16 @@ def test_grpc_predict_onnx_model(stub: Any) -> None:
     response = stub.Predict(request, timeout=30)
     np.testing.assert_array_equal(tf.make_ndarray(response.outputs["OUTPUT0"]), a * 2)
     np.testing.assert_array_equal(tf.make_ndarray(response.outputs["OUTPUT1"]), np.zeros_like(a))
+
+
+def test_grpc_predict_python_model(stub: Any) -> None:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "py_strings"
+    request.inputs["text"].CopyFrom(tf.make_tensor_proto([b"x", b"\xffy"]))
+    request.output_filter.append("shout")
+    response = stub.Predict(request, timeout=30)
+    assert list(response.outputs) == ["shout"] and list(response.outputs["shout"].string_val) == [b"X!", b"\xffY!"]
+    assert [d.size for d in response.outputs["shout"].tensor_shape.dim] == [2]
 
 
 def _predict(name: str = "recommender", signature: str = "", **inputs: tensor_pb2.TensorProto) -> Any:
@@ -424,3 +465,17 @@ def test_grpc_get_model_status(channel: grpc.Channel) -> None:
     assert rpc_error(lambda: models.GetModelStatus(request), grpc.StatusCode.NOT_FOUND) == (
         "Could not find any versions of model nope")
 
+
+
+def test_sagemaker_endpoint_serves_a_tf_serving_layout_savedmodel_with_no_batch_cap(tmp_path: Path) -> None:
+    # SageMaker's /opt/ml/model as the TF Serving container gets it: <version>/saved_model.pb, no config.
+    save_recommender(tmp_path / "1")
+    endpoint = ServerProcess(tmp_path).wait_ready(timeout=120)
+    try:
+        endpoint.wait_ready(path=endpoint.sagemaker + "/ping")
+        x = np.linspace(0, 1, 500, dtype=np.float32)
+        response = requests.post(endpoint.sagemaker + "/invocations", json={"instances": x.tolist()}, timeout=30)
+        assert response.status_code == 200, response.text
+        np.testing.assert_allclose(response.json()["predictions"], expected_y(x), rtol=1e-6)
+    finally:
+        endpoint.stop()
