@@ -65,6 +65,8 @@ _TF_TYPES = {
 }
 
 log = logging.getLogger("modelhost.backends")
+# TensorFlow logs each SavedModel load at INFO through absl ("Fingerprint not found..."): only its warnings.
+logging.getLogger("absl").setLevel(logging.WARNING)
 # The pools are process-wide: the first load sizes them, under this lock (the manager loads models in threads).
 _pools_lock = threading.Lock()
 _pools_sized = False
