@@ -32,6 +32,8 @@ from tensorflow_serving.apis import (  # noqa: E402
     regression_pb2,
 )
 
+from tests.backends.test_torch_server import AFFINE_CONFIG, Affine, torch_run  # noqa: E402
+from tests.backends.test_torch_server import write as write_torch  # noqa: E402
 from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, write_model  # noqa: E402
 from tests.protocols.tfserving_models import WEIGHTS, expected_scores, expected_y, save_recommender  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
@@ -58,16 +60,22 @@ class Model:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repository = tmp_path_factory.mktemp("tfs-repository")
     write_warmup_requests(save_recommender(repository / "recommender" / "1"))
     write_model(repository, "add_sub", add_sub_model(), ADD_SUB_CONFIG)
+    write_torch(repository, "affine", AFFINE_CONFIG, Affine())
     (repository / "py_strings" / "1").mkdir(parents=True)
     (repository / "py_strings" / "config.pbtxt").write_text(PY_STRINGS_CONFIG)
     (repository / "py_strings" / "1" / "model.py").write_text(PY_STRINGS)
     # A warmup record that cannot run (an input the signature lacks): that version never serves.
     save_recommender(repository / "broken_warmup" / "1")
     write_warmup_requests(repository / "broken_warmup" / "1", input_name="nope")
+    return repository
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[ServerProcess]:
     server = ServerProcess(repository).wait_ready(timeout=120)
     yield server
     server.stop()
@@ -344,6 +352,21 @@ def test_grpc_predict_onnx_model(stub: Any) -> None:
     response = stub.Predict(request, timeout=30)
     np.testing.assert_array_equal(tf.make_ndarray(response.outputs["OUTPUT0"]), a * 2)
     np.testing.assert_array_equal(tf.make_ndarray(response.outputs["OUTPUT1"]), np.zeros_like(a))
+
+
+def test_torchscript_model_over_rest_rows_and_grpc(stub: Any, server: ServerProcess, repository: Path) -> None:
+    features = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    shift = np.ones((3, 2), np.float32)
+    expected = torch_run(repository / "affine" / "1" / "model.pt", features, shift)
+    rows = [{"features": f.tolist(), "shift": b.tolist()} for f, b in zip(features, shift)]
+    predictions = post(server, "/v1/models/affine:predict", {"instances": rows}).json()["predictions"]
+    np.testing.assert_allclose(predictions, expected, rtol=1e-6)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "affine"
+    request.inputs["features"].CopyFrom(tf.make_tensor_proto(features))
+    request.inputs["shift"].CopyFrom(tf.make_tensor_proto(shift))
+    np.testing.assert_allclose(tf.make_ndarray(stub.Predict(request, timeout=30).outputs["scores"]), expected,
+                               rtol=1e-6)
 
 
 def test_grpc_predict_python_model(stub: Any) -> None:
