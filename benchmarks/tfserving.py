@@ -11,7 +11,8 @@ REST JSON (columnar `inputs` and row `instances`), as KServe V2 over HTTP (binar
 gRPC (`raw_input_contents`). Request bodies are built once; each answer is checked against the SavedModel called
 in-process, which is also the limit (its median call). Python threads as clients, one connection each, c=1 and
 c=8: they share the machine's cores with the server, so read the ratios. Every cell runs --rounds times, the
-protocols in a rotated order each round; the table shows each figure's median.
+protocols in a rotated order each round; the table shows each figure's median, and each ratio as the median over
+rounds of the two protocols' p50s measured in the same round.
 """
 
 from __future__ import annotations
@@ -173,8 +174,11 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per cell (after --warmup)")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every cell; the table shows medians")
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS),
+                        help=f"comma-separated, of: {', '.join(PROTOCOLS)} (the ratios need the two V2 HTTP ones)")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args()
+    protocols = [p for p in PROTOCOLS if p in args.protocols.split(",")]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     print(f"commit {commit.stdout.strip()}, {date.today()}, load average at start {os.getloadavg()}", flush=True)
     print(f"tensorflow {tf.__version__}, grpcio {grpc.__version__}", flush=True)
@@ -186,11 +190,11 @@ def main() -> None:
     server = ServerProcess(repository).wait_ready(timeout=120)
     rows = []
     try:
-        for protocol in PROTOCOLS:
+        for protocol in protocols:
             np.testing.assert_allclose(make_client(server, protocol, ids, dense)(), expected, rtol=1e-5, atol=1e-6)
         for round_ in range(args.rounds):
             # Each round starts one protocol later, so that no protocol always runs first after a change of c.
-            order = PROTOCOLS[round_ % len(PROTOCOLS):] + PROTOCOLS[:round_ % len(PROTOCOLS)]
+            order = protocols[round_ % len(protocols):] + protocols[:round_ % len(protocols)]
             for c in (1, 8):
                 for protocol in order:
                     cpu_before = cpu_seconds(server.process.pid)
@@ -221,17 +225,24 @@ def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 item[0][1])))]
 
 
+def round_ratio(raw: list[dict[str, Any]], row: dict[str, Any], base: str) -> float:
+    """The median over rounds of this cell's p50 / the `base` protocol's p50 in the same round (drift between
+    rounds falls on both); nan without that protocol."""
+    ratios = []
+    for mine in (r for r in raw if (r["c"], r["protocol"]) == (row["c"], row["protocol"])):
+        other = [r for r in raw if (r["c"], r["protocol"], r["round"]) == (row["c"], base, mine["round"])]
+        if other:
+            ratios.append(mine["p50"] / other[0]["p50"])
+    return statistics.median(ratios) if ratios else float("nan")
+
+
 def table(raw: list[dict[str, Any]]) -> str:
-    rows = medians(raw)
     lines = ["| c | protocol | req/s | p50 ms | p99 ms | p50 / limit | p50 / V2 HTTP binary | p50 / V2 JSON "
              "| server CPU ms/req |", "|---|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        def base(protocol: str, c: int = row["c"]) -> dict[str, Any]:
-            return next(r for r in rows if (r["c"], r["protocol"]) == (c, protocol))
-
+    for row in medians(raw):
         lines.append(f"| {row['c']} | {row['protocol']} | {row['rps']:.0f} | {row['p50']:.2f} | {row['p99']:.2f} | "
-                     f"{row['p50'] / row['limit_p50_ms']:.2f}x | {row['p50'] / base('V2 HTTP binary')['p50']:.2f}x | "
-                     f"{row['p50'] / base('V2 HTTP JSON')['p50']:.2f}x | {row['server_cpu_ms']:.2f} |")
+                     f"{row['p50'] / row['limit_p50_ms']:.2f}x | {round_ratio(raw, row, 'V2 HTTP binary'):.2f}x | "
+                     f"{round_ratio(raw, row, 'V2 HTTP JSON'):.2f}x | {row['server_cpu_ms']:.2f} |")
     return "\n".join(lines)
 
 

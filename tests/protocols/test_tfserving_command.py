@@ -97,6 +97,13 @@ def test_version_labels_over_rest_and_grpc(deployment: tuple[TfServingProcess, P
     response = requests.post(f"{server.base}/v1/models/rec/labels/stable:predict", json={"instances": [1.0]},
                              timeout=30)
     assert response.json() == {"predictions": [3.0]}
+    assert status(server, "rec/labels/stable") == {"1": "AVAILABLE"}
+    metadata = requests.get(f"{server.base}/v1/models/rec/labels/stable/metadata", timeout=10).json()
+    assert metadata["model_spec"] == {"name": "rec", "signature_name": "", "version": "1"}
+    for path in ("/v1/models/rec/labels/stable:classify", "/v1/models/rec/labels/stable:regress"):
+        answer = requests.post(f"{server.base}{path}", json={"signature_name": path.rsplit(":", 1)[1],
+                                                              "examples": [{"f": 1.0}]}, timeout=30)
+        assert answer.status_code == 200 and len(answer.json()["results"]) == 1, answer.text
     with grpc.insecure_channel(server.grpc_url) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         assert predict(stub, label="stable").model_spec.version.value == 1
@@ -178,8 +185,11 @@ def test_config_file_reloaded_by_polling_under_traffic(deployment: tuple[TfServi
         shutil.copytree(root / "models" / "rec" / "1", staging)
         staging.rename(root / "models" / "rec" / "2")  # a version appears whole, as TF Serving asks
         (root / "models.config").write_text(TWO_VERSIONS_AND_A_COPY)
+        # Labels change once the versions they name serve, so "canary" comes last.
         wait_for(lambda: status(server, "rec") == {"1": "AVAILABLE", "2": "AVAILABLE"}
-                 and status(server, "rec_copy") == {"2": "AVAILABLE"}, timeout=90, what="the new config to apply")
+                 and status(server, "rec_copy") == {"2": "AVAILABLE"}
+                 and status(server, "rec/labels/canary") == {"2": "AVAILABLE"}, timeout=90,
+                 what="the new config to apply")
         counted = answered[0]
         wait_for(lambda: answered[0] > counted + 3, timeout=30, what="traffic after the change")
     finally:
