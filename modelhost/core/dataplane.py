@@ -58,6 +58,10 @@ class DataPlane:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": self._version, "extensions": list(EXTENSIONS)}
 
+    def knows(self, name: str) -> bool:
+        """Whether the server has a model of this name, in any state (a cheap check for labelling figures)."""
+        return self._manager.knows(name)
+
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
             self._manager.get(name, version)

@@ -398,6 +398,9 @@ class ModelManager:
     def names(self) -> list[str]:
         return sorted(self._records)
 
+    def knows(self, name: str) -> bool:
+        return name in self._records
+
     def fingerprint(self, name: str) -> ModelFingerprint | None:
         """The repository files a model was last loaded from (None: unknown, or loaded from elsewhere)."""
         record = self._records.get(name)

@@ -70,7 +70,8 @@ class Scheduler:
         self._finished: dict[int, tuple[asyncio.Future[Outputs], Outputs | None, BaseException | None]] = {}
         # Each instance's lock keeps it to one call at a time between its thread and the loop.
         self._instances = [(instance, threading.Lock()) for instance in instances]
-        inline = not policy.max_queue_delay_s and all(instance.runs_inline for instance in instances)
+        # A padded batch (TF Serving's allowed sizes) is formed on an instance thread, never run as it came.
+        inline = not policy.max_queue_delay_s and not policy.pad_sizes and all(i.runs_inline for i in instances)
         self._gate = LoopGate(policy.inline_max_ns if inline else 0)
         # Whether queueing under load gains anything over running on the loop: batches, or instances in parallel.
         self._threads_gain_under_load = policy.batching or len(instances) > 1
@@ -346,7 +347,7 @@ def _run(instance: Model, batch: list[Pending], taken: float,
         if array.ndim == 0 or array.shape[0] != padded:
             raise ModelhostError(
                 ErrorKind.INTERNAL,
-                f"output '{name}' of a batch of {total} rows has shape {list(array.shape)}: its first dimension "
+                f"output '{name}' of a batch of {padded} rows has shape {list(array.shape)}: its first dimension "
                 "is not the batch",
             )
     results = []

@@ -144,6 +144,8 @@ def test_tf_servings_prometheus_metrics_at_the_monitoring_path(deployment: tuple
         with pytest.raises(grpc.RpcError):
             predict(stub, model="no_such_model")
     requests.post(f"{server.base}/v1/models/rec:predict", json={"instances": ["not a number"]}, timeout=30)
+    # A name the server does not have, refused before any lookup (its label): no label set of its own.
+    requests.post(f"{server.base}/v1/models/made_up_7/labels/x:predict", json={"instances": [1.0]}, timeout=30)
     response = requests.get(f"{server.base}/monitoring/prometheus/metrics", timeout=10)
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
@@ -151,6 +153,8 @@ def test_tf_servings_prometheus_metrics_at_the_monitoring_path(deployment: tuple
     assert samples[':tensorflow:serving:request_count{model_name="rec",status="OK"}'] >= 1
     assert samples[':tensorflow:serving:request_count{model_name="rec",status="INVALID_ARGUMENT"}'] >= 1
     assert samples[':tensorflow:serving:request_count{model_name="",status="NOT_FOUND"}'] >= 1  # no label per name
+    assert samples[':tensorflow:serving:request_count{model_name="",status="INVALID_ARGUMENT"}'] >= 1
+    assert "made_up_7" not in response.text
     count = samples[':tensorflow:serving:request_latency_count{API="Predict",entrypoint="GRPC",model_name="rec"}']
     assert count >= 1
     assert samples[':tensorflow:serving:request_latency_bucket{API="Predict",entrypoint="GRPC",le="+Inf",'

@@ -8,8 +8,9 @@
 - `:tensorflow:serving:request_example_counts{model}` (histogram, buckets 1, 2, 4, ... 16384) and
   `:tensorflow:serving:request_example_count_total{model}`: tf.Examples per classify and regress request.
 
-Counted per request by the TF Serving front-ends (a few dict operations). A request for a model the server does
-not know is counted under `model_name=""`, so that clients cannot grow the label sets without bound. Counters
+Counted per request by the TF Serving front-ends (a few dict operations). A request naming a model the server
+does not have (an unknown name, a malformed one) is counted under `model_name=""`, so that clients cannot grow
+the label sets without bound. Counters
 keep TF Serving's exact names, exposed untyped as modelhost's Triton metrics are (metrics.py says why).
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
@@ -66,7 +67,10 @@ class _Histogram:
 
 
 class TfServingMetrics:
-    def __init__(self) -> None:
+    """`knows(name)`: whether the server has a model of that name; requests naming any other count under ""."""
+
+    def __init__(self, knows: Callable[[str], bool]) -> None:
+        self._knows = knows
         self._requests: dict[tuple[str, str], int] = {}
         self._latency: dict[tuple[str, str, str], _Histogram] = {}
         self._examples: dict[str, _Histogram] = {}
@@ -85,7 +89,7 @@ class TfServingMetrics:
             status = "UNKNOWN"
             raise
         finally:
-            name = "" if status == "NOT_FOUND" else model
+            name = model if self._knows(model) else ""
             key = (name, status)
             self._requests[key] = self._requests.get(key, 0) + 1
             if status == "OK":

@@ -75,7 +75,7 @@ class TfServing:
         self.dataplane = dataplane
         self.labels = labels or VersionLabels()
         self.typed_outputs = typed_outputs
-        self.metrics = TfServingMetrics()
+        self.metrics = TfServingMetrics(dataplane.knows)
 
     def version(self, name: str, version: str, label: str) -> str:
         """The version a request names by number or label ("" for the latest)."""
