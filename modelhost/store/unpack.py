@@ -1,4 +1,4 @@
-"""Unpack a model archive (.tar.gz or plain .tar) safely and atomically.
+"""Unpack a model archive (.tar.gz, plain .tar, or zip: a TorchServe .mar) safely and atomically.
 
 Model archives come from users (SageMaker ModelDataUrl, multi-model TargetModel), so every member is
 checked here rather than trusted to `tarfile`'s extraction filters (absent on Python 3.10):
@@ -7,7 +7,9 @@ checked here rather than trusted to `tarfile`'s extraction filters (absent on Py
   only (no devices, fifos or sparse files); a link must resolve inside the unpacked tree;
 - the bytes actually written are counted against the limit, so a lying header or a high-ratio gzip
   stops at the limit instead of filling the disk;
-- gzip integrity (CRC, length) is checked by reading the stream to its end.
+- gzip integrity (CRC, length) is checked by reading the stream to its end;
+- a zip may hold files and directories only (a symlink in a zip is refused), each file's CRC is checked as it
+  is read, and its bytes are counted as they are written, whatever its header claims.
 
 Regular files and directories are written first and symlinks last, so no write ever goes through a
 symlink; each symlink's parent is checked before it is created and every symlink's real target after
@@ -22,8 +24,10 @@ import gzip
 import io
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
+import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
@@ -31,6 +35,7 @@ from modelhost.errors import ErrorKind, ModelhostError
 
 _CHUNK = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty zip's end record
 # What reading a broken archive raises: tar structure errors, truncated or corrupt gzip.
 _READ_ERRORS = (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile)
 
@@ -53,7 +58,10 @@ def unpack_archive(archive: Path, destination: Path, max_unpacked_bytes: int, ma
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", suffix=".unpacking", dir=destination.parent))
     try:
-        written = _Unpacker(archive, staging, max_unpacked_bytes, max_members).run()
+        with open(archive, "rb") as head:
+            is_zip = head.read(4) in _ZIP_MAGIC
+        unpacker = _ZipUnpacker if is_zip else _Unpacker
+        written = unpacker(archive, staging, max_unpacked_bytes, max_members).run()
         try:
             os.rename(staging, destination)
         except OSError as exc:  # created meanwhile by someone else
@@ -206,6 +214,59 @@ class _Unpacker:
 
     def _too_large(self, member: tarfile.TarInfo) -> ArchiveError:
         return self._error(member, f"unpacked size exceeds the limit of {self.limit} bytes")
+
+
+class _ZipUnpacker:
+    """One zip's unpacking into an empty staging directory: files and directories only."""
+
+    def __init__(self, archive: Path, root: Path, limit: int, max_members: int) -> None:
+        self.archive = archive
+        self.root = root
+        self.limit = limit
+        self.max_members = max_members
+        self.written = 0
+
+    def run(self) -> int:
+        try:
+            with zipfile.ZipFile(self.archive) as archive:
+                members = archive.infolist()
+                if len(members) > self.max_members:
+                    raise ArchiveError(self.archive, f"it has more than {self.max_members} members "
+                                                     "(--max-archive-members)")
+                for member in members:
+                    self._unpack(archive, member)
+        except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ArchiveError(self.archive, f"corrupt, truncated or not a zip file ({reason})") from None
+        return self.written
+
+    def _unpack(self, archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> None:
+        name = member.filename
+        path = PurePosixPath(name)
+        if "\x00" in name or "\\" in name:
+            raise self._error(name, "its name contains a NUL byte or a backslash")
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            raise self._error(name, "absolute paths and '..' components are not allowed")
+        if stat.S_ISLNK(member.external_attr >> 16):
+            raise self._error(name, "symlinks are not allowed in a zip archive")
+        target = self.root / path
+        try:
+            if member.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                return
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        except (FileExistsError, IsADirectoryError, NotADirectoryError):
+            raise self._error(name, "appears twice or conflicts with another member") from None
+        with archive.open(member) as source, os.fdopen(fd, "wb") as out:
+            while chunk := source.read(_CHUNK):
+                self.written += len(chunk)
+                if self.written > self.limit:
+                    raise self._error(name, f"unpacked size exceeds the limit of {self.limit} bytes")
+                out.write(chunk)
+
+    def _error(self, name: str, problem: str) -> ArchiveError:
+        return ArchiveError(self.archive, f"member '{name}': {problem}")
 
 
 def _kind(member: tarfile.TarInfo) -> str:

@@ -1,11 +1,14 @@
-"""unpack_archive against real archives built with tarfile, good and malicious."""
+"""unpack_archive against real archives built with tarfile and zipfile, good and malicious."""
 
 from __future__ import annotations
 
 import gzip
 import io
 import os
+import stat
 import tarfile
+import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -226,3 +229,66 @@ def test_rejects_an_archive_of_too_many_members(tmp_path: Path) -> None:
         unpack_archive(archive, out, LIMIT, max_members=100)
     assert sorted(os.listdir(tmp_path)) == [archive.name]
     assert unpack_archive(archive, out, LIMIT, max_members=101) == 101
+
+
+# zip archives (TorchServe's .mar)
+
+
+def build_zip(path: Path, members: list[tuple[str, bytes]], symlink: tuple[str, str] | None = None) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members:
+            archive.writestr(name, data)
+        if symlink is not None:
+            info = zipfile.ZipInfo(symlink[0])
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            archive.writestr(info, symlink[1])
+    return path
+
+
+def test_unpacks_a_zip(tmp_path: Path) -> None:
+    archive = build_zip(tmp_path / "m.mar", [("MAR-INF/MANIFEST.json", b"{}"), ("handler.py", b"x = 1\n"),
+                                               ("extra/vocab.txt", b"a\nb\n")])
+    assert unpack_archive(archive, tmp_path / "out", LIMIT) == 2 + 6 + 4
+    assert (tmp_path / "out" / "extra" / "vocab.txt").read_bytes() == b"a\nb\n"
+    assert (tmp_path / "out" / "MAR-INF" / "MANIFEST.json").read_bytes() == b"{}"
+
+
+@pytest.mark.parametrize("members, symlink, expected", [
+    ([("../evil.py", b"x")], None, "'..' components are not allowed"),
+    ([("/etc/evil", b"x")], None, "absolute paths"),
+    ([("a\\..\\evil", b"x")], None, "backslash"),
+    ([("ok.txt", b"x")], ("link", "/etc/passwd"), "symlinks are not allowed in a zip archive"),
+    ([("dup.txt", b"x"), ("dup.txt", b"y")], None, "appears twice"),
+], ids=["dotdot", "absolute", "backslash", "symlink", "duplicate"])
+def test_rejects_unsafe_zip_members(tmp_path: Path, members: list[tuple[str, bytes]],
+                                    symlink: tuple[str, str] | None, expected: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate name it is asked to write
+        archive = build_zip(tmp_path / "bad.mar", members, symlink)
+    assert expected in fail(tmp_path, archive)
+
+
+def test_rejects_a_high_ratio_zip(tmp_path: Path) -> None:
+    archive = build_zip(tmp_path / "bomb.mar", [("zeros.bin", bytes(8 * LIMIT))])
+    assert archive.stat().st_size < LIMIT // 10
+    assert "unpacked size exceeds the limit" in fail(tmp_path, archive)
+
+
+def test_rejects_a_corrupt_zip(tmp_path: Path) -> None:
+    archive = build_zip(tmp_path / "corrupt.mar", [("weights.bin", os.urandom(200_000))])
+    data = bytearray(archive.read_bytes())
+    data[1000] ^= 0xFF  # inside the stored data: the member's CRC no longer matches
+    archive.write_bytes(bytes(data))
+    assert "corrupt, truncated or not a zip file" in fail(tmp_path, archive)
+
+
+def test_rejects_a_zip_of_too_many_members(tmp_path: Path) -> None:
+    archive = build_zip(tmp_path / "many.mar", [(f"m/{i}.txt", b"x") for i in range(101)])
+    assert "more than 100 members" in fail_members(tmp_path, archive, 100)
+
+
+def fail_members(tmp_path: Path, archive: Path, max_members: int) -> str:
+    with pytest.raises(ArchiveError) as caught:
+        unpack_archive(archive, tmp_path / "out", LIMIT, max_members=max_members)
+    assert sorted(os.listdir(tmp_path)) == [archive.name]
+    return caught.value.message
