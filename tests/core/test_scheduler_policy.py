@@ -228,12 +228,18 @@ def test_a_busy_server_batches_on_threads_instead() -> None:
     """With more than LOOP_MAX_IN_PROGRESS requests in progress, even a cheap model's requests queue
     for its threads, where they batch; a quiet server brings them back to the loop."""
     async def scenario() -> None:
-        model = Echo()
+        model = Slow(gate=threading.Event())
+        model.open()
         async with serving("max_batch_size: 64 dynamic_batching { } " + LOOP, model) as h:
             await h.call(0)
             await h.call(1)
             h.in_flight.requests = LOOP_MAX_IN_PROGRESS + 1
-            await asyncio.gather(*(h.call(tag) for tag in range(2, 34)))
+            assert model.gate is not None
+            model.gate.clear()  # the first request on the thread holds it while the others queue behind it
+            blocker = await h.hold(model, tag=2)
+            queued = await h.queue(*range(3, 34))
+            model.open()
+            await asyncio.gather(blocker, *queued)
             assert set(model.threads[2:]) == {"m:1#0"}
             assert len(model.batches) < 2 + 32  # they batched
             h.in_flight.requests = LOOP_MAX_IN_PROGRESS
