@@ -296,7 +296,8 @@ class Server:
             self.model_config_poller.start(self.model_list, apply)
         self.dataplane.mark_started()
         grpc = f", gRPC on {self.settings.host}:{self.settings.grpc_port}" if self.grpc else ""
-        log.info("ready: HTTP on %s:%d%s", self.settings.host, self.settings.http_port, grpc)
+        http = f"HTTP on {self.settings.host}:{self.settings.http_port}" if self._serves_http() else "no HTTP"
+        log.info("ready: %s%s", http, grpc)
 
     def _models_at_start(self) -> list[str] | None:
         """None (every model of the repository), or in explicit mode the --load-model names; a multi-model
@@ -338,7 +339,7 @@ class Server:
         )
         handshake = s.tls_handshake_timeout_seconds
         # TF Serving's --rest_api_port 0: no REST port (the app still runs its lifespan: it starts the server).
-        http_port = None if self.tfserving_setup is not None and not s.http_port else s.http_port
+        http_port = s.http_port if self._serves_http() else None
         listeners = [Listener("HTTP", self.build_asgi(), http_port, self.in_flight, tls=self._tls_for("http"),
                               tls_handshake_seconds=handshake)]
         for front_end in self.front_ends:
@@ -348,6 +349,10 @@ class Server:
         self._http = HttpServer(listeners, s.host, http_limits(s), s.graceful_shutdown_seconds,
                                 reuse_port=s.workers > 1, on_stop=self._stop_grpc)
         uvloop.run(self._serve(self._http))
+
+    def _serves_http(self) -> bool:
+        """Whether the HTTP port listens: always, but for `modelhost tfserving --rest_api_port 0`."""
+        return self.tfserving_setup is None or bool(self.settings.http_port)
 
     async def _serve(self, http: HttpServer) -> None:
         if self.tls is not None:  # without TLS, SIGHUP keeps its default (it stops the server)

@@ -230,3 +230,24 @@ def test_handle_reload_config_request(deployment: tuple[TfServingProcess, Path])
             models.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=outside), timeout=30)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "outside the directories this server was started with" in info.value.details()
+
+
+def test_rest_api_port_0_serves_grpc_only(tmp_path: Path) -> None:
+    save_recommender(tmp_path / "rec" / "1")
+    server = TfServingProcess(f"--model_base_path={tmp_path / 'rec'}", "--model_name=rec", "--rest_api_port=0")
+    try:
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+            def answers() -> bool:
+                try:
+                    return predict(stub).model_spec.version.value == 1
+                except grpc.RpcError:
+                    return False
+
+            wait_for(answers, timeout=120, what="gRPC Predict")
+        assert "ready: no HTTP, gRPC on 0.0.0.0:" in server.printed
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"{server.base}/v1/models/rec", timeout=5)
+    finally:
+        server.stop()
