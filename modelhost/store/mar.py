@@ -1,58 +1,19 @@
-"""TorchServe model archives (tsfs §A5), read as TorchServe reads them: a `.mar` (zip), a `.tar.gz` holding
+"""TorchServe model archives (tsfs §A5.1), opened as TorchServe opens them: a `.mar` (zip), a `.tar.gz` holding
 `<model_name>/...` (torch-model-archiver's `tgz` format) or a directory (its `no-archive` format), each with
-`MAR-INF/MANIFEST.json`, and the model-config YAML the manifest names.
+`MAR-INF/MANIFEST.json` (config/mar_manifest.py reads it, and the model-config YAML it names).
 
-An archive is unpacked by unpack_archive (its limits and checks) into a directory of the caller's; every file the
-manifest names must lie inside the archive. What the YAML sets is checked as TorchServe's frontend reads it, and
-an invalid value is an error naming the key; keys modelhost does not use stay in `MarConfig.raw` (TorchServe
-hands the whole YAML to the handler as `context.model_yaml_config`).
+An archive is unpacked by unpack_archive (its limits and checks) into a directory of the caller's.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.config.mar_manifest import MANIFEST, MarConfig, MarManifest, read_manifest, read_model_config
+from modelhost.errors import invalid
 from modelhost.store.paths import inside
 from modelhost.store.unpack import unpack_archive
-
-MANIFEST = Path("MAR-INF") / "MANIFEST.json"
-RUNTIMES = ("python", "python3")
-
-
-@dataclass(frozen=True, slots=True)
-class MarManifest:
-    """`MAR-INF/MANIFEST.json`'s model section (absent keys None); `raw` is the whole file (`context.manifest`)."""
-
-    model_name: str
-    handler: str  # a file of the archive ("handler.py"), a built-in name ("image_classifier") or "module:function"
-    serialized_file: str | None = None
-    model_file: str | None = None
-    model_version: str | None = None
-    requirements_file: str | None = None
-    config_file: str | None = None
-    runtime: str = "python"
-    raw: dict[str, Any] = field(default_factory=dict, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class MarConfig:
-    """The model-config YAML's frontend keys, TorchServe's defaults where it leaves them out (None: the server's
-    own setting applies); `raw` is the whole YAML."""
-
-    min_workers: int | None = None
-    max_workers: int | None = None
-    batch_size: int = 1
-    max_batch_delay_ms: int = 100
-    response_timeout_s: int = 120
-    startup_timeout_s: int = 120
-    job_queue_size: int | None = None
-    client_timeout_ms: int = 0  # 0: requests never expire in the queue
-    use_job_ticket: bool = False
-    raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +37,11 @@ def open_mar(archive: Path, unpack_to: Path, max_unpacked_bytes: int, max_member
         raise invalid(f"model archive {archive.name}: it has no {MANIFEST.as_posix()}; torch-model-archiver "
                       "writes one into every archive")
     manifest = read_manifest(root, archive.name)
+    where = f"model archive {archive.name}: {MANIFEST.as_posix()}"
+    for key, name in (("serializedFile", manifest.serialized_file), ("modelFile", manifest.model_file),
+                      ("requirementsFile", manifest.requirements_file), ("configFile", manifest.config_file)):
+        if name is not None and not inside(root, name, f"{where}: model.{key}").is_file():
+            raise invalid(f"{where}: model.{key} names '{name}', which the archive does not hold")
     config = MarConfig()
     if manifest.config_file is not None:
         config = read_model_config(inside(root, manifest.config_file, "the manifest's configFile"), archive.name)
@@ -92,87 +58,3 @@ def _model_root(unpacked: Path, archive: Path) -> Path:
     return unpacked
 
 
-def read_manifest(root: Path, label: str) -> MarManifest:
-    where = f"model archive {label}: {MANIFEST.as_posix()}"
-    try:
-        document = json.loads((root / MANIFEST).read_bytes())
-    except (ValueError, OSError) as exc:
-        raise invalid(f"{where} is not valid JSON: {exc}") from None
-    model = document.get("model") if isinstance(document, dict) else None
-    if not isinstance(model, dict):
-        raise invalid(f"{where} has no 'model' object")
-
-    def text(key: str, required: bool = False) -> str | None:
-        value = model.get(key)
-        if value is None and not required:
-            return None
-        if not isinstance(value, str) or not value:
-            raise invalid(f"{where}: model.{key} must be a non-empty string"
-                          + ("" if value is not None else " (it is required)"))
-        return value
-
-    runtime = document.get("runtime", "python")
-    if runtime not in RUNTIMES:
-        raise invalid(f"{where}: runtime '{runtime}' is not supported; modelhost runs Python handlers "
-                      f"({', '.join(RUNTIMES)})")
-    manifest = MarManifest(
-        model_name=text("modelName", required=True) or "",
-        handler=text("handler", required=True) or "",
-        serialized_file=text("serializedFile"),
-        model_file=text("modelFile"),
-        model_version=text("modelVersion"),
-        requirements_file=text("requirementsFile"),
-        config_file=text("configFile"),
-        runtime=runtime,
-        raw=document,
-    )
-    for key, name in (("serializedFile", manifest.serialized_file), ("modelFile", manifest.model_file),
-                      ("requirementsFile", manifest.requirements_file), ("configFile", manifest.config_file)):
-        if name is not None and not inside(root, name, f"{where}: model.{key}").is_file():
-            raise invalid(f"{where}: model.{key} names '{name}', which the archive does not hold")
-    return manifest
-
-
-# The frontend keys read here: YAML key -> (field, kind, smallest value).
-_KEYS: dict[str, tuple[str, type, int]] = {
-    "minWorkers": ("min_workers", int, 0),
-    "maxWorkers": ("max_workers", int, 0),
-    "batchSize": ("batch_size", int, 1),
-    "maxBatchDelay": ("max_batch_delay_ms", int, 0),
-    "responseTimeout": ("response_timeout_s", int, 1),
-    "startupTimeout": ("startup_timeout_s", int, 1),
-    "jobQueueSize": ("job_queue_size", int, 1),
-    "clientTimeoutInMills": ("client_timeout_ms", int, 0),
-    "useJobTicket": ("use_job_ticket", bool, 0),
-}
-
-
-def read_model_config(path: Path, label: str) -> MarConfig:
-    """The model-config YAML at `path`; INVALID_INPUT naming the key for a value TorchServe would refuse."""
-    where = f"model archive {label}: {path.name}"
-    try:
-        import yaml
-    except ImportError:
-        raise ModelhostError(ErrorKind.UNSUPPORTED, f"{where}: reading a model-config YAML needs PyYAML: "
-                             "pip install 'modelhost[torchserve]'") from None
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
-        raise invalid(f"{where} is not valid YAML: {exc}") from None
-    if not isinstance(document, dict):
-        raise invalid(f"{where} must be a mapping of keys to values")
-    values: dict[str, Any] = {}
-    for key, (name, kind, smallest) in _KEYS.items():
-        if key not in document:
-            continue
-        value = document[key]
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise invalid(f"{where}: {key} must be true or false, got {value!r}")
-        elif isinstance(value, bool) or not isinstance(value, int) or value < smallest:
-            raise invalid(f"{where}: {key} must be an integer >= {smallest}, got {value!r}")
-        values[name] = value
-    low, high = values.get("min_workers"), values.get("max_workers")
-    if low is not None and high is not None and low > high:
-        raise invalid(f"{where}: minWorkers {low} is more than maxWorkers {high}")
-    return MarConfig(**values, raw=document)

@@ -1,5 +1,5 @@
-"""TorchServe model archives (store/mar.py), built by the real `torch-model-archiver` in its three formats, and
-archives that break its rules."""
+"""TorchServe model archives (store/mar.py, config/mar_manifest.py), built by the real `torch-model-archiver` in
+its three formats, and archives that break its rules."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from modelhost.config.mar_manifest import MarConfig, MarManifest
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.store.mar import MarConfig, MarManifest, open_mar
+from modelhost.store.mar import open_mar
 
 LIMIT = 1 << 24
 HANDLER = "def handle(data, context):\n    return [len(row) for row in data]\n"
