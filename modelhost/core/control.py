@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 from modelhost.core.load_request import LoadRequest, check_load_request
 from modelhost.core.manager import IndexEntry, ModelManager
-from modelhost.errors import ErrorKind, ModelhostError, public_message
+from modelhost.core.model_record import for_clients
+from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.model_store import ModelStore
 
 
@@ -20,8 +20,7 @@ class Control:
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model the manager knows; in explicit mode also the repository's models never loaded
         (name only, as Triton lists them). Reasons are for clients: no server paths (the log has them)."""
-        entries = [replace(e, reason=public_message(e.reason)) if e.reason else e
-                   for e in self._manager.index(ready_only)]
+        entries = [for_clients(e) for e in self._manager.index(ready_only)]
         if self._mode == "explicit" and self._store is not None and not ready_only:
             known = set(self._manager.names())
             names = await asyncio.to_thread(self._store.list)

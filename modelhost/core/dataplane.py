@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from modelhost.config.pbtxt import config_to_json
 from modelhost.core.manager import IndexEntry, ModelManager
+from modelhost.core.model_record import for_clients
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
 from modelhost.core.worker_statistics import WorkerStatistics, merge
-from modelhost.errors import ModelhostError, invalid, public_message
+from modelhost.errors import ModelhostError, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
 
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class DataPlane:
     def version_states(self, name: str) -> list[IndexEntry]:
         """Each version of one model the server knows, with its state and why (a reason fit for clients), as the
         repository index lists them; NOT_FOUND when the model is unknown."""
-        return [replace(e, reason=public_message(e.reason)) if e.reason else e for e in self._manager.index_of(name)]
+        return [for_clients(e) for e in self._manager.index_of(name)]
 
     def metadata(self, name: str, version: str = "") -> ModelMetadata:
         return self._metadata_of(self._manager.get(name, version))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from modelhost.core.lifecycle import ModelState
 from modelhost.core.served_model import ServedModel
-from modelhost.errors import ModelhostError
+from modelhost.errors import ModelhostError, public_message
 from modelhost.store.local import ModelFingerprint
 
 
@@ -66,6 +66,11 @@ class ModelRecord:
         if not entries:  # its config is being read: no version is known yet
             entries.append(IndexEntry(self.name, "", ModelState.LOADING.value if self.lock.locked() else "", ""))
         return entries
+
+
+def for_clients(entry: IndexEntry) -> IndexEntry:
+    """The entry with a reason fit for clients: no server paths (the log has them)."""
+    return replace(entry, reason=public_message(entry.reason)) if entry.reason else entry
 
 
 def reason_of(exc: BaseException) -> str:

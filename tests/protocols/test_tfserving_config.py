@@ -70,6 +70,7 @@ def test_model_config_file_lists_models_with_policies_and_labels(tmp_path: Path)
     ("model_config_list { config { name: 'a' base_path: '/x' model_platform: 'onnx' } }",
      "model_platform 'onnx' is not supported"),
     ("model_config_list { config { name: 'a' base_path: '/x' nope: 1 } }", "nope"),
+    ("model_config_list { config { name: '../up' base_path: '/x' } }", "model name '../up'"),
     ("model_config_list { config { name: 'a' base_path: '/x' version_labels { key: 'l' value: 0 } } }",
      "version label 'l' names version 0"),
 ])
@@ -157,6 +158,7 @@ def test_batching_file_gives_each_model_padding_and_splitting(tmp_path: Path) ->
     (["--model_base_path=/no/such/dir"], "is not a directory"),
     (["--port=9000", "--rest_api_port=9000"], "must differ from --port"),
     (["--saved_model_tags=serve,gpu"], "one tag"),
+    (["--model_name=a/b"], "--model_name 'a/b'"),
 ])
 def test_bad_command_lines_name_the_flag(tmp_path: Path, argv: list[str], message: str | None,
                                          capsys: pytest.CaptureFixture[str]) -> None:

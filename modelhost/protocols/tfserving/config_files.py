@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from modelhost.config.overrides import ModelOverrides
 from modelhost.protocols.tfserving import apis_pb2 as pb
+from modelhost.store.paths import name_problem
 
 M = TypeVar("M", bound=Message)
 TENSORFLOW_PLATFORM = "tensorflow"
@@ -82,6 +83,9 @@ def model_entries(config: pb.ModelServerConfig, base: Path, where: str) -> list[
         at = f"{where}: config {index + 1}"
         if not model.name:
             raise ConfigFileError(f"{at} has no name")
+        problem = name_problem(model.name)
+        if problem is not None:
+            raise ConfigFileError(f"{at}: model name {model.name!r} {problem}")
         if model.name in seen:
             raise ConfigFileError(f"{at}: model '{model.name}' is listed twice")
         seen.add(model.name)

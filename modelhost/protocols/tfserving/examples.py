@@ -6,13 +6,13 @@ Pure functions with no I/O.
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import numpy as np
 
 from modelhost.errors import invalid
 from modelhost.protocols.tfserving import apis_pb2 as pb
+from modelhost.protocols.tfserving.json_codec import binary_string, is_b64
 from modelhost.types import RequestLimits
 
 
@@ -56,7 +56,7 @@ def _fill_feature(feature: pb.Feature, value: Any, where: str) -> None:
     elif kind == "float":
         feature.float_list.value.extend(values)
     else:
-        feature.bytes_list.value.extend(_bytes(item, where) for item in values)
+        feature.bytes_list.value.extend(binary_string(item, where) for item in values)
 
 
 def _kind(item: Any, where: str) -> str:
@@ -67,24 +67,9 @@ def _kind(item: Any, where: str) -> str:
         return "int"
     if isinstance(item, float):
         return "float"
-    if isinstance(item, str) or (isinstance(item, dict) and list(item) == ["b64"]):
+    if isinstance(item, str) or is_b64(item):
         return "string"
     raise invalid(f'{where} has a value that is not a number, a string or {{"b64": ...}}')
-
-
-def _bytes(item: str | dict[str, Any], where: str) -> bytes:
-    if isinstance(item, str):
-        try:
-            return item.encode("utf-8")
-        except UnicodeEncodeError:
-            raise invalid(f"{where} has a string that is not valid Unicode (a lone surrogate)") from None
-    encoded = item["b64"]
-    if isinstance(encoded, str):
-        try:
-            return base64.b64decode(encoded, validate=True)
-        except ValueError:
-            pass
-    raise invalid(f"{where} has a 'b64' value that is not a base64 string")
 
 
 def serialized_examples(source: pb.Input, limits: RequestLimits) -> np.ndarray:

@@ -6,14 +6,16 @@ Serving's names on the server's gRPC port, over modelhost's own messages (apis.p
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from modelhost.access import Api
+from modelhost.core.signature import DEFAULT_SIGNATURE
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.protocols.grpc_server import Service, Unary
 from modelhost.protocols.tfserving import apis_pb2 as pb
 from modelhost.protocols.tfserving import predict_pb2
 from modelhost.protocols.tfserving.examples import example_count
-from modelhost.protocols.tfserving.serving import DEFAULT_SIGNATURE, TfServing
+from modelhost.protocols.tfserving.serving import TfServing
 from modelhost.protocols.tfserving.signature_def import SIGNATURE_DEF_MAP_URL, signature_def_map
 from modelhost.protocols.tfserving.tensor_proto import fill_model_spec, model_spec_info
 
@@ -21,6 +23,7 @@ PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
 SIGNATURE_DEF_FIELD = "signature_def"
 Reload = Callable[[pb.ModelServerConfig], Awaitable[None]]
+R = TypeVar("R", pb.ClassificationResponse, pb.RegressionResponse)
 
 
 def services(serving: TfServing, reload: Reload | None = None) -> list[Service]:
@@ -33,18 +36,18 @@ def services(serving: TfServing, reload: Reload | None = None) -> list[Service]:
             return await serving.predict(request)
 
     async def classify(request: pb.ClassificationRequest) -> pb.ClassificationResponse:
-        spec = model_spec_info(request.model_spec)
-        with counted(spec.name, "Classify", "GRPC", example_count(request.input)):
-            result, version = await serving.classify(spec, request.input)
-        response = pb.ClassificationResponse(result=result)
-        fill_model_spec(response.model_spec, spec.name, version, spec.signature_name or DEFAULT_SIGNATURE)
-        return response
+        return await _examples_call(request, "Classify", serving.classify, pb.ClassificationResponse())
 
     async def regress(request: pb.RegressionRequest) -> pb.RegressionResponse:
+        return await _examples_call(request, "Regress", serving.regress, pb.RegressionResponse())
+
+    async def _examples_call(request: Any, api: str, run: Callable[..., Awaitable[tuple[Any, str]]],
+                             response: R) -> R:
+        """Classify or Regress: the result of `run` on the request's tf.Examples, in `response` with its ModelSpec."""
         spec = model_spec_info(request.model_spec)
-        with counted(spec.name, "Regress", "GRPC", example_count(request.input)):
-            result, version = await serving.regress(spec, request.input)
-        response = pb.RegressionResponse(result=result)
+        with counted(spec.name, api, "GRPC", example_count(request.input)):
+            result, version = await run(spec, request.input)
+        response.result.CopyFrom(result)
         fill_model_spec(response.model_spec, spec.name, version, spec.signature_name or DEFAULT_SIGNATURE)
         return response
 

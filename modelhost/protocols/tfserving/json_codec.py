@@ -214,7 +214,7 @@ def _bytes_array(value: Any, where: str) -> np.ndarray:
 def _collect_bytes(value: Any, where: str, elements: list[bytes], depth: int) -> tuple[int, ...]:
     """Append the strings of a nested list to `elements` in row-major order; return the list's shape."""
     if not isinstance(value, list):
-        elements.append(_binary_string(value, where))
+        elements.append(binary_string(value, where))
         return ()
     if depth == MAX_RANK:  # deeper elsewhere than along the first items, which check_json_depth measured
         raise invalid(f"{where} is nested deeper than {MAX_RANK} lists")
@@ -224,13 +224,14 @@ def _collect_bytes(value: Any, where: str, elements: list[bytes], depth: int) ->
     return (len(value), *shapes.pop()) if shapes else (0,)
 
 
-def _binary_string(value: Any, where: str) -> bytes:
+def binary_string(value: Any, where: str) -> bytes:
+    """A JSON string as UTF-8, or a {"b64": ...} object's bytes; INVALID_INPUT naming `where` for anything else."""
     if isinstance(value, str):
         try:
             return value.encode("utf-8")
         except UnicodeEncodeError:
             raise invalid(f"{where} has a string that is not valid Unicode (a lone surrogate)") from None
-    if not _is_b64(value):
+    if not is_b64(value):
         raise invalid(f'{where} is BYTES, so its values must be strings or {{"b64": ...}}, got {_json_type(value)}')
     encoded = value["b64"]
     if isinstance(encoded, str):
@@ -287,13 +288,13 @@ def _string_json(element: Any, always_b64: bool) -> str | dict[str, str]:
     return {"b64": base64.b64encode(data).decode("ascii")}
 
 
-def _is_b64(value: Any) -> bool:
+def is_b64(value: Any) -> bool:
     return isinstance(value, dict) and len(value) == 1 and "b64" in value
 
 
 def _is_named(value: Any) -> bool:
     """An object keyed by input name, as opposed to a value (which may be a {"b64": ...} object)."""
-    return isinstance(value, dict) and not _is_b64(value)
+    return isinstance(value, dict) and not is_b64(value)
 
 
 def _names(names: Collection[str]) -> str:

@@ -26,6 +26,7 @@ from modelhost.protocols.tfserving.config_files import (
     read_monitoring_path,
 )
 from modelhost.store.model_list import ListedModel
+from modelhost.store.paths import name_problem
 
 DEFAULT_GRPC_PORT = 8500
 
@@ -207,6 +208,9 @@ def _models(args: argparse.Namespace) -> tuple[list[ServedModelEntry], Path | No
         return read_model_config(args.model_config_file), args.model_config_file.resolve()
     if not args.model_base_path:
         raise TfServingFlagError("--model_base_path is required (or --model_config_file, which lists the models)")
+    problem = name_problem(args.model_name)
+    if problem is not None:
+        raise TfServingFlagError(f"--model_name {args.model_name!r} {problem}")
     base = Path(args.model_base_path)
     if not base.is_dir():
         raise TfServingFlagError(f"--model_base_path {base} is not a directory")

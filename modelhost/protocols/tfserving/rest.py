@@ -18,7 +18,7 @@ from modelhost.errors import invalid
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, json_response
 from modelhost.protocols.tfserving.examples import example_count, input_from_json
 from modelhost.protocols.tfserving.json_codec import parse_json
-from modelhost.protocols.tfserving.serving import DEFAULT_SIGNATURE, TfServing
+from modelhost.protocols.tfserving.serving import TfServing, signature_name_of
 from modelhost.protocols.tfserving.signature_def import metadata_json
 from modelhost.protocols.tfserving.tensor_proto import ModelSpecInfo
 
@@ -88,9 +88,6 @@ def _examples_request(request: HttpRequest, where: tuple[str, str, str]) -> tupl
     document = parse_json(request.body)
     if not isinstance(document, dict):
         raise invalid("request body must be a JSON object with 'examples'")
-    signature = document.get("signature_name", "")
-    if not isinstance(signature, str):
-        raise invalid("'signature_name' must be a string")
     name, version, label = where
-    return ModelSpecInfo(name, version, signature or DEFAULT_SIGNATURE, label), input_from_json(document)
+    return ModelSpecInfo(name, version, signature_name_of(document), label), input_from_json(document)
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.lifecycle import ModelState
+from modelhost.core.signature import DEFAULT_SIGNATURE
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.protocols.tfserving import apis_pb2 as pb
 from modelhost.protocols.tfserving import predict_pb2
@@ -33,7 +34,6 @@ from modelhost.protocols.tfserving.tensor_proto import (
 )
 from modelhost.types import InferRequest, ModelMetadata, RequestedOutput, SignatureSpec
 
-DEFAULT_SIGNATURE = "serving_default"
 CLASSIFY_INPUT = "inputs"
 CLASSES_OUTPUT = "classes"
 SCORES_OUTPUT = "scores"
@@ -90,7 +90,7 @@ class TfServing:
         document = parse_json(body)
         if not isinstance(document, dict):
             raise invalid("request body must be a JSON object with 'instances' or 'inputs'")
-        signature_name = _signature_name(document.get("signature_name", ""))
+        signature_name = signature_name_of(document)
 
         def decode(metadata: ModelMetadata) -> tuple[InferRequest, str]:
             signature = _signature(metadata, signature_name, rest=True)
@@ -102,9 +102,9 @@ class TfServing:
 
     async def predict(self, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
         """A gRPC Predict: `tensor_content` read as a view of the request's bytes, `output_filter` honoured."""
-        spec = request.model_spec
+        spec = model_spec_info(request.model_spec)
         signature_name = spec.signature_name or DEFAULT_SIGNATURE
-        version = self.version(spec.name, _version(spec), spec.version_label)
+        version = self.version(spec.name, spec.version, spec.version_label)
 
         def decode(metadata: ModelMetadata) -> tuple[InferRequest, None]:
             signature = _signature(metadata, signature_name, rest=False)
@@ -233,11 +233,9 @@ class TfServing:
         return self.dataplane.metadata(name, self.version(name, version, label))
 
 
-def _version(spec: predict_pb2.ModelSpec) -> str:
-    return str(spec.version.value) if spec.HasField("version") else ""
-
-
-def _signature_name(value: Any) -> str:
+def signature_name_of(document: dict[str, Any]) -> str:
+    """A REST body's `signature_name` (DEFAULT_SIGNATURE when it names none)."""
+    value = document.get("signature_name", "")
     if not isinstance(value, str):
         raise invalid("'signature_name' must be a string")
     return value or DEFAULT_SIGNATURE

@@ -15,6 +15,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 
 from modelhost.config.pbtxt import ConfigError
+from modelhost.core.signature import DEFAULT_SIGNATURE
 from modelhost.core.warmup import WarmupSample
 from modelhost.errors import ModelhostError
 from modelhost.protocols.tfserving import apis_pb2 as pb
@@ -24,7 +25,6 @@ from modelhost.types import DEFAULT_LIMITS
 
 WARMUP_FILE = Path("assets.extra") / "tf_serving_warmup_requests"
 MAX_RECORDS = 1000
-DEFAULT_SIGNATURE = "serving_default"
 _HEADER = struct.Struct("<QI")  # the record's length, the masked CRC32C of the length
 _FOOTER = 4  # the masked CRC32C of the record
 
