@@ -28,6 +28,7 @@ _BACKENDS = {
     "pytorch": "modelhost.backends.torch:TorchBackend",
     "tensorflow": "modelhost.backends.tensorflow:TensorflowBackend",
     "python": "modelhost.backends.python.backend:PythonBackend",
+    "torchserve": "modelhost.backends.torchserve.backend:TorchServeBackend",
 }
 _PLATFORMS = {
     "onnxruntime_onnx": "onnxruntime",
@@ -38,6 +39,7 @@ _PLATFORMS = {
 _EXTRAS = {
     "pytorch": "torch",
     "tensorflow": "tensorflow",
+    "torchserve": "torchserve",
 }
 # Model file name in a version directory -> backend, for models with no config.
 _FILENAMES = {
@@ -46,6 +48,10 @@ _FILENAMES = {
     "model.savedmodel": "tensorflow",
     "saved_model.pb": "tensorflow",  # TF Serving's layout: the version directory is the SavedModel
     "model.py": "python",
+    "MAR-INF": "torchserve",  # an unpacked TorchServe archive (torch-model-archiver's no-archive format)
+}
+_SUFFIXES = {
+    ".mar": "torchserve",  # a TorchServe archive, whatever its name
 }
 
 
@@ -83,7 +89,11 @@ def backend_name(platform: str, backend: str) -> str:
 
 
 def backend_for_filename(filename: str) -> str | None:
-    return _FILENAMES.get(filename)
+    """The backend whose model file has this name (a model file of any name for suffixes like `.mar`)."""
+    found = _FILENAMES.get(filename)
+    if found is None and "." in filename:
+        found = _SUFFIXES.get(filename[filename.rindex("."):])
+    return found
 
 
 class BackendUnavailableError(ImportError):

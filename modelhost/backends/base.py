@@ -108,6 +108,11 @@ class Backend(abc.ABC):
         another layout for it."""
         return version_dir / filename
 
+    def configure(self, path: Path, config: ModelConfig) -> None:  # noqa: B027 - optional hook
+        """Set, in `config`, what the model file at `path` says about serving it where the config leaves it unset
+        (a TorchServe archive's batch size, workers and timeouts). Called once per load of the model, with its
+        newest version to load, before the config's defaults are applied; raises ConfigError."""
+
     @abc.abstractmethod
     def describe(self, path: Path) -> ModelSignature:
         """Read the model file's inputs and outputs (for config completion and checks)."""

@@ -54,10 +54,19 @@ class MarConfig:
 def read_manifest(root: Path, label: str) -> MarManifest:
     """`root`'s MAR-INF/MANIFEST.json; INVALID_INPUT naming the archive `label` and the key for what TorchServe
     would refuse."""
+    try:
+        data = (root / MANIFEST).read_bytes()
+    except OSError as exc:
+        raise invalid(f"model archive {label}: {MANIFEST.as_posix()} cannot be read: {exc.strerror}") from None
+    return parse_manifest(data, label)
+
+
+def parse_manifest(data: bytes, label: str) -> MarManifest:
+    """A MANIFEST.json's text, read as read_manifest reads the file."""
     where = f"model archive {label}: {MANIFEST.as_posix()}"
     try:
-        document = json.loads((root / MANIFEST).read_bytes())
-    except (ValueError, OSError) as exc:
+        document = json.loads(data)
+    except ValueError as exc:
         raise invalid(f"{where} is not valid JSON: {exc}") from None
     model = document.get("model") if isinstance(document, dict) else None
     if not isinstance(model, dict):
@@ -106,15 +115,24 @@ _KEYS: dict[str, tuple[str, type, int]] = {
 
 def read_model_config(path: Path, label: str) -> MarConfig:
     """The model-config YAML at `path`; INVALID_INPUT naming the key for a value TorchServe would refuse."""
-    where = f"model archive {label}: {path.name}"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise invalid(f"model archive {label}: {path.name} cannot be read: {exc.strerror}") from None
+    return parse_model_config(data, path.name, label)
+
+
+def parse_model_config(data: bytes, filename: str, label: str) -> MarConfig:
+    """A model-config YAML's text (the file `filename` of archive `label`), read as read_model_config reads it."""
+    where = f"model archive {label}: {filename}"
     try:
         import yaml
     except ImportError:
         raise ModelhostError(ErrorKind.UNSUPPORTED, f"{where}: reading a model-config YAML needs PyYAML: "
                              "pip install 'modelhost[torchserve]'") from None
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+        document = yaml.safe_load(data.decode("utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise invalid(f"{where} is not valid YAML: {exc}") from None
     if not isinstance(document, dict):
         raise invalid(f"{where} must be a mapping of keys to values")

@@ -72,8 +72,11 @@ def plan_model(
         backend = get_backend(_resolve_backend(config, source))
     except BackendUnavailableError as exc:
         raise ConfigError(str(exc)) from None
+    versions = select_versions(config, source)
+    filename = config.default_model_filename or backend.default_filename
+    backend.configure(backend.model_path(source.path / str(versions[-1]), filename), config)
     apply_defaults(config, source.name, backend.platform, backend.name)
-    return LoadPlan(config, backend, select_versions(config, source), overrides)
+    return LoadPlan(config, backend, versions, overrides)
 
 
 def backend_of(source: ModelSource) -> str | None:

@@ -217,7 +217,7 @@ def _data_bytes(array: np.ndarray, room: int) -> int:
         return array.nbytes
     total = 0
     for element in array.reshape(-1):
-        total += len(element) if isinstance(element, (bytes, str)) else 0
+        total += len(element) if isinstance(element, (bytes, str)) else getattr(element, "nbytes", 0)
         if total > room:
             break
     return total

@@ -1,11 +1,12 @@
 """The server's side of an isolated Python model instance: its worker process, restarted when it fails.
 
-Each instance runs its model.py in a worker process of its own (backends/python/stub.py), started at load with
-subprocess (never fork: the server has threads and an event loop). What the model does there cannot take
-the server down: when the worker crashes (exits, or dies of a signal), does not answer within
-execute_timeout_seconds (it is killed), or after a batch is found above worker_max_rss_bytes, the instance
-logs it and starts a new worker (which runs initialize again). A batch the worker did not answer fails
-with a ModelhostError naming the model, the instance and what happened; one that was answered is delivered.
+Each instance runs its model.py (or what else a worker_code.WorkerSpec loads) in a worker process of its own
+(backends/python/stub.py), started at load with subprocess (never fork: the server has threads and an event
+loop). What the model does there cannot take the server down: when the worker crashes (exits, or dies of a
+signal), does not answer within execute_timeout_seconds (it is killed), or after a batch is found above
+worker_max_rss_bytes, the instance logs it and starts a new worker (which runs initialize again). A batch the
+worker did not answer fails with a ModelhostError naming the model, the instance and what happened; one that was
+answered is delivered.
 
 Concurrency: the scheduler calls infer one batch at a time, then unload once. A restart runs on a thread
 of its own so that the failed batch's error goes back at once; the next infer (or unload) waits for it.
@@ -31,7 +32,8 @@ import numpy as np
 import modelhost
 from modelhost.backends.base import Model, ModelSignature
 from modelhost.backends.python.channel import Channel, ChannelClosed
-from modelhost.backends.python.user_model import UserCodeError, UserCodeSpec
+from modelhost.backends.python.user_model import UserCodeError
+from modelhost.backends.python.worker_code import WorkerSpec
 from modelhost.client_log import client_log
 from modelhost.errors import ErrorKind, ModelhostError
 
@@ -51,16 +53,16 @@ class IsolationOptions:
 
 
 class WorkerProcess:
-    """One started worker and the channel to it. Raises UserCodeError when it cannot load model.py."""
+    """One started worker and the channel to it. Raises UserCodeError when it cannot load its model."""
 
-    def __init__(self, spec: UserCodeSpec, options: IsolationOptions) -> None:
+    def __init__(self, spec: WorkerSpec, options: IsolationOptions) -> None:
         self._spec = spec
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
             try:
                 self.process = subprocess.Popen(
                     [sys.executable, "-m", "modelhost.backends.python.stub", str(theirs.fileno())],
-                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=_worker_environment(),
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=_worker_environment(spec),
                 )
             except OSError as exc:
                 ours.close()
@@ -138,12 +140,13 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _worker_environment() -> dict[str, str]:
+def _worker_environment(spec: WorkerSpec) -> dict[str, str]:
     # The worker imports modelhost from wherever this server does, whatever its working directory or
     # sys.path; unbuffered output so that what a model prints is in the log before a crash.
     root = str(Path(modelhost.__file__).resolve().parent.parent)
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{path}" if path else root, "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, **spec.environment(),
+            "PYTHONPATH": f"{root}{os.pathsep}{path}" if path else root, "PYTHONUNBUFFERED": "1"}
 
 
 class IsolatedModel(Model):
@@ -151,7 +154,7 @@ class IsolatedModel(Model):
 
     runs_inline = False  # a hung worker must stall one instance thread, never the event loop
 
-    def __init__(self, spec: UserCodeSpec, options: IsolationOptions, signature: ModelSignature) -> None:
+    def __init__(self, spec: WorkerSpec, options: IsolationOptions, signature: ModelSignature) -> None:
         self._spec = spec
         self._options = options
         self._signature = signature

@@ -1,9 +1,10 @@
 """The worker process of an isolated Python model instance: `python -m modelhost.backends.python.stub FD`.
 
-Started by isolated.WorkerProcess with one end of a socket pair as FD. It serves one model instance:
+Started by isolated.WorkerProcess with one end of a socket pair as FD. It serves one model instance, whatever its
+spec loads (worker_code.py: a Python model's model.py, a TorchServe handler):
 
     server -> worker                      worker -> server
-    ("init", UserCodeSpec)                ("ok", None) | ("error", None, message, traceback)
+    ("init", WorkerSpec)                  ("ok", None) | ("error", None, message, traceback)
     ("execute", inputs, output names)     ("ok", outputs) | ("error", ErrorKind value, message, traceback)
     ("stop",)                             ("ok", None) | ("error", None, message, traceback), then exits
 
@@ -24,7 +25,8 @@ import time
 from typing import Any
 
 from modelhost.backends.python.channel import Channel, ChannelClosed
-from modelhost.backends.python.user_model import UserCodeError, UserCodeSpec, UserModel, load_user_model
+from modelhost.backends.python.user_model import UserCodeError
+from modelhost.backends.python.worker_code import WorkerModel, WorkerSpec
 from modelhost.errors import ErrorKind, ModelhostError
 
 
@@ -54,7 +56,7 @@ def serve(channel: Channel) -> None:
     kind, spec = channel.receive()
     assert kind == "init", f"first message must be init, got {kind!r}"
     try:
-        model = load_user_model(spec)
+        model = spec.load()
     except UserCodeError as exc:
         channel.send(("error", None, exc.message, exc.details))
         return
@@ -70,14 +72,14 @@ def serve(channel: Channel) -> None:
             raise ValueError(f"unknown message {message[0]!r}")
 
 
-def _execute(model: UserModel, inputs: dict[str, Any], outputs: list[str]) -> tuple[Any, ...]:
+def _execute(model: WorkerModel, inputs: dict[str, Any], outputs: list[str]) -> tuple[Any, ...]:
     try:
         return "ok", model.execute(inputs, outputs)
     except ModelhostError as exc:
         return "error", exc.kind.value, exc.message, getattr(exc, "details", "")
 
 
-def _finalize(model: UserModel) -> tuple[Any, ...]:
+def _finalize(model: WorkerModel) -> tuple[Any, ...]:
     try:
         model.finalize()
     except UserCodeError as exc:
@@ -85,7 +87,7 @@ def _finalize(model: UserModel) -> tuple[Any, ...]:
     return "ok", None
 
 
-def _reply(channel: Channel, spec: UserCodeSpec, reply: tuple[Any, ...]) -> None:
+def _reply(channel: Channel, spec: WorkerSpec, reply: tuple[Any, ...]) -> None:
     try:
         channel.send(reply)
     except (ChannelClosed, OSError):

@@ -42,6 +42,12 @@ class UserCodeSpec:
     outputs: tuple[OutputRule, ...]
     batching: bool  # max_batch_size > 0: the first dim of every input and output is the batch
 
+    def environment(self) -> dict[str, str]:
+        return {}
+
+    def load(self) -> UserModel:
+        return load_user_model(self)
+
 
 class UserCodeError(Exception):
     """model.py cannot be used: it failed to import, lacks `Model.execute`, or its constructor or initialize

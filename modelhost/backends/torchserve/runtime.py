@@ -5,48 +5,34 @@ class with `initialize` and `handle`, a `BaseHandler` subclass, or a built-in ha
 Loading and `context` are TorchServe's own, from its Python package (the `torchserve` extra), pinned at 0.12.0:
 `ts.model_loader.TsModelLoader` resolves the handler string, makes `ts.context.Context` and calls `initialize`,
 and the handler's metrics go to a `ts` metrics cache (logged, as TorchServe's worker logs them). What modelhost
-does itself is one batch's call: every request's `data` dict and headers in, and exactly one response per
-request out, each encoded as TorchServe's worker encodes it (tsfs §A1.4), with the status, content type and
-headers the handler set for it.
+does itself is one batch's call: every request's `data` dict (its parameters decoded as TorchServe's worker
+decodes them, tsfs §A1.3) and headers in, and exactly one response per request out, each encoded as TorchServe's
+worker encodes it (tsfs §A1.4), with the status, content type and headers the handler set for it. A handler that
+fails answers every request of the batch with TorchServe's status and message for it (tsfs §A1.5).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.handler_messages import HandlerRequest, HandlerResponse
+
+log = logging.getLogger("modelhost.backends.torchserve")
 
 TORCHSERVE_VERSION = "0.12.0"
-
-
-@dataclass(frozen=True, slots=True)
-class HandlerRequest:
-    """One request of a batch: its parameters (`{"body": ...}` for a raw body, one key per form field), its
-    headers (TorchServe's: the HTTP ones, and `{"content-type": ...}` per parameter) and its id."""
-
-    data: dict[str, Any]
-    headers: dict[str, Any] = field(default_factory=dict)
-    request_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class HandlerResponse:
-    body: bytes
-    status: int = 200
-    phrase: str = ""
-    content_type: str | None = None  # None: the handler set none, and TorchServe then sends none
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 class HandlerRuntime:
     """One loaded handler. `batch_size` is what `context.system_properties["batch_size"]` says (the most
     requests a batch holds). Blocking; not thread-safe (one batch at a time)."""
 
-    def __init__(self, model_dir: Path, model_name: str, handler: str, batch_size: int) -> None:
+    def __init__(self, model_dir: Path, model_name: str, handler: str, batch_size: int,
+                 decode_input: bool = True) -> None:
         try:
             from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
             from ts.model_loader import TsModelLoader
@@ -56,6 +42,7 @@ class HandlerRuntime:
         import ts
 
         self.label = f"handler '{handler}' of model '{model_name}'"
+        self._decode_input = decode_input
         # TorchServe's worker puts the archive's directory on the module path: handlers import their own files.
         # First, and a module of the handler's name that another archive's runtime imported is forgotten: every
         # archive's handler may be called handler.py (one runtime per process is the rule; tests hold several).
@@ -75,33 +62,80 @@ class HandlerRuntime:
         return self._service.context
 
     def run(self, requests: list[HandlerRequest]) -> list[HandlerResponse]:
-        """Call the handler once with the whole batch; raises ModelhostError (INTERNAL) naming the handler when it
-        raises, or does not return one response per request."""
+        """Call the handler once with the whole batch: one response per request, in order."""
         from ts.context import RequestProcessor
+        from ts.utils.util import PredictionException
 
         context = self._service.context
+        data, headers = zip(*(self._handler_input(request) for request in requests))
         context.request_ids = {index: request.request_id for index, request in enumerate(requests)}
-        context.request_processor = [RequestProcessor(dict(request.headers)) for request in requests]
+        context.request_processor = [RequestProcessor(request_headers) for request_headers in headers]
         context.metrics.request_ids = context.request_ids
         context.cl_socket = None
         try:
-            results = self._service._entry_point([request.data for request in requests], context)
-        except ModelhostError:
-            raise
+            results = self._service._entry_point(list(data), context)
+        except MemoryError:
+            log.error("%s ran out of memory", self.label, exc_info=True)
+            return _failed(len(requests), 507, "Out of resources")
+        except PredictionException as exc:
+            log.error("%s raised PredictionException", self.label, exc_info=True)
+            return _failed(len(requests), exc.error_code, exc.message)
         except Exception as exc:
-            raise ModelhostError(ErrorKind.INTERNAL, f"{self.label} failed: {type(exc).__name__}: {exc}") from exc
+            log.warning("%s failed", self.label, exc_info=True)
+            status = 507 if "CUDA" in str(exc) else 503
+            message = "Out of resources" if status == 507 else (
+                f"Prediction failed: {self.label} raised {type(exc).__name__}: {exc}")
+            return _failed(len(requests), status, message)
         if not isinstance(results, list) or len(results) != len(requests):
             count = len(results) if isinstance(results, list) else f"a {type(results).__name__}"
-            raise ModelhostError(ErrorKind.INTERNAL, f"{self.label} returned {count} response(s) for a batch of "
-                                 f"{len(requests)} request(s); a handler returns a list with one per request")
-        return [self._response(index, result) for index, result in enumerate(results)]
+            log.error("%s returned %s for a batch of %d", self.label, count, len(requests))
+            return _failed(len(requests), 500, f"{self.label} returned {count} response(s) for a batch of "
+                           f"{len(requests)} request(s); a handler returns a list with one response per request")
+        answers = []
+        for index, result in enumerate(results):
+            try:
+                answers.append(self._response(index, result))
+            except ModelhostError as exc:
+                answers.append(HandlerResponse(exc.message.encode(), 503, error=True))
+        return answers
+
+    def _handler_input(self, request: HandlerRequest) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The request's `data` dict and its headers as the handler's context gives them (tsfs §A1.3)."""
+        data: dict[str, Any] = {}
+        headers: dict[str, Any] = {}
+        for name, (content_type, value) in request.parameters.items():
+            data[name] = _decode(content_type, value) if self._decode_input else bytearray(value)
+            headers[name] = {"content-type": content_type}
+        headers.update(request.headers)
+        return data, headers
 
     def _response(self, index: int, result: Any) -> HandlerResponse:
         context = self._service.context
         code, phrase = context.get_response_status(index)
-        return HandlerResponse(_encode(result, self.label), code, phrase or "",
-                               context.get_response_content_type(index),
-                               dict(context.get_response_headers(index) or {}))
+        return HandlerResponse(_encode(result, self.label), code or 200, phrase or "",
+                               context.get_response_content_type(index) or None,
+                               {str(k): str(v) for k, v in (context.get_response_headers(index) or {}).items()})
+
+
+def _failed(count: int, status: int, message: str) -> list[HandlerResponse]:
+    """The answers to a batch the handler failed: each request gets the same status and message."""
+    return [HandlerResponse(message.encode(), status, error=True) for _ in range(count)]
+
+
+def _decode(content_type: str, value: bytes) -> Any:
+    """A parameter's value as TorchServe's worker hands it to the handler: JSON parsed (raw bytes when it does not
+    parse), text as str, anything else as a bytearray."""
+    if content_type == "application/json":
+        try:
+            return json.loads(value.decode("utf-8"))
+        except ValueError:
+            return bytearray(value)
+    if content_type.startswith("text"):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return bytearray(value)
+    return bytearray(value)
 
 
 def _encode(result: Any, label: str) -> bytes:
@@ -122,5 +156,5 @@ def _encode(result: Any, label: str) -> bytes:
     try:
         return json.dumps(result, indent=2).encode("utf-8")
     except (TypeError, ValueError):
-        raise ModelhostError(ErrorKind.UNAVAILABLE, f"{label}: Unsupported model output data type "
-                             f"({type(result).__name__}).") from None
+        raise ModelhostError(ErrorKind.UNAVAILABLE, f"Unsupported model output data type ({label} returned a "
+                             f"{type(result).__name__}).") from None

@@ -1,0 +1,220 @@
+"""TorchServe backend: a TorchServe model archive (`.mar`) served by its own handler, unmodified.
+
+The model file is a version's `model.mar`, or the one `*.mar` in the version directory, in any of
+torch-model-archiver's formats (zip, tgz, or an unpacked `no-archive` directory; a version directory that holds
+`MAR-INF/MANIFEST.json` is one). Each instance runs the handler in a worker process of its own
+(backends/python/isolated.py: a crash or hang fails only its batch and the worker restarts), loaded and called as
+TorchServe's worker does (runtime.py). It is a handler model (handler_messages.py): KServe V2 and TF Serving
+clients send request bodies as BYTES `body` and get the handler's answers as `response`; the TorchServe and
+SageMaker front-ends send whole requests through the `handler` signature.
+
+The archive's model-config YAML (tsfs §A5.3) sets what config.pbtxt leaves unset: `batchSize` the
+max_batch_size (the scheduler's dynamic batching hands the handler up to that many requests), `maxBatchDelay`
+the queue delay, `minWorkers` the instances, `responseTimeout` and `startupTimeout` the worker's execute and
+initialize timeouts, `jobQueueSize` the queue's size (503 when full), `clientTimeoutInMills` the queue timeout.
+Config `parameters`: `handler` (instead of the manifest's), `decode_input_request` ("false": parameters reach
+the handler as bytes), and the Python backend's isolation limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
+from modelhost.backends.python.backend import read_options
+from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions
+from modelhost.backends.python.user_model import UserCodeError
+from modelhost.backends.torchserve.worker_model import HandlerSpec
+from modelhost.config.mar_manifest import MANIFEST, MarConfig, MarManifest
+from modelhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup, ModelQueuePolicy
+from modelhost.config.pbtxt import ConfigError
+from modelhost.errors import ModelhostError
+from modelhost.handler_messages import BODY_INPUT, HANDLER_INPUT, HANDLER_SIGNATURE, RESPONSE_OUTPUT
+from modelhost.store.mar import open_mar, read_mar_settings
+from modelhost.types import TensorSpec
+
+log = logging.getLogger("modelhost.backends.torchserve")
+
+ARCHIVE_SUFFIX = ".mar"
+HANDLER_PARAMETER = "handler"
+DECODE_PARAMETER = "decode_input_request"
+MAX_UNPACKED_BYTES = 64 << 30
+MAX_ARCHIVE_MEMBERS = 100_000
+
+SERVED_SIGNATURE = ModelSignature(inputs=(TensorSpec(BODY_INPUT, "BYTES", (-1,)),),
+                                  outputs=(TensorSpec(RESPONSE_OUTPUT, "BYTES", (-1,)),))
+HANDLER_MODEL_SIGNATURE = ModelSignature(inputs=(TensorSpec(HANDLER_INPUT, "BYTES", (-1,)),),
+                                         outputs=(TensorSpec(RESPONSE_OUTPUT, "BYTES", (-1,)),))
+
+
+class TorchServeBackend(Backend):
+    name = "torchserve"
+    platform = ""
+    default_filename = "model.mar"
+
+    def code_in(self, filename: str) -> str | None:
+        return f"{filename} (a TorchServe archive: modelhost runs its handler)"
+
+    def model_path(self, version_dir: Path, filename: str) -> Path:
+        path = version_dir / filename
+        if filename != self.default_filename or path.exists():
+            return path
+        if (version_dir / MANIFEST).is_file():
+            return version_dir
+        archives = sorted(entry for entry in _entries(version_dir) if entry.name.endswith(ARCHIVE_SUFFIX))
+        return archives[0] if len(archives) == 1 else path
+
+    def describe(self, path: Path) -> ModelSignature:
+        return SERVED_SIGNATURE
+
+    def configure(self, path: Path, config: ModelConfig) -> None:
+        _, settings = _read_settings(path)
+        apply_mar_config(settings, config)
+
+    def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
+        manifest, _ = _read_settings(path)
+        _, options = read_options(config)
+        parameters = {key: value.string_value for key, value in config.parameters.items()}
+        decode = parameters.get(DECODE_PARAMETER, "true").lower()
+        if decode not in ("true", "false"):
+            raise ConfigError(f"parameter {DECODE_PARAMETER} must be true or false, got '{decode}'")
+        held, root = _unpacked.hold(path)
+        version = path.name if (path / MANIFEST).is_file() else path.parent.name
+        try:
+            spec = HandlerSpec(
+                path=str(root), label=f"TorchServe model '{config.name}' version {version} instance {instance.index}",
+                model_name=config.name, handler=parameters.get(HANDLER_PARAMETER) or manifest.handler,
+                batch_size=max(config.max_batch_size, 1), threads=instance.threads, decode_input=decode == "true",
+            )
+            return HandlerModel(spec, options, held)
+        except UserCodeError as exc:
+            _unpacked.release(held)
+            if exc.details:
+                log.error("%s\n%s", exc.message, exc.details)
+            raise ConfigError(exc.message) from None
+        except BaseException:
+            _unpacked.release(held)
+            raise
+
+
+def apply_mar_config(settings: MarConfig, config: ModelConfig) -> None:
+    """Set, in `config`, what the archive's model-config YAML says and the config leaves unset (tsfs §A5.3)."""
+    if config.max_batch_size == 0 and not config.input:
+        config.max_batch_size = settings.batch_size
+    if not config.HasField("dynamic_batching"):
+        batching = config.dynamic_batching
+        if settings.batch_size > 1:
+            batching.max_queue_delay_microseconds = settings.max_batch_delay_ms * 1000
+        if settings.job_queue_size:
+            batching.default_queue_policy.max_queue_size = settings.job_queue_size
+        if settings.client_timeout_ms:
+            batching.default_queue_policy.default_timeout_microseconds = settings.client_timeout_ms * 1000
+            batching.default_queue_policy.timeout_action = ModelQueuePolicy.REJECT
+    if not config.instance_group and settings.min_workers:
+        config.instance_group.add(count=settings.min_workers, kind=ModelInstanceGroup.KIND_CPU)
+    for name, seconds in (("execute_timeout_seconds", settings.response_timeout_s),
+                          ("initialize_timeout_seconds", settings.startup_timeout_s)):
+        if name not in config.parameters:
+            config.parameters[name].string_value = str(seconds)
+
+
+class HandlerModel(IsolatedModel):
+    """One instance: the handler in its worker process, answering both signatures of a handler model."""
+
+    def __init__(self, spec: HandlerSpec, options: IsolationOptions, held: tuple[Path, int, int]) -> None:
+        self._held = held
+        super().__init__(spec, options, SERVED_SIGNATURE)  # raises UserCodeError
+
+    def signatures(self) -> Mapping[str, ModelSignature]:
+        return {HANDLER_SIGNATURE: HANDLER_MODEL_SIGNATURE}
+
+    def infer_signature(
+        self, signature: str, inputs: dict[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        return self.infer(inputs, outputs)
+
+    def unload(self) -> None:
+        try:
+            super().unload()
+        finally:
+            _unpacked.release(self._held)
+
+
+def _read_settings(path: Path) -> tuple[MarManifest, MarConfig]:
+    try:
+        return read_mar_settings(path)
+    except ModelhostError as exc:
+        raise ConfigError(exc.message) from None
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return list(directory.iterdir())
+    except OSError:
+        return []
+
+
+@dataclass(slots=True)
+class _Copy:
+    """An archive file's unpacked copy: the model root in it, the directory to remove, and how many instances
+    hold it."""
+
+    root: Path
+    directory: Path | None
+    holders: int = 1
+
+
+class _UnpackedArchives:
+    """Each archive file unpacked once, into a temporary directory of its own, for as long as an instance holds it
+    (a changed file is a new copy: instances of the old one keep theirs until they unload); a directory archive is
+    used where it is."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._copies: dict[tuple[Path, int, int], _Copy] = {}  # (archive, mtime, size) -> its copy
+
+    def hold(self, archive: Path) -> tuple[tuple[Path, int, int], Path]:
+        """The key to release with, and the model root (TorchServe's model_dir)."""
+        key = archive.resolve()
+        stat = key.stat()
+        identity = (key, stat.st_mtime_ns, stat.st_size)
+        with self._lock:
+            copy = self._copies.get(identity)
+            if copy is not None:
+                copy.holders += 1
+                return identity, copy.root
+            if archive.is_dir():
+                copy = _Copy(archive, None)
+            else:  # unpacked under the lock: a second instance of the archive waits for the first's copy
+                directory = Path(tempfile.mkdtemp(prefix="modelhost-mar-"))
+                try:
+                    model = open_mar(archive, directory / "archive", MAX_UNPACKED_BYTES, MAX_ARCHIVE_MEMBERS)
+                except ModelhostError as exc:
+                    shutil.rmtree(directory, ignore_errors=True)
+                    raise ConfigError(exc.message) from None
+                copy = _Copy(model.root, directory)
+            self._copies[identity] = copy
+            return identity, copy.root
+
+    def release(self, identity: tuple[Path, int, int]) -> None:
+        with self._lock:
+            copy = self._copies.get(identity)
+            if copy is None:
+                return
+            copy.holders -= 1
+            if copy.holders:
+                return
+            del self._copies[identity]
+        if copy.directory is not None:
+            shutil.rmtree(copy.directory, ignore_errors=True)
+
+
+_unpacked = _UnpackedArchives()

@@ -1,0 +1,98 @@
+"""A TorchServe archive's handler in its worker process: what backends/python/stub.py loads from a HandlerSpec, and
+how one batch of the model's two signatures (handler_messages.py) becomes one call of the handler.
+
+This module is imported by the worker to unpickle the spec: it imports nothing heavy at the top (torch and
+TorchServe's `ts` modules load with the handler, in the worker only).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from modelhost.backends.python.user_model import UserCodeError
+from modelhost.backends.torchserve.runtime import HandlerRuntime
+from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.handler_messages import BODY_INPUT, HANDLER_INPUT, RESPONSE_OUTPUT, HandlerRequest, HandlerResponse
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One instance of an archive's handler (a worker_code.WorkerSpec): `path` is the unpacked archive, TorchServe's
+    model_dir; `threads` the CPU threads its framework may use, unless the server's environment sets them."""
+
+    path: str
+    label: str
+    model_name: str
+    handler: str
+    batch_size: int
+    threads: int
+    decode_input: bool = True
+
+    def environment(self) -> dict[str, str]:
+        return {name: str(self.threads) for name in THREAD_VARIABLES if name not in os.environ}
+
+    def load(self) -> HandlerWorkerModel:
+        try:
+            runtime = HandlerRuntime(Path(self.path), self.model_name, self.handler, self.batch_size,
+                                     self.decode_input)
+        except ModelhostError as exc:
+            raise UserCodeError(f"{self.label}: {exc.message}") from None
+        except (Exception, SystemExit) as exc:
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            raise UserCodeError(f"{self.label} failed to load: {last}", traceback.format_exc()) from None
+        return HandlerWorkerModel(self.label, runtime)
+
+
+class HandlerWorkerModel:
+    """The loaded handler (a worker_code.WorkerModel). A batch of the `handler` signature is answered request by
+    request, failures included; one of the served signature (`body` tensors, from KServe V2 or TF Serving) is the
+    handler's bodies, and fails as a whole when the handler fails any of its requests."""
+
+    def __init__(self, label: str, runtime: HandlerRuntime) -> None:
+        self._label = label
+        self._runtime = runtime
+
+    def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        if HANDLER_INPUT in inputs:
+            requests = list(inputs[HANDLER_INPUT].reshape(-1))
+            if not all(isinstance(request, HandlerRequest) for request in requests):
+                raise ModelhostError(ErrorKind.INVALID_INPUT, f"{self._label}: signature 'handler' takes the requests "
+                                     "of TorchServe's and SageMaker's APIs; tensor APIs send bytes to input 'body'")
+            return {RESPONSE_OUTPUT: _objects(self._runtime.run(requests))}
+        bodies = inputs[BODY_INPUT].reshape(-1)
+        answers = self._runtime.run([HandlerRequest({"body": ("", _bytes(body))}) for body in bodies])
+        for index, answer in enumerate(answers):
+            if answer.error or answer.status >= 400:
+                raise ModelhostError(_kind(answer.status), f"{self._label} answered request {index} of the batch "
+                                     f"with status {answer.status}: {answer.body[:500].decode(errors='replace')}")
+        return {RESPONSE_OUTPUT: _objects([answer.body for answer in answers])}
+
+    def finalize(self) -> None:
+        """TorchServe calls nothing on a handler at unload: neither does modelhost."""
+
+
+def _bytes(element: object) -> bytes:
+    if isinstance(element, (bytes, bytearray, memoryview)):
+        return bytes(element)
+    if isinstance(element, str):
+        return element.encode("utf-8")
+    raise ModelhostError(ErrorKind.INVALID_INPUT, f"input 'body' holds a {type(element).__name__}, not bytes")
+
+
+def _objects(items: list[HandlerResponse] | list[bytes]) -> np.ndarray:
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+def _kind(status: int) -> ErrorKind:
+    if status == 507:
+        return ErrorKind.NO_MEMORY
+    return ErrorKind.INVALID_INPUT if 400 <= status < 500 else ErrorKind.INTERNAL
