@@ -52,6 +52,9 @@ from modelhost.protocols.tfserving.model_server import TfServingSetup
 from modelhost.protocols.tfserving.serving import TfServing
 from modelhost.protocols.tfserving.warmup_records import read_warmup_requests
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
+from modelhost.protocols.torchserve.front_end import torchserve_front_ends
+from modelhost.protocols.torchserve.model_server import TorchServeSetup
+from modelhost.protocols.torchserve.serving import TorchServing
 from modelhost.settings import (
     ServerSettings,
     handler_threads,
@@ -63,6 +66,7 @@ from modelhost.store.archive_repository import ArchiveRepository
 from modelhost.store.archive_store import ArchiveStore, holds_only_archives, open_archive_store
 from modelhost.store.layout import ModelLayout, find_layout
 from modelhost.store.local import LocalStore
+from modelhost.store.mar_repository import MarRepository
 from modelhost.store.model_list import ModelListStore
 from modelhost.store.model_store import ModelStore
 
@@ -73,10 +77,13 @@ GC_YOUNG_THRESHOLD = 10_000
 class Server:
     """One modelhost server; `build_asgi()` gives the ASGI app, `run()` serves it (and gRPC) until a signal."""
 
-    def __init__(self, settings: ServerSettings, tfserving: TfServingSetup | None = None) -> None:
-        """`tfserving`: serve as `modelhost tfserving` does, its model list instead of a repository."""
+    def __init__(self, settings: ServerSettings, tfserving: TfServingSetup | None = None,
+                 torchserve: TorchServeSetup | None = None) -> None:
+        """`tfserving`: serve as `modelhost tfserving` does, its model list instead of a repository; `torchserve`:
+        as `modelhost torchserve`, the models registered with its APIs."""
         self.settings = settings
         self.tfserving_setup = tfserving
+        self.torchserve_setup = torchserve
         settings.cache_dir.mkdir(parents=True, exist_ok=True)
         # This process's own files (generated layouts, unpacked archives), removed at stop.
         self.work_dir = Path(tempfile.mkdtemp(prefix="server-", dir=settings.cache_dir))
@@ -102,6 +109,7 @@ class Server:
         self.layout: ModelLayout | None = None
         self.source = ""  # where the models come from, for the log
         self.model_list: ModelListStore | None = None
+        self.mar_repository: MarRepository | None = None
         if settings.multi_model:  # the archives, if any, are the manager's store as well as the cache's
             archives = self._archive_store()
             store: ModelStore | None = None if archives is None else self._archive_repository(archives)
@@ -110,6 +118,11 @@ class Server:
             self.model_list = ModelListStore(self.work_dir / "models", tfserving.listed())
             archives, store = None, self.model_list
             self.source = f"{len(tfserving.models)} model base path(s)"
+        elif torchserve is not None:
+            (self.work_dir / "models").mkdir()
+            self.mar_repository = MarRepository(self.work_dir / "models")
+            archives, store = None, self.mar_repository
+            self.source = f"TorchServe model store {torchserve.config.model_store or '(none)'}"
         else:
             archives, store = None, self._model_store()
         self.code_policy = CodePolicy(settings.user_code)
@@ -121,6 +134,8 @@ class Server:
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings))
         self.tfserving = TfServing(self.dataplane, typed_outputs=tfserving is None or tfserving.typed_outputs)
         self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)
+        self.torchserving = None if torchserve is None or self.mar_repository is None else TorchServing(
+            self.dataplane, self.manager, self.mar_repository, torchserve.config, settings.cpu_count)
         self.worker_statistics = (WorkerStatistics(Path(settings.workers_dir), settings.worker_index, settings.workers)
                                   if settings.workers > 1 and settings.workers_dir else None)
         if self.worker_statistics is not None:
@@ -139,7 +154,7 @@ class Server:
             front_end for port, make in ((settings.sagemaker_port, self._sagemaker_front_end),
                                          (settings.metrics_port, self._metrics_front_end)) if port
             for front_end in [make()]
-        ]
+        ] + (torchserve_front_ends(self.torchserving) if self.torchserving is not None else [])
         self._loading: asyncio.Task[None] | None = None
         self._http: HttpServer | None = None  # set by run()
         self.grpc = self._grpc_server() if settings.grpc_port else None
@@ -282,6 +297,8 @@ class Server:
         else:
             log.info("loading models from %s (model control mode %s)", self.source, self.settings.model_control_mode)
         await self.manager.load_all(self._models_at_start())
+        if self.torchserving is not None:
+            await self.torchserving.register_at_start()
         for entry in self.manager.index():
             if entry.state == "READY":
                 log.info("model %s version %s: READY", entry.name, entry.version)
@@ -345,14 +362,15 @@ class Server:
         for front_end in self.front_ends:
             in_flight = self.in_flight if front_end.counts_in_flight else InFlight()
             listeners.append(Listener(front_end.name, front_end.app, front_end.port, in_flight, front_end.shared,
-                              self._tls_for(front_end.name.lower()), handshake))
+                              self._tls_for(front_end.name.lower()), handshake, front_end.host))
         self._http = HttpServer(listeners, s.host, http_limits(s), s.graceful_shutdown_seconds,
                                 reuse_port=s.workers > 1, on_stop=self._stop_grpc)
         uvloop.run(self._serve(self._http))
 
     def _serves_http(self) -> bool:
-        """Whether the HTTP port listens: always, but for `modelhost tfserving --rest_api_port 0`."""
-        return self.tfserving_setup is None or bool(self.settings.http_port)
+        """Whether the HTTP port listens: always, but for `modelhost tfserving --rest_api_port 0` and `modelhost
+        torchserve`, whose clients use the ports of the server they know."""
+        return (self.tfserving_setup is None and self.torchserve_setup is None) or bool(self.settings.http_port)
 
     async def _serve(self, http: HttpServer) -> None:
         if self.tls is not None:  # without TLS, SIGHUP keeps its default (it stops the server)

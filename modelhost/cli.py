@@ -31,6 +31,7 @@ from modelhost.settings import (
 
 if TYPE_CHECKING:
     from modelhost.protocols.tfserving.model_server import TfServingFlags
+    from modelhost.protocols.torchserve.config_properties import TorchServeConfig
 
 _LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 # What `serve` changes in a container: listen on every interface (SageMaker connects from outside).
@@ -191,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="start the server", argument_default=argparse.SUPPRESS)
     add_serve_flags(serve, ServerSettings(), "built-in examples")
     # Listed for --help; `main` hands `modelhost tfserving ...` to its own parser, which has TF Serving's flags.
+    commands.add_parser("torchserve", add_help=False,
+                        help="serve TorchServe archives as torchserve does, with its flags and config.properties "
+                             "(modelhost torchserve --help)")
     commands.add_parser("tfserving", add_help=False,
                         help="serve as tensorflow_model_server, with its flags (modelhost tfserving --help)")
     return parser
@@ -257,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tfserving"]:
         return tfserving_main(argv[1:])
+    if argv[:1] == ["torchserve"]:
+        return torchserve_main(argv[1:])
     return run(modelhost_settings(argv, os.environ), unused_variables(os.environ))
 
 
@@ -292,6 +298,62 @@ def tfserving_main(argv: Sequence[str]) -> int:
     from modelhost.app import Server
 
     Server(settings, tfserving=flags.setup).run()
+    return 0
+
+
+def torchserve_settings(config: TorchServeConfig) -> ServerSettings:
+    """`modelhost torchserve`'s ServerSettings: no port of modelhost's own (TorchServe's front-ends have theirs),
+    models loaded as they are registered, TorchServe's request and response size limits."""
+    settings = ServerSettings(
+        host=config.inference_address.host, http_port=0, grpc_port=0, sagemaker_port=0, metrics_port=0,
+        model_control_mode="explicit", http_max_body_bytes=config.max_request_size,
+        http_max_buffered_bytes=max(config.max_request_size, ServerSettings().http_max_buffered_bytes),
+        max_output_bytes=config.max_response_size,
+        tls_cert_file=str(config.certificate_file) if config.certificate_file else None,
+        tls_key_file=str(config.private_key_file) if config.private_key_file else None,
+    )
+    check_settings(settings)
+    return settings
+
+
+def torchserve_main(argv: Sequence[str]) -> int:
+    """`modelhost torchserve ...`: torchserve's command line (protocols/torchserve/model_server.py)."""
+    from modelhost.backends.torchserve.runtime import TORCHSERVE_VERSION
+    from modelhost.protocols.torchserve.config_properties import TorchServeConfigError
+    from modelhost.protocols.torchserve.model_server import (
+        parse_flags,
+        remove_pid_file,
+        running_pid,
+        stop_server,
+        write_pid_file,
+    )
+
+    try:
+        flags = parse_flags(argv)
+        if flags.stop:
+            print(stop_server())
+            return 0
+        if flags.print_version:
+            print(f"modelhost {__version__} (TorchServe command line, handlers of TorchServe "
+                  f"{TORCHSERVE_VERSION})")
+            return 0
+        settings = torchserve_settings(flags.setup.config)
+    except (TorchServeConfigError, SettingsError) as exc:
+        print(f"modelhost torchserve: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for note in flags.setup.notes:
+        logging.getLogger("modelhost").warning("%s", note)
+    from modelhost.app import Server
+
+    if running_pid() is not None:
+        print("TorchServe is already running, please use torchserve --stop to stop TorchServe.", file=sys.stderr)
+        return 1
+    write_pid_file()
+    try:
+        Server(settings, torchserve=flags.setup).run()
+    finally:
+        remove_pid_file()
     return 0
 
 

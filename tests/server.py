@@ -128,6 +128,44 @@ class TfServingProcess(ServerProcess):
         self._reader.start()
 
 
+class TorchServeProcess(ServerProcess):
+    """`modelhost torchserve --start` with a config.properties of free ports (`inference`, `management`, `metrics`
+    are their base URLs) and its own temporary directory (for its pid file), in `directory`."""
+
+    def __init__(self, directory: Path, *flags: str, properties: str = "") -> None:  # noqa: D107
+        self.port, self.management_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.url = f"127.0.0.1:{self.port}"
+        self.base = self.inference = f"http://{self.url}"
+        self.management = f"http://127.0.0.1:{self.management_port}"
+        self.metrics = f"http://127.0.0.1:{self.metrics_port}"
+        self.grpc_inference_port, self.grpc_management_port = free_port(), free_port()
+        self.cache_dir = None
+        self.temporary = directory / "tmp"
+        self.temporary.mkdir(parents=True, exist_ok=True)
+        self.config_file = directory / "config.properties"
+        self.config_file.write_text(
+            f"inference_address=http://127.0.0.1:{self.port}\n"
+            f"management_address=http://127.0.0.1:{self.management_port}\n"
+            f"metrics_address=http://127.0.0.1:{self.metrics_port}\n"
+            f"grpc_inference_port={self.grpc_inference_port}\ngrpc_management_port={self.grpc_management_port}\n"
+            + properties)
+        args = [sys.executable, "-m", "modelhost", "torchserve", "--start", "--ts-config", str(self.config_file),
+                *flags]
+        env = {**os.environ, "TMPDIR": str(self.temporary)}
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                        cwd=directory)
+        self.output = ""
+        self._lines = []
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+
+    def wait_ready(self, timeout: float = 60.0, path: str = "") -> TorchServeProcess:
+        """Wait until the models registered at start are registered and healthy."""
+        super().wait_ready(timeout, path or f"{self.inference}/ping")
+        wait_for(lambda: "ready:" in self.printed, timeout, "the models registered at start")
+        return self
+
+
 def pending(server: ServerProcess, model: str) -> int:
     """Requests queued for `model` (not running), from the Prometheus endpoint."""
     text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text

@@ -13,6 +13,7 @@ class FrontEnd:
     app: ASGIApp
     shared: bool = True  # with --workers, every process listens on its port (SO_REUSEPORT)
     counts_in_flight: bool = True  # its requests count in InFlight, which tells the schedulers a lone request
+    host: str | None = None  # where it listens; None: the server's --host
 
     async def start(self) -> None:
         return None

@@ -59,6 +59,9 @@ class HttpResponse:
 
 
 RouteHandler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+# The app's own answers (unknown path, wrong method, a body it cannot read, an unexpected failure) in a protocol's
+# error shape: status and message -> the response.
+ErrorShape = Callable[[int, str], HttpResponse]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,7 @@ class HttpApp:
         shutdown: Callable[[], Awaitable[None]] | None = None,
         max_body_bytes: int = 64 * 1024 * 1024,
         access: AccessPolicy | None = None,
+        errors: ErrorShape | None = None,
     ) -> None:
         self.routes = tuple(routes)  # what this app serves, as given (the OpenAPI documents are checked against it)
         self._routes = [(r.method, re.compile(r.pattern), r.handler, r.api) for r in routes]
@@ -115,6 +119,7 @@ class HttpApp:
         self._startup = startup
         self._shutdown = shutdown
         self._max_body_bytes = max_body_bytes
+        self._errors = errors
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -135,6 +140,8 @@ class HttpApp:
                     api = route_api
                     break
         if handler is None:
+            if self._errors is not None:
+                return self._errors(405, "Method Not Allowed") if path_known else self._errors(404, "Not Found")
             return error_response(405, "Method Not Allowed") if path_known else error_response(404, "Not Found")
         headers = dict(scope["headers"])
         if self._access:
@@ -149,7 +156,8 @@ class HttpApp:
         except Exception as exc:
             # The exception's text may hold paths and internals: the log has it, the client its type.
             client_log(log, logging.ERROR, "http-internal-error", "%s %s failed", method, path, exc_info=exc)
-            return error_response(500, f"internal error ({type(exc).__name__}); the server log has the details")
+            message = f"internal error ({type(exc).__name__}); the server log has the details"
+            return self._errors(500, message) if self._errors is not None else error_response(500, message)
 
     def admit(self, method: bytes, raw_path: bytes, headers: list[tuple[bytes, bytes]]) -> Answer | None:
         """Called by the transport when a request's head is complete, before its body is read: the answer the
@@ -174,10 +182,11 @@ class HttpApp:
         return None
 
     def _error(self, exc: ModelhostError) -> HttpResponse:
-        response = error_answer(exc)
         if exc.kind is ErrorKind.OVERLOADED:
             self._overloaded_until = time.monotonic() + ADMISSION_WINDOW_S
-        return response
+        if self._errors is not None:
+            return self._errors(STATUS[exc.kind], public_message(exc.message))
+        return error_answer(exc)
 
     def _denied(self, api: Api, headers: dict[bytes, bytes]) -> HttpResponse | None:
         """401 without the credential `api` requires, 403 with a wrong one; None when allowed."""

@@ -44,6 +44,7 @@ class Listener:
     shared: bool = True  # with --workers, every process listens on this port (SO_REUSEPORT)
     tls: ssl.SSLContext | None = None  # None: plain HTTP; shared by listeners, reloaded in place (protocols/tls.py)
     tls_handshake_seconds: float = 10.0  # a client gets this long for its TLS handshake
+    host: str | None = None  # None: the server's host
 
 
 class HttpServer:
@@ -107,18 +108,19 @@ class HttpServer:
                 reuse = self.reuse_port and listener.shared
                 protocol = partial(HttpConnection, self, listener.app, listener.in_flight)
                 handshake = listener.tls_handshake_seconds if listener.tls is not None else None
-                servers.append(await loop.create_server(protocol, self.host, listener.port, backlog=2048,
+                host = listener.host or self.host
+                servers.append(await loop.create_server(protocol, host, listener.port, backlog=2048,
                                                         reuse_port=reuse, ssl=listener.tls,
                                                         ssl_handshake_timeout=handshake))
-                log.info("%s listening on %s:%d%s", listener.name, self.host, listener.port,
+                log.info("%s listening on %s:%d%s", listener.name, host, listener.port,
                          " (TLS)" if listener.tls else "")
         except OSError as exc:
             for server in servers:
                 server.close()
             for lifespan in reversed(lifespans):
                 await lifespan.shutdown()
-            raise SystemExit(
-                f"modelhost: cannot listen on {self.host}:{listener.port}: {exc.strerror or exc}") from None
+            raise SystemExit(f"modelhost: cannot listen on {listener.host or self.host}:{listener.port}: "
+                             f"{exc.strerror or exc}") from None
         self._watch_memory()
         await self._stopping.wait()
         if self._memory_watch is not None:

@@ -1,0 +1,25 @@
+"""The TorchServe front-ends: its inference API on the inference address (and, where the management address is the
+same, the management API with it, as SageMaker's containers configure it), each a port of its own."""
+
+from __future__ import annotations
+
+from modelhost.protocols.front_end import FrontEnd
+from modelhost.protocols.http.app import HttpApp, Route
+from modelhost.protocols.torchserve import inference
+from modelhost.protocols.torchserve.answers import app_error
+from modelhost.protocols.torchserve.config_properties import Address
+from modelhost.protocols.torchserve.serving import TorchServing
+
+
+class TorchServeFrontEnd(FrontEnd):
+    def __init__(self, name: str, address: Address, routes: list[Route], max_body_bytes: int) -> None:
+        self.name = name
+        self.host = address.host
+        self.port = address.port
+        self.app = HttpApp(routes, max_body_bytes=max_body_bytes, errors=app_error)
+
+
+def torchserve_front_ends(serving: TorchServing) -> list[FrontEnd]:
+    config = serving.config
+    return [TorchServeFrontEnd("TorchServe inference", config.inference_address, inference.routes(serving),
+                               config.max_request_size)]

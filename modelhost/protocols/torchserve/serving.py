@@ -1,0 +1,352 @@
+"""TorchServe's API over the core, for its inference, management and gRPC front-ends alike (tsfs §A1, §A2): which
+models and versions are registered, with what worker settings, and predictions through a model's `handler`
+signature (handler_messages.py).
+
+Each registered model is one modelhost model, served by the torchserve backend from a layout this module writes
+(store/mar_repository.py); each TorchServe version (a free-form string) is one of its versions, numbered in
+registration order. Worker settings are the model's, as one config.pbtxt holds them: those of its latest
+registration. A model registered with no workers is known here and not loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelhost.config.mar_manifest import MarConfig, MarManifest
+from modelhost.core.dataplane import DataPlane
+from modelhost.core.manager import ModelManager
+from modelhost.errors import ErrorKind, ModelhostError
+from modelhost.handler_messages import (
+    HANDLER_INPUT,
+    HANDLER_SIGNATURE,
+    RESPONSE_OUTPUT,
+    HandlerRequest,
+    HandlerResponse,
+)
+from modelhost.protocols.torchserve.config_properties import TorchServeConfig
+from modelhost.store.mar import read_mar_settings
+from modelhost.store.mar_repository import MarEntry, MarRepository, MarVersion
+from modelhost.store.paths import name_problem
+from modelhost.types import InferRequest
+
+log = logging.getLogger("modelhost.torchserve")
+
+DEFAULT_VERSION = "1.0"  # torch-model-archiver's, for a manifest that names none
+
+
+class TorchServeError(Exception):
+    """An answer in TorchServe's error shape: HTTP status, the Java exception's simple name, the message."""
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+
+
+def model_not_found(name: str) -> TorchServeError:
+    return TorchServeError(404, "ModelNotFoundException", f"Model not found: {name}")
+
+
+def version_not_found(name: str, version: str) -> TorchServeError:
+    return TorchServeError(404, "ModelVersionNotFoundException",
+                           f"Model version: {version} does not exist for model: {name}")
+
+
+def no_worker(name: str) -> TorchServeError:
+    return TorchServeError(503, "ServiceUnavailableException",
+                           f'Model "{name}" has no worker to serve inference request. Please use scale workers API to '
+                           "add workers. If this is a sequence inference, please check if it is closed, or expired; "
+                           "or exceeds maxSequenceJobQueueSize")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """A model's frontend settings (tsfs §A5.3), as describe shows them."""
+
+    min_workers: int
+    max_workers: int
+    batch_size: int = 1
+    max_batch_delay_ms: int = 100
+    response_timeout_s: int = 120
+    startup_timeout_s: int = 120
+    job_queue_size: int = 100
+    client_timeout_ms: int = 0
+
+    def config_text(self, handler: str | None, decode_input: bool) -> str:
+        """config.pbtxt lines for them: the scheduler batches and times out as TorchServe's frontend would."""
+        delay = f"max_queue_delay_microseconds: {self.max_batch_delay_ms * 1000} " if self.batch_size > 1 else ""
+        timeout = (f"default_timeout_microseconds: {self.client_timeout_ms * 1000} timeout_action: REJECT "
+                   if self.client_timeout_ms else "")
+        parameters = {"execute_timeout_seconds": self.response_timeout_s,
+                      "initialize_timeout_seconds": self.startup_timeout_s,
+                      "decode_input_request": "true" if decode_input else "false"}
+        if handler:
+            parameters["handler"] = handler
+        return (f"max_batch_size: {self.batch_size}\n"
+                f"instance_group [ {{ count: {max(self.min_workers, 1)} kind: KIND_CPU }} ]\n"
+                f"dynamic_batching {{ {delay}default_queue_policy {{ max_queue_size: {self.job_queue_size} "
+                f"{timeout}}} }}\n"
+                + "".join(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+                          for key, value in parameters.items()))
+
+
+@dataclass(slots=True)
+class RegisteredVersion:
+    version: str
+    number: int  # modelhost's version
+    url: str  # as registered: an archive of the model store, or a URL
+    archive: Path
+    manifest: MarManifest
+    settings: WorkerSettings
+    handler: str | None = None  # the registration's handler, instead of the manifest's
+    loaded_at_startup: bool = False
+    started: float = field(default_factory=time.time)
+
+
+@dataclass(slots=True)
+class RegisteredModel:
+    name: str
+    versions: dict[str, RegisteredVersion] = field(default_factory=dict)
+    default: str = ""
+    numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What a registration asks for (the management API's parameters, a startup model's `models` entry); None:
+    not given, so the archive's YAML, then the server's defaults, decide."""
+
+    name: str | None = None
+    handler: str | None = None
+    batch_size: int | None = None
+    max_batch_delay_ms: int | None = None
+    initial_workers: int | None = None
+    response_timeout_s: int | None = None
+    startup_timeout_s: int | None = None
+    default_version: bool = False
+    at_startup: bool = False
+
+
+class TorchServing:
+    def __init__(self, dataplane: DataPlane, manager: ModelManager, repository: MarRepository,
+                 config: TorchServeConfig, cpu_count: int) -> None:
+        self.dataplane = dataplane
+        self.config = config
+        self._manager = manager
+        self._repository = repository
+        self._cpu_count = cpu_count
+        self._models: dict[str, RegisteredModel] = {}
+        self._lock = asyncio.Lock()
+
+    # registry
+
+    def models(self) -> list[RegisteredModel]:
+        return [self._models[name] for name in sorted(self._models)]
+
+    def model(self, name: str) -> RegisteredModel:
+        found = self._models.get(name)
+        if found is None:
+            raise model_not_found(name)
+        return found
+
+    def version(self, name: str, version: str | None = None) -> RegisteredVersion:
+        """The version `version` of model `name`, its default version when None or empty."""
+        model = self.model(name)
+        found = model.versions.get(version or model.default)
+        if found is None:
+            raise version_not_found(name, version or model.default)
+        return found
+
+    async def register(self, archive: Path, url: str, request: Registration) -> RegisteredVersion:
+        """Register (and, with workers, load) the archive's model; TorchServeError for what TorchServe refuses."""
+        try:
+            manifest, yaml = await asyncio.to_thread(read_mar_settings, archive)
+        except ModelhostError as exc:
+            raise TorchServeError(400, "ModelException", exc.message) from None
+        name = request.name or manifest.model_name
+        problem = name_problem(name)
+        if problem is not None:
+            raise TorchServeError(400, "BadRequestException", f"Invalid model name {name!r}: it {problem}")
+        async with self._lock:
+            model = self._models.get(name) or RegisteredModel(name)
+            version = manifest.model_version or DEFAULT_VERSION
+            if version in model.versions:
+                raise TorchServeError(409, "ConflictStatusException",
+                                      f"Model version {version} is already registered for model {name}")
+            registered = RegisteredVersion(version, next(model.numbers), url, archive, manifest,
+                                           self._settings(name, version, yaml, request), request.handler,
+                                           request.at_startup)
+            model.versions[version] = registered
+            if not model.default or request.default_version:
+                model.default = version
+            self._models[name] = model
+            try:
+                await self._apply(model, registered, new_version=True)
+            except BaseException:
+                del model.versions[version]
+                if not model.versions:
+                    del self._models[name]
+                elif model.default == version:
+                    model.default = next(iter(model.versions))
+                await self._write(model)
+                raise
+        return registered
+
+    async def register_at_start(self) -> None:
+        """Register the models `load_models` (or `--models`) names; one that cannot be registered is logged, and
+        the others are served."""
+        for name, url in startup_archives(self.config):
+            try:
+                archive = archive_in_store(self.config.model_store, url)
+                version = self.config.models.get(name or "", {})
+                default = any(settings.get("defaultVersion") is True for settings in version.values())
+                registered = await self.register(archive, url, Registration(name=name, at_startup=True,
+                                                                            default_version=default))
+            except TorchServeError as exc:
+                log.error("model archive %s was not registered: %s", url, exc.message)
+                continue
+            log.info('model "%s" version %s registered from %s with %d worker(s)', registered.manifest.model_name
+                     if name is None else name, registered.version, url, registered.settings.min_workers)
+
+    def _settings(self, name: str, version: str, yaml: MarConfig, request: Registration) -> WorkerSettings:
+        """API > model-config YAML > config.properties `models` > the server's defaults (tsfs §A2.1)."""
+        configured: dict[str, Any] = self.config.models.get(name, {}).get(version, {})
+        default_workers = self.config.default_workers_per_model
+        if request.at_startup and not default_workers:
+            default_workers = self._cpu_count
+
+        def pick(api: int | None, from_yaml: int | None, key: str, default: int) -> int:
+            for value in (api, from_yaml, configured.get(key)):
+                if isinstance(value, int) and not isinstance(value, bool):
+                    return value
+            return default
+
+        yaml_given = yaml.raw
+        workers = pick(request.initial_workers, None, "minWorkers", default_workers)
+        if yaml.min_workers and (yaml.max_workers is None or yaml.max_workers >= yaml.min_workers):
+            workers = yaml.min_workers
+        return WorkerSettings(
+            min_workers=workers,
+            max_workers=max(workers, yaml.max_workers or 0, int(configured.get("maxWorkers", 0) or 0)),
+            batch_size=pick(request.batch_size, yaml.batch_size if "batchSize" in yaml_given else None,
+                            "batchSize", 1),
+            max_batch_delay_ms=pick(request.max_batch_delay_ms,
+                                    yaml.max_batch_delay_ms if "maxBatchDelay" in yaml_given else None,
+                                    "maxBatchDelay", 100),
+            response_timeout_s=pick(request.response_timeout_s,
+                                    yaml.response_timeout_s if "responseTimeout" in yaml_given else None,
+                                    "responseTimeout", self.config.default_response_timeout),
+            startup_timeout_s=pick(request.startup_timeout_s,
+                                   yaml.startup_timeout_s if "startupTimeout" in yaml_given else None,
+                                   "startupTimeout", self.config.default_startup_timeout),
+            job_queue_size=yaml.job_queue_size or self.config.job_queue_size,
+            client_timeout_ms=yaml.client_timeout_ms,
+        )
+
+    async def _apply(self, model: RegisteredModel, changed: RegisteredVersion, new_version: bool) -> None:
+        """Write the model's layout with `changed`'s settings, and load what its workers ask for."""
+        await self._write(model, changed)
+        if changed.settings.min_workers == 0:
+            if not any(v.settings.min_workers for v in model.versions.values()) and self._manager.knows(model.name):
+                await self._manager.unload(model.name)
+            return
+        try:
+            await self._manager.reload_changed(model.name, set() if new_version else None)
+        except ModelhostError as exc:
+            raise TorchServeError(500, "InternalServerException", exc.message) from None
+
+    async def _write(self, model: RegisteredModel, latest: RegisteredVersion | None = None) -> None:
+        if not model.versions:
+            await asyncio.to_thread(self._repository.remove, model.name)
+            return
+        source = latest or model.versions[model.default]
+        entry = MarEntry(model.name, tuple(MarVersion(v.number, v.archive) for v in model.versions.values()),
+                         source.settings.config_text(source.handler, self.config.decode_input_request))
+        await asyncio.to_thread(self._repository.put, entry)
+
+    # inference
+
+    async def predict(self, name: str, version: str | None, request: HandlerRequest) -> HandlerResponse:
+        """The handler's answer to one request (its status may be an error of the handler's); TorchServeError for
+        an unknown model or version and for one without workers, ModelhostError for what the core refuses."""
+        registered = self.version(name, version)
+        if registered.settings.min_workers == 0:
+            raise no_worker(name)
+        requests = np.empty(1, dtype=object)
+        requests[0] = request
+        try:
+            response = await self.dataplane.infer(InferRequest(
+                name, {HANDLER_INPUT: requests}, str(registered.number), request.request_id,
+                signature=HANDLER_SIGNATURE))
+        except ModelhostError as exc:
+            if exc.kind in (ErrorKind.NOT_FOUND, ErrorKind.UNAVAILABLE, ErrorKind.OVERLOADED):
+                raise no_worker(name) from None
+            raise
+        answer = response.outputs[RESPONSE_OUTPUT].reshape(-1)[0]
+        assert isinstance(answer, HandlerResponse)
+        return answer
+
+    def only_startup_model(self) -> str | None:
+        """The model `/invocations` means without a model_name: the one model registered at start, if one."""
+        names = [model.name for model in self._models.values()
+                 if any(version.loaded_at_startup for version in model.versions.values())]
+        return names[0] if len(names) == 1 else None
+
+    def healthy(self) -> bool:
+        """TorchServe's /ping: every model's default version has the workers it asks for (tsfs §A1.2)."""
+        for model in self._models.values():
+            default = model.versions.get(model.default)
+            if default is not None and default.settings.min_workers and not self.dataplane.model_ready(
+                    model.name, str(default.number)):
+                return False
+        return True
+
+
+def new_request_id() -> str:
+    return str(uuid.uuid4())
+
+
+def startup_archives(config: TorchServeConfig) -> list[tuple[str | None, str]]:
+    """(name or None for the manifest's, archive) of each model `load_models` names: `all` is every archive of the
+    model store (`.mar`, `.tar.gz`, `.model` files and directories), in name order."""
+    if any(entry.lower() == "all" for entry in config.load_models):
+        if config.model_store is None:
+            return []
+        return [(None, entry.name) for entry in sorted(config.model_store.iterdir())
+                if not entry.name.startswith(".") and (
+                    entry.is_dir() or entry.name.endswith((".mar", ".tar.gz", ".model")))]
+    archives: list[tuple[str | None, str]] = []
+    for entry in config.load_models:
+        name, separator, url = entry.partition("=")
+        archives.append((name, url) if separator else (None, entry))
+    return archives
+
+
+def archive_in_store(store: Path | None, url: str) -> Path:
+    """An archive the model store holds (tsfs §A2.1): a `.mar` file or archive directory named directly in it,
+    by its name or its full path (optionally `file://`); no subfolders."""
+    if store is None:
+        raise TorchServeError(400, "ModelException", "no model store is set (--model-store or model_store): archives "
+                                                     "are registered from it")
+    name = url.removeprefix("file://")
+    if os.path.isabs(name):
+        if Path(name).parent != store.absolute():
+            raise TorchServeError(400, "ModelException", f"{Path(name).name} is not in the model store")
+        name = Path(name).name
+    if not name or "/" in name or name in (".", ".."):
+        raise TorchServeError(400, "ModelException", f"'{url}' is not an archive of the model store (no subfolders)")
+    path = store / name
+    if not path.exists():
+        raise TorchServeError(404, "ModelNotFoundException", f"Model not found in model store: {name}")
+    return path
