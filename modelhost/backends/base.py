@@ -72,6 +72,10 @@ class Model(abc.ABC):
         """The inputs and outputs this loaded instance declares, if it can tell: spares `describe`."""
         return None
 
+    def process_id(self) -> int | None:
+        """The process the instance runs in when it is not the server's (a worker process), if it runs now."""
+        return None
+
     def signature_name(self) -> str:
         """The name the model file gives the signature `infer` runs ("" where it names none)."""
         return ""

@@ -106,6 +106,14 @@ class DataPlane:
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_json(self._manager.get(name, version).config)
 
+    def instances(self, name: str, version: str = "") -> tuple[list[int | None], int]:
+        """A loaded version's instances (each one's worker process, None where it runs in the server's process)
+        and how many requests wait in its queue; NOT_FOUND and UNAVAILABLE as `metadata`."""
+        served = self._manager.get(name, version)
+        if not isinstance(served.scheduler, Scheduler):
+            return [], served.scheduler.queued()
+        return served.scheduler.instance_processes(), served.scheduler.queued()
+
     def admit(self, name: str, version: str = "") -> None:
         """Raises what `infer` of this model would raise before looking at the request: the model is unknown
         or not ready, or its queue is full (counted as a failed request, as `infer` counts it). For a front-end

@@ -176,6 +176,10 @@ class Scheduler:
     def queued(self) -> int:
         return self._queue.depth()
 
+    def instance_processes(self) -> list[int | None]:
+        """Each instance's worker process (None: it runs in the server's process, or its worker restarts)."""
+        return [instance.process_id() for instance, _ in self._instances]
+
     async def stop(self) -> None:
         """Stop accepting; the instances finish what is queued, then unload. Returns once every one has (the
         last instance thread to finish says so on the loop: no thread waits in a join)."""

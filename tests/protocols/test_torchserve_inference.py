@@ -224,3 +224,13 @@ def test_stop_stops_the_server_start_started(tmp_path: Path) -> None:
     assert stopped.stdout.strip() == "TorchServe has stopped."
     assert process.process.wait(timeout=10) == 0
     process.stop()
+
+
+def test_register_and_unregister_need_the_model_api_and_the_rest_answers(server: TorchServeProcess) -> None:
+    for method, path in (("POST", "/models?url=kinds.mar"), ("DELETE", "/models/kinds")):
+        response = requests.request(method, f"{server.management}{path}", timeout=30)
+        assert response.status_code == 405 and response.json()["type"] == "MethodNotAllowedException"
+    listed = requests.get(f"{server.management}/models", timeout=30).json()
+    assert [m["modelName"] for m in listed["models"]] == ["echo", "kinds", "picky"]
+    (described,) = requests.get(f"{server.management}/models/kinds", timeout=30).json()
+    assert described["loadedAtStartup"] is True and described["minWorkers"] == 1

@@ -185,6 +185,10 @@ class IsolatedModel(Model):
     def signature(self) -> ModelSignature | None:
         return self._signature
 
+    def process_id(self) -> int | None:
+        worker = self._worker  # never waits for a restart: None while one runs
+        return worker.pid if worker is not None and worker.process.poll() is None else None
+
     def worker_pid(self) -> int | None:
         """The pid of the current worker (None while it restarts or after unload): for tests and logs."""
         self._join_restart()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.http.app import HttpApp, Route
-from modelhost.protocols.torchserve import inference
+from modelhost.protocols.torchserve import inference, management
 from modelhost.protocols.torchserve.answers import app_error
 from modelhost.protocols.torchserve.config_properties import Address
 from modelhost.protocols.torchserve.serving import TorchServing
@@ -21,5 +21,10 @@ class TorchServeFrontEnd(FrontEnd):
 
 def torchserve_front_ends(serving: TorchServing) -> list[FrontEnd]:
     config = serving.config
+    if config.management_address == config.inference_address:  # one listener, both APIs (SageMaker's)
+        return [TorchServeFrontEnd("TorchServe", config.inference_address,
+                                   inference.routes(serving) + management.routes(serving), config.max_request_size)]
     return [TorchServeFrontEnd("TorchServe inference", config.inference_address, inference.routes(serving),
+                               config.max_request_size),
+            TorchServeFrontEnd("TorchServe management", config.management_address, management.routes(serving),
                                config.max_request_size)]

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +168,11 @@ class TorchServing:
             raise version_not_found(name, version or model.default)
         return found
 
-    async def register(self, archive: Path, url: str, request: Registration) -> RegisteredVersion:
-        """Register (and, with workers, load) the archive's model; TorchServeError for what TorchServe refuses."""
+    async def register(self, archive: Path, url: str, request: Registration,
+                       wait: bool = True) -> tuple[RegisteredVersion, asyncio.Task[None] | None]:
+        """Register the archive's model and start its workers: returns once they serve, or (not `wait`) at once
+        with the task that starts them. TorchServeError for what TorchServe refuses; a version whose workers fail
+        to start is registered no longer."""
         try:
             manifest, yaml = await asyncio.to_thread(read_mar_settings, archive)
         except ModelhostError as exc:
@@ -191,17 +194,67 @@ class TorchServing:
             if not model.default or request.default_version:
                 model.default = version
             self._models[name] = model
-            try:
-                await self._apply(model, registered, new_version=True)
-            except BaseException:
-                del model.versions[version]
-                if not model.versions:
-                    del self._models[name]
-                elif model.default == version:
-                    model.default = next(iter(model.versions))
-                await self._write(model)
-                raise
-        return registered
+            await self._write(model, registered)
+        task = asyncio.get_running_loop().create_task(self._start_workers(model, registered))
+        if not wait:
+            return registered, task
+        await task
+        return registered, None
+
+    async def _start_workers(self, model: RegisteredModel, registered: RegisteredVersion) -> None:
+        try:
+            await self._load(model, new_version=True)
+        except TorchServeError:
+            async with self._lock:
+                await self._forget(model, registered.version)
+            raise
+
+    async def scale(self, name: str, version: str | None, min_workers: int, max_workers: int,
+                    wait: bool) -> asyncio.Task[None] | None:
+        """Run `min_workers` workers for the model (every version of it: they share one config), replacing its
+        instances beside those that serve, so that no request fails; 0 unloads it."""
+        self.version(name, version)
+        async with self._lock:
+            model = self.model(name)
+            for registered in model.versions.values():
+                registered.settings = replace(registered.settings, min_workers=min_workers, max_workers=max_workers)
+            await self._write(model)
+        task = asyncio.get_running_loop().create_task(self._load(model, new_version=False))
+        if not wait:
+            return task
+        await task
+        return None
+
+    async def unregister(self, name: str, version: str | None) -> None:
+        """Forget one version (the default one when None), unloading it once its requests are answered."""
+        registered = self.version(name, version)
+        async with self._lock:
+            model = self.model(name)
+            if registered.version == model.default and len(model.versions) > 1:
+                raise TorchServeError(403, "InvalidModelVersionException",
+                                      f"Cannot remove default version for model {name}")
+            await self._forget(model, registered.version)
+
+    async def _forget(self, model: RegisteredModel, version: str) -> None:
+        model.versions.pop(version, None)
+        if not model.versions:
+            self._models.pop(model.name, None)
+            if self._manager.knows(model.name):
+                await self._manager.unload(model.name)
+            await self._write(model)
+            return
+        if model.default == version:
+            model.default = next(iter(model.versions))
+        await self._write(model)
+        if self._manager.knows(model.name):
+            await self._manager.reload_changed(model.name, set())  # retires the version whose directory went
+
+    def set_default(self, name: str, version: str) -> None:
+        model = self.model(name)
+        if version not in model.versions:
+            raise TorchServeError(404, "ModelVersionNotFoundException",
+                                  f"Model version {version} does not exist for model {name}")
+        model.default = version
 
     async def register_at_start(self) -> None:
         """Register the models `load_models` (or `--models`) names; one that cannot be registered is logged, and
@@ -211,8 +264,8 @@ class TorchServing:
                 archive = archive_in_store(self.config.model_store, url)
                 version = self.config.models.get(name or "", {})
                 default = any(settings.get("defaultVersion") is True for settings in version.values())
-                registered = await self.register(archive, url, Registration(name=name, at_startup=True,
-                                                                            default_version=default))
+                registered, _ = await self.register(archive, url, Registration(name=name, at_startup=True,
+                                                                               default_version=default))
             except TorchServeError as exc:
                 log.error("model archive %s was not registered: %s", url, exc.message)
                 continue
@@ -254,11 +307,11 @@ class TorchServing:
             client_timeout_ms=yaml.client_timeout_ms,
         )
 
-    async def _apply(self, model: RegisteredModel, changed: RegisteredVersion, new_version: bool) -> None:
-        """Write the model's layout with `changed`'s settings, and load what its workers ask for."""
-        await self._write(model, changed)
-        if changed.settings.min_workers == 0:
-            if not any(v.settings.min_workers for v in model.versions.values()) and self._manager.knows(model.name):
+    async def _load(self, model: RegisteredModel, new_version: bool) -> None:
+        """Load what the model's layout now says: its new versions, or (not `new_version`) every version again,
+        beside what serves; unload it when it asks for no workers."""
+        if not any(v.settings.min_workers for v in model.versions.values()):
+            if self._manager.knows(model.name):
                 await self._manager.unload(model.name)
             return
         try:
