@@ -301,11 +301,11 @@ def tfserving_main(argv: Sequence[str]) -> int:
     return 0
 
 
-def torchserve_settings(config: TorchServeConfig) -> ServerSettings:
-    """`modelhost torchserve`'s ServerSettings: no port of modelhost's own (TorchServe's front-ends have theirs),
-    models loaded as they are registered, TorchServe's request and response size limits."""
+def torchserve_settings(config: TorchServeConfig, metrics_port: int = 0) -> ServerSettings:
+    """`modelhost torchserve`'s ServerSettings: no port of modelhost's own (TorchServe's front-ends have theirs) but
+    its metrics where asked, models loaded as they are registered, TorchServe's request and response size limits."""
     settings = ServerSettings(
-        host=config.inference_address.host, http_port=0, grpc_port=0, sagemaker_port=0, metrics_port=0,
+        host=config.inference_address.host, http_port=0, grpc_port=0, sagemaker_port=0, metrics_port=metrics_port,
         model_control_mode="explicit", http_max_body_bytes=config.max_request_size,
         http_max_buffered_bytes=max(config.max_request_size, ServerSettings().http_max_buffered_bytes),
         max_output_bytes=config.max_response_size,
@@ -337,7 +337,7 @@ def torchserve_main(argv: Sequence[str]) -> int:
             print(f"modelhost {__version__} (TorchServe command line, handlers of TorchServe "
                   f"{TORCHSERVE_VERSION})")
             return 0
-        settings = torchserve_settings(flags.setup.config)
+        settings = torchserve_settings(flags.setup.config, flags.setup.metrics_port)
     except (TorchServeConfigError, SettingsError) as exc:
         print(f"modelhost torchserve: error: {exc}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tests.backends.torchserve_archives import BEHAVING, make_archive
-from tests.server import TorchServeProcess
+from tests.server import TorchServeProcess, free_port
 
 pytest.importorskip("ts")
 
@@ -74,9 +74,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServeProce
     v2.rename(store / "echo-v2.mar")
     make_archive(store, "kinds", KINDS)
     make_archive(store, "picky", PREDICTION_EXCEPTION)
+    modelhost_metrics = free_port()
     process = TorchServeProcess(root, "--model-store", str(store), "--models", "echo=echo.mar",
                                 "echo=echo-v2.mar", "kinds.mar", "picky=picky.mar",
-                                properties="disable_token_authorization=true\ndefault_workers_per_model=1\n")
+                                "--modelhost-metrics-port", str(modelhost_metrics),
+                                properties="disable_token_authorization=true\ndefault_workers_per_model=1\n"
+                                           "metrics_mode=prometheus\n")
+    process.modelhost_metrics = f"http://127.0.0.1:{modelhost_metrics}"  # type: ignore[attr-defined]
     process.wait_ready()
     yield process
     process.stop()
@@ -234,3 +238,33 @@ def test_register_and_unregister_need_the_model_api_and_the_rest_answers(server:
     assert [m["modelName"] for m in listed["models"]] == ["echo", "kinds", "picky"]
     (described,) = requests.get(f"{server.management}/models/kinds", timeout=30).json()
     assert described["loadedAtStartup"] is True and described["minWorkers"] == 1
+
+
+def test_metrics_in_torchserves_names_beside_modelhosts_own(server: TorchServeProcess) -> None:
+    for _ in range(3):
+        kinds_at(server, "/predictions/kinds")
+    kinds_at(server, "/predictions/kinds/1.0")
+    requests.post(f"{server.inference}/predictions/nope", data=b"x", timeout=30)
+    response = requests.get(f"{server.metrics}/metrics", timeout=30)
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    values = _samples(response.text)
+    hostname = dict(next(labels for name, labels in values if name == "Requests2XX"))["Hostname"]
+    labels = (("hostname", hostname), ("model_name", "kinds"), ("model_version", "default"))
+    assert values[("ts_inference_requests_total", labels)] >= 3
+    versioned = (("hostname", hostname), ("model_name", "kinds"), ("model_version", "1.0"))
+    assert values[("ts_inference_requests_total", versioned)] >= 1
+    assert values[("ts_inference_latency_microseconds", labels)] > 0
+    assert values[("ts_queue_latency_microseconds", versioned)] >= 0
+    assert values[("Requests4XX", (("Hostname", hostname), ("Level", "Host")))] >= 1
+    assert ("MemoryUsed", (("Hostname", hostname), ("Level", "Host"))) in values
+    only = requests.get(f"{server.metrics}/metrics?name[]=ts_inference_requests_total", timeout=30).text
+    assert {name for name, _ in _samples(only)} == {"ts_inference_requests_total"}
+    own = requests.get(f"{server.modelhost_metrics}/metrics", timeout=30).text  # type: ignore[attr-defined]
+    assert 'nv_inference_request_success{model="kinds",version="1"}' in own
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}

@@ -36,6 +36,7 @@ class TorchServeSetup:
 
     config: TorchServeConfig
     config_file: Path | None = None
+    metrics_port: int = 0  # modelhost's own Triton-named metrics (--modelhost-metrics-port); 0: none
     notes: tuple[str, ...] = field(default=(), compare=False)  # accepted and not used, for the log
 
 
@@ -65,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                                                                               "every archive of the model store)")
     parser.add_argument("--disable-token-auth", "--dt", dest="disable_token_auth", action="store_true")
     parser.add_argument("--enable-model-api", dest="enable_model_api", action="store_true")
+    parser.add_argument("--modelhost-metrics-port", dest="metrics_port", type=int, default=0, metavar="PORT",
+                        help="also serve modelhost's own (Triton-named) metrics on this port (default: none)")
     for name in ("--log-config", "--cpp-log-config", "--workflow-store", "--plugins-path", "--ppath"):
         parser.add_argument(name, dest=name.lstrip("-").replace("-", "_"), help=argparse.SUPPRESS)
     parser.add_argument("--no-config-snapshots", "--ncs", dest="no_config_snapshots", action="store_true",
@@ -102,7 +105,7 @@ def parse_flags(argv: Sequence[str], environ: Mapping[str, str] | None = None) -
     notes += [f"--{name.replace('_', '-')} is accepted and not used by modelhost"
               for name in ("log_config", "cpp_log_config", "workflow_store", "plugins_path", "ppath")
               if getattr(args, name)]
-    return TorchServeFlags(TorchServeSetup(config, config_file, tuple(notes)))
+    return TorchServeFlags(TorchServeSetup(config, config_file, args.metrics_port, tuple(notes)))
 
 
 def running_pid() -> int | None:

@@ -34,6 +34,7 @@ from modelhost.handler_messages import (
     HandlerResponse,
 )
 from modelhost.protocols.torchserve.config_properties import TorchServeConfig
+from modelhost.protocols.torchserve.metrics import TorchServeMetrics
 from modelhost.store.mar import read_mar_settings
 from modelhost.store.mar_repository import MarEntry, MarRepository, MarVersion
 from modelhost.store.paths import name_problem
@@ -148,6 +149,7 @@ class TorchServing:
         self._cpu_count = cpu_count
         self._models: dict[str, RegisteredModel] = {}
         self._lock = asyncio.Lock()
+        self.metrics = TorchServeMetrics(config.metrics_mode, self._queue_times)
 
     # registry
 
@@ -336,6 +338,14 @@ class TorchServing:
         registered = self.version(name, version)
         if registered.settings.min_workers == 0:
             raise no_worker(name)
+        self.metrics.accepted(name, version)
+        started = time.perf_counter()
+        try:
+            return await self._predict(name, registered, request)
+        finally:
+            self.metrics.answered(name, version, (time.perf_counter() - started) * 1e6)
+
+    async def _predict(self, name: str, registered: RegisteredVersion, request: HandlerRequest) -> HandlerResponse:
         requests = np.empty(1, dtype=object)
         requests[0] = request
         try:
@@ -349,6 +359,17 @@ class TorchServing:
         answer = response.outputs[RESPONSE_OUTPUT].reshape(-1)[0]
         assert isinstance(answer, HandlerResponse)
         return answer
+
+    def _queue_times(self) -> list[tuple[str, str, float]]:
+        """(model, version, µs its requests waited in its queue) of each loaded version, for the metrics."""
+        times = []
+        for model in self._models.values():
+            by_number = {registered.number: registered.version for registered in model.versions.values()}
+            for statistics in self.dataplane.local_statistics(model.name) if self._manager.knows(model.name) else ():
+                version = by_number.get(int(statistics["version"]))
+                if version is not None:
+                    times.append((model.name, version, statistics["inference_stats"]["queue"]["ns"] / 1000))
+        return times
 
     def only_startup_model(self) -> str | None:
         """The model `/invocations` means without a model_name: the one model registered at start, if one."""
