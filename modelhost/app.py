@@ -154,7 +154,7 @@ class Server:
             front_end for port, make in ((settings.sagemaker_port, self._sagemaker_front_end),
                                          (settings.metrics_port, self._metrics_front_end)) if port
             for front_end in [make()]
-        ] + (torchserve_front_ends(self.torchserving) if self.torchserving is not None else [])
+        ] + (torchserve_front_ends(self.torchserving, Path.cwd()) if self.torchserving is not None else [])
         self._loading: asyncio.Task[None] | None = None
         self._http: HttpServer | None = None  # set by run()
         self.grpc = self._grpc_server() if settings.grpc_port else None

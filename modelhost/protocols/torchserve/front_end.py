@@ -6,53 +6,85 @@ management API, and the metrics API (unless `enable_metrics_api=false`). Every a
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from urllib.parse import parse_qsl
 
 from modelhost.access import Api
 from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.http.app import HttpApp, HttpRequest, HttpResponse, Route, RouteHandler
 from modelhost.protocols.torchserve import inference, management
-from modelhost.protocols.torchserve.answers import app_error
+from modelhost.protocols.torchserve.answers import app_error, error
 from modelhost.protocols.torchserve.config_properties import Address
 from modelhost.protocols.torchserve.metrics import CONTENT_TYPE, TorchServeMetrics
 from modelhost.protocols.torchserve.serving import TorchServing
+from modelhost.protocols.torchserve.tokens import API, FAILED, INFERENCE, MANAGEMENT, TokenKeys
 
 
 class TorchServeFrontEnd(FrontEnd):
-    def __init__(self, name: str, address: Address, routes: list[Route], max_body_bytes: int,
-                 metrics: TorchServeMetrics) -> None:
+    """One API port: its route groups, each with the key it needs when token authorization is on."""
+
+    def __init__(self, name: str, address: Address, groups: list[tuple[str, list[Route]]], max_body_bytes: int,
+                 metrics: TorchServeMetrics, tokens: TokenKeys | None, owns_key_file: bool = False) -> None:
         self.name = name
         self.host = address.host
         self.port = address.port
+        self._key_file = tokens if owns_key_file else None
 
         def counted_error(status: int, message: str) -> HttpResponse:
             metrics.status(status)
             return app_error(status, message)
 
-        def counted(handler: RouteHandler) -> RouteHandler:
+        def counted(handler: RouteHandler, kind: str) -> RouteHandler:
             async def handle(request: HttpRequest) -> HttpResponse:
-                response = await handler(request)
+                authorization = request.headers.get(b"authorization", b"").decode("latin-1")
+                if tokens is not None and not tokens.allows(kind, authorization):
+                    response = error(400, "InvalidKeyException", FAILED)
+                else:
+                    response = await handler(request)
                 metrics.status(response.status)
                 return response
             return handle
 
-        self.app = HttpApp([replace(route, handler=counted(route.handler)) for route in routes],
-                           max_body_bytes=max_body_bytes, errors=counted_error)
+        routes = [replace(route, handler=counted(route.handler, kind)) for kind, group in groups for route in group]
+        if tokens is not None and any(kind == MANAGEMENT for kind, _ in groups):
+            routes.insert(0, Route("GET", "/token", _token_route(tokens), Api.MODEL_REPOSITORY))
+        self.app = HttpApp(routes, max_body_bytes=max_body_bytes, errors=counted_error)
+
+    async def stop(self) -> None:
+        if self._key_file is not None:
+            self._key_file.remove()
 
 
-def torchserve_front_ends(serving: TorchServing) -> list[FrontEnd]:
+def _token_route(tokens: TokenKeys) -> RouteHandler:
+    """`GET /token?type=management|inference` with the API key: that key replaced (tsfs §A7.3)."""
+    async def renew(request: HttpRequest) -> HttpResponse:
+        kind = dict(parse_qsl(request.query.decode("latin-1"))).get("type", "").lower()
+        authorization = request.headers.get(b"authorization", b"").decode("latin-1")
+        if kind not in (MANAGEMENT, INFERENCE) or not tokens.allows(API, authorization):
+            return error(400, "InvalidKeyException",
+                         "Token Authentication failed. Token either incorrect, expired, or not provided correctly")
+        tokens.renew(kind)
+        return HttpResponse(200, [b""], [(b"content-type", b"application/json")])
+    return renew
+
+
+def torchserve_front_ends(serving: TorchServing, key_directory: Path) -> list[FrontEnd]:
+    """The front-ends; with token authorization on, the key file is written in `key_directory` now."""
     config, metrics = serving.config, serving.metrics
     limit = config.max_request_size
+    tokens = None if config.disable_token_authorization else TokenKeys(key_directory, config.token_expiration_min)
+    inference_routes = (INFERENCE, inference.routes(serving))
+    management_routes = (MANAGEMENT, management.routes(serving))
     if config.management_address == config.inference_address:  # one listener, both APIs (SageMaker's)
         front_ends: list[FrontEnd] = [TorchServeFrontEnd(
-            "TorchServe", config.inference_address, inference.routes(serving) + management.routes(serving), limit,
-            metrics)]
+            "TorchServe", config.inference_address, [inference_routes, management_routes], limit, metrics, tokens,
+            owns_key_file=True)]
     else:
         front_ends = [
-            TorchServeFrontEnd("TorchServe inference", config.inference_address, inference.routes(serving), limit,
-                               metrics),
-            TorchServeFrontEnd("TorchServe management", config.management_address, management.routes(serving),
-                               limit, metrics),
+            TorchServeFrontEnd("TorchServe inference", config.inference_address, [inference_routes], limit,
+                               metrics, tokens, owns_key_file=True),
+            TorchServeFrontEnd("TorchServe management", config.management_address, [management_routes], limit,
+                               metrics, tokens),
         ]
     if config.enable_metrics_api:
         front_ends.append(TorchServeMetricsFrontEnd(metrics, config.metrics_address))
