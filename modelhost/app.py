@@ -52,9 +52,11 @@ from modelhost.protocols.tfserving.model_server import TfServingSetup
 from modelhost.protocols.tfserving.serving import TfServing
 from modelhost.protocols.tfserving.warmup_records import read_warmup_requests
 from modelhost.protocols.tls import ServerTls, TlsError, TlsFiles
+from modelhost.protocols.torchserve import grpc as torchserve_grpc
 from modelhost.protocols.torchserve.front_end import torchserve_front_ends
 from modelhost.protocols.torchserve.model_server import TorchServeSetup
 from modelhost.protocols.torchserve.serving import TorchServing
+from modelhost.protocols.torchserve.tokens import TokenKeys
 from modelhost.settings import (
     ServerSettings,
     handler_threads,
@@ -136,6 +138,9 @@ class Server:
         self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)
         self.torchserving = None if torchserve is None or self.mar_repository is None else TorchServing(
             self.dataplane, self.manager, self.mar_repository, torchserve.config, settings.cpu_count)
+        # TorchServe's token authorization: its key file is written now, in the working directory, as TorchServe's.
+        self.torchserve_tokens = None if torchserve is None or torchserve.config.disable_token_authorization \
+            else TokenKeys(Path.cwd(), torchserve.config.token_expiration_min)
         self.worker_statistics = (WorkerStatistics(Path(settings.workers_dir), settings.worker_index, settings.workers)
                                   if settings.workers > 1 and settings.workers_dir else None)
         if self.worker_statistics is not None:
@@ -154,10 +159,12 @@ class Server:
             front_end for port, make in ((settings.sagemaker_port, self._sagemaker_front_end),
                                          (settings.metrics_port, self._metrics_front_end)) if port
             for front_end in [make()]
-        ] + (torchserve_front_ends(self.torchserving, Path.cwd()) if self.torchserving is not None else [])
+        ] + (torchserve_front_ends(self.torchserving, self.torchserve_tokens) if self.torchserving is not None else [])
         self._loading: asyncio.Task[None] | None = None
         self._http: HttpServer | None = None  # set by run()
         self.grpc = self._grpc_server() if settings.grpc_port else None
+        # Every gRPC server: modelhost's own port, and TorchServe's two.
+        self.grpc_servers = ([self.grpc] if self.grpc is not None else []) + self._torchserve_grpc_servers()
 
     def _server_tls(self) -> ServerTls | None:
         s = self.settings
@@ -232,6 +239,20 @@ class Server:
                     *tfserving_grpc.services(self.tfserving, reload)]
         return GrpcServer(services, s.host, s.grpc_port, options, self.in_flight, self.grpc_access, credentials)
 
+    def _torchserve_grpc_servers(self) -> list[GrpcServer]:
+        if self.torchserving is None:
+            return []
+        s, config = self.settings, self.torchserving.config
+        options = GrpcOptions(max(config.max_request_size, config.max_response_size), s.grpc_keepalive_time_seconds,
+                              s.grpc_keepalive_timeout_seconds)
+        credentials = self.tls.grpc_credentials() if self.tls is not None else None
+        return [GrpcServer([service], host, port, options, self.in_flight, credentials=credentials)
+                for service, host, port in (
+                    (torchserve_grpc.inference_service(self.torchserving, self.torchserve_tokens),
+                     config.grpc_inference_address, config.grpc_inference_port),
+                    (torchserve_grpc.management_service(self.torchserving, self.torchserve_tokens),
+                     config.grpc_management_address, config.grpc_management_port))]
+
     def build_asgi(self) -> HttpApp:
         return HttpApp(
             kserve_v2_rest.routes(self.dataplane, self.control)
@@ -282,14 +303,15 @@ class Server:
         self._loading = asyncio.create_task(self._load())
 
     async def _start_grpc(self) -> None:
-        if self.grpc is None or self._http is None:
+        if self._http is None:
             return
-        await self.grpc.start()
+        for server in self.grpc_servers:
+            await server.start()
 
     def _stop_grpc(self) -> None:
         """When HTTP begins to stop (a signal): gRPC stops accepting at once too; each drains its own calls."""
-        if self.grpc is not None:
-            self.grpc.stop(self.settings.graceful_shutdown_seconds)
+        for server in self.grpc_servers:
+            server.stop(self.settings.graceful_shutdown_seconds)
 
     async def _load(self) -> None:
         if self.cache is not None:
@@ -333,8 +355,8 @@ class Server:
             await self.poller.stop()
         if self.model_config_poller is not None:
             await self.model_config_poller.stop()
-        if self.grpc is not None:  # (stopping since the signal, unless startup failed before it)
-            await self.grpc.stop(self.settings.graceful_shutdown_seconds)
+        for server in self.grpc_servers:  # (stopping since the signal, unless startup failed before it)
+            await server.stop(self.settings.graceful_shutdown_seconds)
         for front_end in reversed(self.front_ends):
             await front_end.stop()
         log.info("stopping: draining and unloading models")
@@ -375,11 +397,12 @@ class Server:
     async def _serve(self, http: HttpServer) -> None:
         if self.tls is not None:  # without TLS, SIGHUP keeps its default (it stops the server)
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._reload_tls)
-        if self.grpc is not None and self.settings.workers == 1:
+        if self.settings.workers == 1:
             # Bound before any model loads, so that a busy port stops the server at once, as HTTP's does;
             # calls wait until _start starts it. (Workers share the port and bind it after loading.)
             try:
-                self.grpc.bind()
+                for server in self.grpc_servers:
+                    server.bind()
             except ListenError as exc:
                 raise SystemExit(f"modelhost: {exc}") from None
         await http.serve()

@@ -22,6 +22,8 @@ PROTOS = [
     "modelhost/protocols/tfserving/predict.proto",
     "modelhost/protocols/tfserving/apis.proto",
     "modelhost/protocols/kserve_v2/grpc_service.proto",
+    "modelhost/protocols/torchserve/inference.proto",
+    "modelhost/protocols/torchserve/management.proto",
 ]
 
 

@@ -52,6 +52,16 @@ class ListenError(Exception):
     """The gRPC port cannot be bound; the message says which and why."""
 
 
+class RpcError(Exception):
+    """An answer with a status code a protocol chooses itself (one whose codes follow its own rules, not the
+    ErrorKind table's), raised by an RPC's call or returned by a Service's guard."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 @dataclass(frozen=True, slots=True)
 class Unary:
     """One request, one response; `call` raises ModelhostError for the client."""
@@ -73,12 +83,28 @@ class Stream:
     answer: Callable[[Any], Awaitable[Message]]
     error: Callable[[Any, ModelhostError], Message]
     api: Api
+    in_order: bool = False  # one request at a time, answered in the order they came (a sequence's requests)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStream:
+    """One request, a stream of responses: `answer` yields them; an error ends the stream with its status."""
+
+    name: str
+    request_type: type[Message]
+    answer: Callable[[Any], AsyncIterator[Message]]
+    api: Api
+
+
+# Checks a call's invocation metadata (names lower case) before anything else: the RpcError to end it with, or None.
+Guard = Callable[[dict[str, str]], "RpcError | None"]
 
 
 @dataclass(frozen=True, slots=True)
 class Service:
     name: str  # the method paths are /<name>/<rpc name>
-    rpcs: Sequence[Unary | Stream]
+    rpcs: Sequence[Unary | Stream | ServerStream]
+    guard: Guard | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +157,7 @@ class GrpcServer:
             else:
                 server.add_secure_port(self.address, self.credentials)
         except RuntimeError:
-            raise ListenError(f"cannot listen on {self.address} for gRPC (--grpc-port): "
+            raise ListenError(f"cannot listen on {self.address} for gRPC: "
                               "the port is in use or the address is not this machine's") from None
         self._server = server
 
@@ -176,11 +202,17 @@ def _generic_handler(service: Service, in_flight: InFlight, limit: int, access: 
     # Requests arrive as bytes (no request_deserializer): grpc answers a message its deserializer cannot
     # read with UNKNOWN and logs a traceback per message; _parse answers INVALID_ARGUMENT in one line.
     handlers = {}
+    guard = service.guard
     for rpc in service.rpcs:
         if isinstance(rpc, Unary):
-            handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(_unary_behavior(rpc, in_flight, limit, access))
+            handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(
+                _unary_behavior(rpc, in_flight, limit, access, guard))
+        elif isinstance(rpc, ServerStream):
+            handlers[rpc.name] = grpc.unary_stream_rpc_method_handler(
+                _server_stream_behavior(rpc, in_flight, limit, access, guard))
         else:
-            handlers[rpc.name] = grpc.stream_stream_rpc_method_handler(_stream_behavior(rpc, in_flight, limit, access))
+            handlers[rpc.name] = grpc.stream_stream_rpc_method_handler(
+                _stream_behavior(rpc, in_flight, limit, access, guard))
     return grpc.method_handlers_generic_handler(service.name, handlers)
 
 
@@ -214,18 +246,36 @@ async def _abort_denied(context: Any, denial: Denial) -> None:
     await context.abort(code, denial.message)
 
 
-def _unary_behavior(rpc: Unary, in_flight: InFlight, limit: int,
-                    access: AccessPolicy) -> Callable[[bytes, Any], Awaitable[bytes]]:
+async def _check(context: Any, rpc: Unary | Stream | ServerStream, access: AccessPolicy, guard: Guard | None) -> None:
+    """Access control, then the service's guard: aborts the call when either refuses it."""
+    if access and (denial := _denial(access, rpc.api, context)) is not None:
+        await _abort_denied(context, denial)
+    if guard is not None:
+        refused = guard({key.lower(): value for key, value in context.invocation_metadata() or ()
+                         if isinstance(value, str)})
+        if refused is not None:
+            await context.abort(refused.code, refused.message)
+
+
+async def _abort(context: Any, rpc_name: str, exc: Exception) -> None:
+    """End the call with the status `exc` means for the client."""
+    if isinstance(exc, RpcError):
+        await context.abort(exc.code, public_message(exc.message))
+    error = exc if isinstance(exc, ModelhostError) else _internal(rpc_name, exc)
+    trailers = () if error.retry_after is None else (("retry-after", str(math.ceil(error.retry_after))),)
+    await context.abort(STATUS[error.kind], public_message(error.message), trailers)
+
+
+def _unary_behavior(rpc: Unary, in_flight: InFlight, limit: int, access: AccessPolicy,
+                    guard: Guard | None = None) -> Callable[[bytes, Any], Awaitable[bytes]]:
     async def behavior(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        if access and (denial := _denial(access, rpc.api, context)) is not None:
-            await _abort_denied(context, denial)
+        if access or guard is not None:
+            await _check(context, rpc, access, guard)
         in_flight.requests += 1
         try:
             return _serialize(await rpc.call(_parse(rpc.request_type, data)), limit)
         except Exception as exc:
-            error = exc if isinstance(exc, ModelhostError) else _internal(rpc.name, exc)
-            trailers = () if error.retry_after is None else (("retry-after", str(math.ceil(error.retry_after))),)
-            await context.abort(STATUS[error.kind], public_message(error.message), trailers)
+            await _abort(context, rpc.name, exc)
         finally:
             in_flight.requests -= 1
         raise AssertionError("unreachable: context.abort raises")
@@ -233,8 +283,25 @@ def _unary_behavior(rpc: Unary, in_flight: InFlight, limit: int,
     return behavior
 
 
-def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int,
-                     access: AccessPolicy) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]:
+def _server_stream_behavior(rpc: ServerStream, in_flight: InFlight, limit: int, access: AccessPolicy,
+                            guard: Guard | None = None) -> Callable[[bytes, Any], AsyncIterator[bytes]]:
+    async def behavior(data: bytes, context: Any) -> AsyncIterator[bytes]:
+        if access or guard is not None:
+            await _check(context, rpc, access, guard)
+        in_flight.requests += 1
+        try:
+            async for response in rpc.answer(_parse(rpc.request_type, data)):
+                yield _serialize(response, limit)
+        except Exception as exc:
+            await _abort(context, rpc.name, exc)
+        finally:
+            in_flight.requests -= 1
+
+    return behavior
+
+
+def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: AccessPolicy,
+                     guard: Guard | None = None) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]:
     async def answer(data: bytes) -> bytes:
         in_flight.requests += 1
         request = None
@@ -249,8 +316,12 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int,
             in_flight.requests -= 1
 
     async def behavior(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        if access and (denial := _denial(access, rpc.api, context)) is not None:
-            await _abort_denied(context, denial)  # the whole stream: its credential is in its metadata
+        if access or guard is not None:
+            await _check(context, rpc, access, guard)  # the whole stream: its credential is in its metadata
+        if rpc.in_order:
+            async for request in requests:
+                yield await answer(request)
+            return
         # One reader task starts a task per request; this generator writes answers as they complete.
         # None in `answers` means the client finished sending and every request has been answered.
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()

@@ -6,7 +6,6 @@ management API, and the metrics API (unless `enable_metrics_api=false`). Every a
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from urllib.parse import parse_qsl
 
 from modelhost.access import Api
@@ -68,11 +67,11 @@ def _token_route(tokens: TokenKeys) -> RouteHandler:
     return renew
 
 
-def torchserve_front_ends(serving: TorchServing, key_directory: Path) -> list[FrontEnd]:
-    """The front-ends; with token authorization on, the key file is written in `key_directory` now."""
+def torchserve_front_ends(serving: TorchServing, tokens: TokenKeys | None) -> list[FrontEnd]:
+    """The front-ends; `tokens` the keys of token authorization (None: it is off), whose file the inference
+    front-end removes at stop."""
     config, metrics = serving.config, serving.metrics
     limit = config.max_request_size
-    tokens = None if config.disable_token_authorization else TokenKeys(key_directory, config.token_expiration_min)
     inference_routes = (INFERENCE, inference.routes(serving))
     management_routes = (MANAGEMENT, management.routes(serving))
     if config.management_address == config.inference_address:  # one listener, both APIs (SageMaker's)

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import parse_qsl
@@ -38,19 +39,21 @@ MAX_LIST_LIMIT = 100
 PROCESSING = "Processing worker updates..."
 
 
-def routes(serving: TorchServing) -> list[Route]:
-    def answering(handle: RouteHandler) -> RouteHandler:
-        async def answer(request: HttpRequest) -> HttpResponse:
-            try:
-                return await handle(request)
-            except TorchServeError as exc:
-                return torchserve_error(exc)
-        return answer
+Answer = tuple[int, Any]  # HTTP status and the JSON document, which the gRPC API sends as text
 
-    async def register(request: HttpRequest) -> HttpResponse:
+
+class ManagementApi:
+    """The management operations over TorchServing, for the REST routes and the gRPC service alike: each takes the
+    request's parameters by their REST names and returns the status and document TorchServe answers with, or
+    raises TorchServeError."""
+
+    def __init__(self, serving: TorchServing) -> None:
+        self.serving = serving
+
+    async def register(self, params: dict[str, str]) -> Answer:
+        serving = self.serving
         if not serving.config.enable_model_api:
             raise _not_allowed()
-        params = _parameters(request, json_body=True)
         url = params.get("url")
         if not url:
             raise TorchServeError(400, "BadRequestException", "Parameter url is required.")
@@ -67,8 +70,8 @@ def routes(serving: TorchServing) -> list[Route]:
         )
         synchronous = _boolean(params, "synchronous", True)
         registered, starting = await serving.register(archive, url, registration, wait=synchronous)
-        name, version, count = registered.manifest.model_name, registered.version, registered.settings.min_workers
-        name = registration.name or name
+        name = registration.name or registered.manifest.model_name
+        version, count = registered.version, registered.settings.min_workers
         if count == 0:
             return _status(f'Model "{name}" Version: {version} registered with 0 initial workers. Use scale '
                            "workers API to add workers for the model.")
@@ -77,59 +80,86 @@ def routes(serving: TorchServing) -> list[Route]:
             return _status(PROCESSING, 202)
         return _status(f'Model "{name}" Version: {version} registered with {count} initial workers')
 
-    async def list_models(request: HttpRequest) -> HttpResponse:
-        params = _parameters(request)
+    async def list_models(self, params: dict[str, str]) -> Answer:
         limit = _integer(params, "limit")
-        limit = MAX_LIST_LIMIT if limit is None or limit > MAX_LIST_LIMIT or limit < 0 else limit
+        limit = MAX_LIST_LIMIT if limit is None or limit > MAX_LIST_LIMIT or limit <= 0 else limit
         start = _integer(params, "next_page_token", 0) or 0
-        models = serving.models()
+        models = self.serving.models()
         page = models[start:start + limit]
         document: dict[str, Any] = {}
         if start + limit < len(models):
             document["nextPageToken"] = str(start + limit)
         document["models"] = [{"modelName": m.name, "modelUrl": m.versions[m.default].url} for m in page]
-        return pretty_json(document)
+        return 200, document
 
-    async def describe(request: HttpRequest) -> HttpResponse:
-        name, version = request.params["model"], request.params.get("version")
-        params = _parameters(request)
+    async def describe(self, name: str, version: str | None, customized: bool) -> Answer:
+        serving = self.serving
         if version == "all":
             versions = list(serving.model(name).versions.values())
         else:
             versions = [serving.version(name, version)]
         described = [_described(serving, registered) for registered in versions]
-        if _boolean(params, "customized", False) and version != "all":
+        if customized and version != "all":
             described[0]["customizedMetadata"] = await _customized(serving, name, versions[0])
-        return pretty_json(described)
+        return 200, described
 
-    async def scale(request: HttpRequest) -> HttpResponse:
-        name = request.params["model"]
-        params = _parameters(request)
-        version = request.params.get("version") or params.get("model_version") or None
+    async def scale(self, name: str, version: str | None, params: dict[str, str]) -> Answer:
         low = _integer(params, "min_worker", 0)
         low = 1 if low is None else low
         high = _integer(params, "max_worker", 0)
         high = low if high is None else high
         if high < low:
             raise TorchServeError(400, "BadRequestException", "max_worker cannot be less than min_worker.")
-        pending = await serving.scale(name, version, low, high, wait=_boolean(params, "synchronous", False))
+        pending = await self.serving.scale(name, version, low, high, wait=_boolean(params, "synchronous", False))
         if pending is not None:
             _log_failure(pending)
             return _status(PROCESSING, 202)
         suffix = f", version: {version}" if version else ""
         return _status(f"Workers scaled to {low} for model: {name}{suffix}")
 
-    async def unregister(request: HttpRequest) -> HttpResponse:
-        if not serving.config.enable_model_api:
+    async def unregister(self, name: str, version: str | None) -> Answer:
+        if not self.serving.config.enable_model_api:
             raise _not_allowed()
-        name = request.params["model"]
-        await serving.unregister(name, request.params.get("version"))
+        await self.serving.unregister(name, version)
         return _status(f'Model "{name}" unregistered')
 
-    async def set_default(request: HttpRequest) -> HttpResponse:
-        name, version = request.params["model"], request.params["version"]
-        serving.set_default(name, version)
+    async def set_default(self, name: str, version: str) -> Answer:
+        self.serving.set_default(name, version)
         return _status(f'Default version successfully updated for model "{name}" to "{version}"')
+
+
+def routes(serving: TorchServing) -> list[Route]:
+    api = ManagementApi(serving)
+
+    def answering(handle: Callable[[HttpRequest], Awaitable[Answer]]) -> RouteHandler:
+        async def answer(request: HttpRequest) -> HttpResponse:
+            try:
+                status, document = await handle(request)
+            except TorchServeError as exc:
+                return torchserve_error(exc)
+            return pretty_json(document, status)
+        return answer
+
+    async def register(request: HttpRequest) -> Answer:
+        return await api.register(_parameters(request, json_body=True))
+
+    async def list_models(request: HttpRequest) -> Answer:
+        return await api.list_models(_parameters(request))
+
+    async def describe(request: HttpRequest) -> Answer:
+        customized = _boolean(_parameters(request), "customized", False)
+        return await api.describe(request.params["model"], request.params.get("version"), customized)
+
+    async def scale(request: HttpRequest) -> Answer:
+        params = _parameters(request)
+        version = request.params.get("version") or params.get("model_version") or None
+        return await api.scale(request.params["model"], version, params)
+
+    async def unregister(request: HttpRequest) -> Answer:
+        return await api.unregister(request.params["model"], request.params.get("version"))
+
+    async def set_default(request: HttpRequest) -> Answer:
+        return await api.set_default(request.params["model"], request.params["version"])
 
     versioned = rf"/models/{_MODEL}(?:/(?P<version>[^/]+))?"
     return [
@@ -239,8 +269,8 @@ def _not_allowed() -> TorchServeError:
                            "Requested method is not allowed, please refer to API document.")
 
 
-def _status(message: str, status: int = 200) -> HttpResponse:
-    return pretty_json({"status": message}, status)
+def _status(message: str, status: int = 200) -> Answer:
+    return status, {"status": message}
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:
