@@ -75,6 +75,7 @@ def test_environment_variables_win_when_enabled(tmp_path: Path) -> None:
     ("enable_model_api", "yes", "enable_model_api must be true or false, got 'yes'"),
     ("metrics_mode", "statsd", "metrics_mode must be one of log, prometheus, legacy, got 'statsd'"),
     ("models", "{not json", "models must be JSON"),
+    ("service_envelope", "xml", "service_envelope must be one of json, body, kserve, kservev2, got 'xml'"),
     ("allowed_urls", "file://(", "allowed_urls: 'file://(' is not a regular expression"),
     ("model_store", "$$UNSET_VARIABLE$$", "model_store: environment variable UNSET_VARIABLE"),
     ("management_address", "https://127.0.0.1:8443", "management_address use https: set private_key_file"),

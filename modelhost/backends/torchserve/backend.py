@@ -13,7 +13,8 @@ max_batch_size (the scheduler's dynamic batching hands the handler up to that ma
 the queue delay, `minWorkers` the instances, `responseTimeout` and `startupTimeout` the worker's execute and
 initialize timeouts, `jobQueueSize` the queue's size (503 when full), `clientTimeoutInMills` the queue timeout.
 Config `parameters`: `handler` (instead of the manifest's), `decode_input_request` ("false": parameters reach
-the handler as bytes), and the Python backend's isolation limits.
+the handler as bytes), `service_envelope` (TorchServe's request envelope around the handler: json, body, kserve,
+kservev2), and the Python backend's isolation limits.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ log = logging.getLogger("modelhost.backends.torchserve")
 ARCHIVE_SUFFIX = ".mar"
 HANDLER_PARAMETER = "handler"
 DECODE_PARAMETER = "decode_input_request"
+ENVELOPE_PARAMETER = "service_envelope"
+ENVELOPES = ("json", "body", "kserve", "kservev2")
 MAX_UNPACKED_BYTES = 64 << 30
 MAX_ARCHIVE_MEMBERS = 100_000
 
@@ -86,6 +89,9 @@ class TorchServeBackend(Backend):
         decode = parameters.get(DECODE_PARAMETER, "true").lower()
         if decode not in ("true", "false"):
             raise ConfigError(f"parameter {DECODE_PARAMETER} must be true or false, got '{decode}'")
+        envelope = parameters.get(ENVELOPE_PARAMETER) or None
+        if envelope is not None and envelope not in ENVELOPES:
+            raise ConfigError(f"parameter {ENVELOPE_PARAMETER} must be one of {', '.join(ENVELOPES)}, got '{envelope}'")
         held, root = _unpacked.hold(path)
         version = path.name if (path / MANIFEST).is_file() else path.parent.name
         try:
@@ -93,6 +99,7 @@ class TorchServeBackend(Backend):
                 path=str(root), label=f"TorchServe model '{config.name}' version {version} instance {instance.index}",
                 model_name=config.name, handler=parameters.get(HANDLER_PARAMETER) or manifest.handler,
                 batch_size=max(config.max_batch_size, 1), threads=instance.threads, decode_input=decode == "true",
+                envelope=envelope,
             )
             return HandlerModel(spec, options, held)
         except UserCodeError as exc:

@@ -29,10 +29,11 @@ TORCHSERVE_VERSION = "0.12.0"
 
 class HandlerRuntime:
     """One loaded handler. `batch_size` is what `context.system_properties["batch_size"]` says (the most
-    requests a batch holds). Blocking; not thread-safe (one batch at a time)."""
+    requests a batch holds); `envelope` TorchServe's `service_envelope` (json, body, kserve, kservev2), which wraps
+    the handler. Blocking; not thread-safe (one batch at a time)."""
 
     def __init__(self, model_dir: Path, model_name: str, handler: str, batch_size: int,
-                 decode_input: bool = True) -> None:
+                 decode_input: bool = True, envelope: str | None = None) -> None:
         try:
             from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
             from ts.model_loader import TsModelLoader
@@ -53,7 +54,7 @@ class HandlerRuntime:
             del sys.modules[module]
         metrics = MetricsCacheYamlImpl(config_file_path=str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
         metrics.initialize_cache()
-        self._service = TsModelLoader().load(model_name, str(model_dir), handler, None, batch_size,
+        self._service = TsModelLoader().load(model_name, str(model_dir), handler, None, batch_size, envelope,
                                              metrics_cache=metrics)
 
     @property

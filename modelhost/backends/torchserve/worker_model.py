@@ -34,6 +34,7 @@ class HandlerSpec:
     batch_size: int
     threads: int
     decode_input: bool = True
+    envelope: str | None = None
 
     def environment(self) -> dict[str, str]:
         return {name: str(self.threads) for name in THREAD_VARIABLES if name not in os.environ}
@@ -41,7 +42,7 @@ class HandlerSpec:
     def load(self) -> HandlerWorkerModel:
         try:
             runtime = HandlerRuntime(Path(self.path), self.model_name, self.handler, self.batch_size,
-                                     self.decode_input)
+                                     self.decode_input, self.envelope)
         except ModelhostError as exc:
             raise UserCodeError(f"{self.label}: {exc.message}") from None
         except (Exception, SystemExit) as exc:

@@ -62,6 +62,8 @@ class TorchServeConfig:
     disable_token_authorization: bool = False
     token_expiration_min: float = 60.0
     decode_input_request: bool = True
+    service_envelope: str | None = None  # json, body, kserve or kservev2: wraps every handler
+    default_service_handler: str | None = None  # the handler of an archive whose manifest names none
     allowed_urls: tuple[str, ...] = (r"file://.*", r"http(s)?://.*")
     private_key_file: Path | None = None
     certificate_file: Path | None = None
@@ -74,7 +76,7 @@ class TorchServeConfig:
 _UNUSED = frozenset({
     "number_of_netty_threads", "netty_client_threads", "number_of_gpu", "vmargs", "async_logging", "workflow_store",
     "disable_system_metrics", "initial_worker_port", "blacklist_env_vars", "install_py_dep_per_model",
-    "limit_max_image_pixels", "default_service_handler", "model_server_home", "cors_allowed_origin",
+    "limit_max_image_pixels", "model_server_home", "cors_allowed_origin",
     "cors_allowed_methods", "cors_allowed_headers", "metrics_config", "model_metrics_auto_detect",
     "ts_open_inference_protocol", "enable_grpc_ssl", "use_native_io", "io_ratio", "max_workers",
     "keystore", "keystore_pass", "keystore_type", "system_metrics_cmd", "maxRetryTimeoutInSec", "plugins_path",
@@ -89,6 +91,7 @@ _BOOLEANS = ("enable_model_api", "enable_metrics_api", "disable_token_authorizat
              "enable_envvars_config", "use_env_allowed_urls")
 _TEXTS = ("grpc_inference_address", "grpc_management_address")
 _METRICS_MODES = ("log", "prometheus", "legacy")
+_ENVELOPES = ("json", "body", "kserve", "kservev2")
 _VARIABLE = re.compile(r"\$\$(\w+)\$\$")
 
 
@@ -144,6 +147,13 @@ def torchserve_config(properties: Mapping[str, str], environ: Mapping[str, str],
             if mode not in _METRICS_MODES:
                 raise TorchServeConfigError(f"metrics_mode must be one of {', '.join(_METRICS_MODES)}, got '{value}'")
             settings[key] = mode
+        elif key == "service_envelope":
+            envelope = value.strip().lower() or None
+            if envelope is not None and envelope not in _ENVELOPES:
+                raise TorchServeConfigError(f"service_envelope must be one of {', '.join(_ENVELOPES)}, got '{value}'")
+            settings[key] = envelope
+        elif key == "default_service_handler":
+            settings[key] = value.strip() or None
         elif key == "token_expiration_min":
             settings[key] = _number(key, value)
         elif key == "allowed_urls":

@@ -84,7 +84,7 @@ class WorkerSettings:
     job_queue_size: int = 100
     client_timeout_ms: int = 0
 
-    def config_text(self, handler: str | None, decode_input: bool) -> str:
+    def config_text(self, handler: str | None, decode_input: bool, envelope: str | None = None) -> str:
         """config.pbtxt lines for them: the scheduler batches and times out as TorchServe's frontend would."""
         delay = f"max_queue_delay_microseconds: {self.max_batch_delay_ms * 1000} " if self.batch_size > 1 else ""
         timeout = (f"default_timeout_microseconds: {self.client_timeout_ms * 1000} timeout_action: REJECT "
@@ -94,6 +94,8 @@ class WorkerSettings:
                       "decode_input_request": "true" if decode_input else "false"}
         if handler:
             parameters["handler"] = handler
+        if envelope:
+            parameters["service_envelope"] = envelope
         return (f"max_batch_size: {self.batch_size}\n"
                 f"instance_group [ {{ count: {max(self.min_workers, 1)} kind: KIND_CPU }} ]\n"
                 f"dynamic_batching {{ {delay}default_queue_policy {{ max_queue_size: {self.job_queue_size} "
@@ -327,7 +329,8 @@ class TorchServing:
             return
         source = latest or model.versions[model.default]
         entry = MarEntry(model.name, tuple(MarVersion(v.number, v.archive) for v in model.versions.values()),
-                         source.settings.config_text(source.handler, self.config.decode_input_request))
+                         source.settings.config_text(source.handler, self.config.decode_input_request,
+                                                     self.config.service_envelope))
         await asyncio.to_thread(self._repository.put, entry)
 
     # inference
