@@ -209,6 +209,7 @@ class Server:
         try:
             # An empty repository serves nothing, as Triton's does.
             self.layout = find_layout(self.root, self.settings.default_model_name, self.work_dir / "layout",
+                                      program=self.settings.sagemaker_program,
                                       allow_empty=True)
         except ModelhostError as exc:
             raise SystemExit(f"--model-repository {self.root}: {exc.message}") from None
@@ -278,7 +279,7 @@ class Server:
         target_models = None if self.cache is None else TargetModels(
             self.cache, self.manager, self.archives, self.work_dir / "cache",
             ArchiveLimits(s.max_unpacked_bytes, s.max_archive_members, unpacked_cache_bytes(s, self.work_dir)),
-            s.default_model_name, model_load_roots(s))
+            s.default_model_name, model_load_roots(s), program=s.sagemaker_program)
         return SageMakerFrontEnd(options, self.dataplane, lambda: [e.name for e in self.manager.index()], target_models,
                                  self.layout, self.root, self.work_dir, self.code_policy, self.http_access)
 

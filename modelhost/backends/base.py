@@ -13,6 +13,7 @@ import numpy as np
 
 from modelhost.config.datatypes import config_type_name, v2_datatype
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.overrides import ModelOverrides
 from modelhost.config.pbtxt import ConfigError
 from modelhost.types import TensorSpec
 
@@ -112,10 +113,11 @@ class Backend(abc.ABC):
         another layout for it."""
         return version_dir / filename
 
-    def configure(self, path: Path, config: ModelConfig) -> None:  # noqa: B027 - optional hook
+    def configure(self, path: Path, config: ModelConfig, overrides: ModelOverrides) -> None:  # noqa: B027
         """Set, in `config`, what the model file at `path` says about serving it where the config leaves it unset
-        (a TorchServe archive's batch size, workers and timeouts). Called once per load of the model, with its
-        newest version to load, before the config's defaults are applied; raises ConfigError."""
+        (a TorchServe archive's batch size, workers and timeouts); `overrides` (the endpoint's, applied after this)
+        for what the backend must decide now. Called once per load of the model, with its newest version to load,
+        before overrides and defaults are applied; raises ConfigError. Optional."""
 
     @abc.abstractmethod
     def describe(self, path: Path) -> ModelSignature:

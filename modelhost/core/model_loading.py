@@ -59,7 +59,6 @@ def plan_model(
     else:
         config = _copy(config)
     overrides = overrides or ModelOverrides()
-    apply_overrides(config, overrides)
     if source.name != source.path.name:
         # Served under another name than its directory's (a multi-model archive's target, a single model
         # under its default name): the name in config.pbtxt names the directory, not what clients use.
@@ -67,6 +66,7 @@ def plan_model(
     if config.default_model_filename:
         check_relative(config.default_model_filename, f"model '{source.name}': default_model_filename")
     if config.platform == ENSEMBLE:
+        apply_overrides(config, overrides)
         return _plan_ensemble(source, config, overrides)
     try:
         backend = get_backend(_resolve_backend(config, source))
@@ -74,7 +74,9 @@ def plan_model(
         raise ConfigError(str(exc)) from None
     versions = select_versions(config, source)
     filename = config.default_model_filename or backend.default_filename
-    backend.configure(backend.model_path(source.path / str(versions[-1]), filename), config)
+    # What the model file says comes before the endpoint-wide overrides: it is about this model.
+    backend.configure(backend.model_path(source.path / str(versions[-1]), filename), config, overrides)
+    apply_overrides(config, overrides)
     apply_defaults(config, source.name, backend.platform, backend.name)
     return LoadPlan(config, backend, versions, overrides)
 

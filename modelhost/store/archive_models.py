@@ -15,7 +15,7 @@ from pathlib import Path
 
 from modelhost.errors import not_found
 from modelhost.store.archive_store import ArchiveStore
-from modelhost.store.layout import ModelLayout, find_layout
+from modelhost.store.layout import TOOLKIT_PROGRAM, ModelLayout, find_layout
 from modelhost.store.unpack import unpack_archive
 from modelhost.store.unpacked_copies import UnpackedCopies
 
@@ -33,8 +33,9 @@ class FetchedModels:
 class ArchiveModels:
     def __init__(self, archives: ArchiveStore | None, downloads: Path, max_unpacked_bytes: int,
                  max_archive_members: int, single_model_name: str,
-                 copies: UnpackedCopies[FetchedModels] | None = None) -> None:
+                 copies: UnpackedCopies[FetchedModels] | None = None, program: str = TOOLKIT_PROGRAM) -> None:
         self._archives = archives
+        self._program = program  # the handler program a SageMaker PyTorch model's code/ holds
         self._copies = copies
         self._downloads = downloads
         self._max_unpacked_bytes = max_unpacked_bytes
@@ -78,5 +79,5 @@ class ArchiveModels:
     def _read(self, root: Path, work: Path, fetch_seconds: float | None, stamp: str | None) -> FetchedModels:
         disk_bytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
         work.mkdir(parents=True, exist_ok=True)
-        layout = find_layout(root, self._single_model_name, work / ".layout")
+        layout = find_layout(root, self._single_model_name, work / ".layout", program=self._program)
         return FetchedModels(root, layout, disk_bytes, fetch_seconds, work, stamp)

@@ -11,7 +11,12 @@ everywhere, and `code/` (inference.py, requirements.txt, lib/) is never a model.
    A config.pbtxt with neither version directories nor a model file is an error.
 3. D has subdirectories that are models (holding config.pbtxt or version directories): D is a
    Triton-layout repository, and each such subdirectory is a model named after it.
-4. Otherwise, when D has exactly one subdirectory other than code/ (a tar that wraps everything in
+4. Otherwise, when D's code/ holds the handler program (`inference.py`, or SAGEMAKER_PROGRAM) and nothing above
+   applies, D is one model in SageMaker PyTorch's form: weights its `model_fn` loads (a state dict, a Hugging
+   Face directory, anything) served as the SageMaker PyTorch inference toolkit serves them, by the torchserve
+   backend in worker processes (backends/torchserve/sagemaker_toolkit.py). Its version 1 holds D's entries, code/
+   included; its config.pbtxt is written here; its layout has no code_dir (the model runs its code itself).
+5. Otherwise, when D has exactly one subdirectory other than code/ (a tar that wraps everything in
    `model/`, say), the rules are applied again inside it, up to MAX_WRAPPING levels deep.
 
 A model found by rule 1 or 2 is served as `single_model_name`, unless its config.pbtxt gives a
@@ -21,7 +26,8 @@ nearest to the models: beside them, else in the closest enclosing directory.
 The result is always a Triton-layout repository. Where D itself is not exactly one (rules 1 and 2,
 or a repository with code/ or other directories in it) one is built in `work_dir` from symlinks to
 the user's files; nothing is copied. find_layout owns `work_dir`: it empties it first, removing only
-what it could have made (symlinks and directories of symlinks), and refuses anything else. Keep
+what it could have made (symlinks, directories of symlinks, and the config.pbtxt files it writes for rule 4),
+and refuses anything else. Keep
 `work_dir` outside the root, or give it a hidden name.
 """
 
@@ -39,6 +45,14 @@ from modelhost.store.paths import check_model_name
 
 CODE_DIR = "code"
 MAX_WRAPPING = 3
+TOOLKIT_PROGRAM = "inference.py"
+TOOLKIT_HANDLER = "modelhost.backends.torchserve.sagemaker_toolkit"
+_WRITTEN = "# written by modelhost (store/layout.py)"
+_TOOLKIT_CONFIG = f"""{_WRITTEN}: a SageMaker PyTorch model directory, served as its inference toolkit serves it
+backend: "torchserve"
+parameters {{ key: "handler" value: {{ string_value: "{TOOLKIT_HANDLER}" }} }}
+parameters {{ key: "decode_input_request" value: {{ string_value: "false" }} }}
+"""
 _EXPECTED = (
     "expected one of: a Triton model repository (<model>/config.pbtxt and/or <model>/<version>/), "
     "a model directory (config.pbtxt and/or <version>/ at the top), or a single model file such as "
@@ -55,7 +69,8 @@ class ModelLayout:
     code_dir: Path | None  # the code/ directory when present
 
 
-def find_layout(root: Path, single_model_name: str, work_dir: Path, allow_empty: bool = False) -> ModelLayout:
+def find_layout(root: Path, single_model_name: str, work_dir: Path, allow_empty: bool = False,
+                program: str = TOOLKIT_PROGRAM) -> ModelLayout:
     """Find the models under `root` by the rules above; raises INVALID_INPUT when there are none.
 
     With `allow_empty`, a root holding nothing (hidden entries and code/ aside) is an empty repository
@@ -73,6 +88,8 @@ def find_layout(root: Path, single_model_name: str, work_dir: Path, allow_empty:
         layout = _layout_of(directory, single_model_name, work_dir, code_dir)
         if layout is not None:
             return layout
+        if (directory / CODE_DIR / program).is_file():
+            return _toolkit_model(directory, single_model_name, work_dir)
         inner = [entry for entry in _entries(directory) if entry.is_dir()]
         if len(inner) != 1:
             break
@@ -120,6 +137,17 @@ def _link_single_file_model(directory: Path, name: str, work_dir: Path) -> None:
             (work_dir / name / CONFIG_FILENAME).symlink_to(entry.absolute())
         else:
             (version_dir / entry.name).symlink_to(entry.absolute(), target_is_directory=entry.is_dir())
+
+
+def _toolkit_model(directory: Path, name: str, work_dir: Path) -> ModelLayout:
+    """Rule 4: work_dir/<name>/1/<entry> -> each entry of `directory`, code/ included, and a config.pbtxt."""
+    _reset_work_dir(work_dir)
+    version_dir = work_dir / name / "1"
+    version_dir.mkdir(parents=True)
+    for entry in _entries(directory, with_code=True):
+        (version_dir / entry.name).symlink_to(entry.absolute(), target_is_directory=entry.is_dir())
+    (work_dir / name / CONFIG_FILENAME).write_text(_TOOLKIT_CONFIG)
+    return ModelLayout(work_dir, (name,), None)
 
 
 def _entries(directory: Path, with_code: bool = False, dirs_only: bool = False) -> list[Path]:
@@ -182,9 +210,18 @@ def _reset_work_dir(work_dir: Path) -> None:
 
 
 def _only_links(path: Path) -> bool:
-    """A symlink, or a directory tree whose files are all symlinks (os.walk does not follow links)."""
+    """A symlink, or a directory tree whose files are all symlinks or config files find_layout wrote (os.walk
+    does not follow links)."""
     if path.is_symlink():
         return True
     if not path.is_dir():
         return False
-    return all(os.path.islink(os.path.join(parent, name)) for parent, _, files in os.walk(path) for name in files)
+    return all(os.path.islink(os.path.join(parent, name)) or _written(os.path.join(parent, name))
+               for parent, _, files in os.walk(path) for name in files)
+
+
+def _written(path: str) -> bool:
+    if os.path.basename(path) != CONFIG_FILENAME:
+        return False
+    with open(path, encoding="utf-8", errors="replace") as file:
+        return file.readline().startswith(_WRITTEN)

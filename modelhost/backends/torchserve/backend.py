@@ -36,6 +36,7 @@ from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.torchserve.worker_model import HandlerSpec
 from modelhost.config.mar_manifest import MANIFEST, MarConfig, MarManifest
 from modelhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup, ModelQueuePolicy
+from modelhost.config.overrides import ModelOverrides
 from modelhost.config.pbtxt import ConfigError
 from modelhost.errors import ModelhostError
 from modelhost.handler_messages import BODY_INPUT, HANDLER_INPUT, HANDLER_SIGNATURE, RESPONSE_OUTPUT
@@ -70,20 +71,20 @@ class TorchServeBackend(Backend):
         path = version_dir / filename
         if filename != self.default_filename or path.exists():
             return path
-        if (version_dir / MANIFEST).is_file():
-            return version_dir
         archives = sorted(entry for entry in _entries(version_dir) if entry.name.endswith(ARCHIVE_SUFFIX))
-        return archives[0] if len(archives) == 1 else path
+        if len(archives) == 1 and not (version_dir / MANIFEST).is_file():
+            return archives[0]
+        return version_dir  # an unpacked archive, or a model directory its config's handler serves
 
     def describe(self, path: Path) -> ModelSignature:
         return SERVED_SIGNATURE
 
-    def configure(self, path: Path, config: ModelConfig) -> None:
-        _, settings = _read_settings(path)
-        apply_mar_config(settings, config)
+    def configure(self, path: Path, config: ModelConfig, overrides: ModelOverrides) -> None:
+        _, settings = _read_settings(path, config)
+        apply_mar_config(settings, config, overrides)
 
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
-        manifest, _ = _read_settings(path)
+        manifest, _ = _read_settings(path, config)
         _, options = read_options(config)
         parameters = {key: value.string_value for key, value in config.parameters.items()}
         decode = parameters.get(DECODE_PARAMETER, "true").lower()
@@ -93,7 +94,7 @@ class TorchServeBackend(Backend):
         if envelope is not None and envelope not in ENVELOPES:
             raise ConfigError(f"parameter {ENVELOPE_PARAMETER} must be one of {', '.join(ENVELOPES)}, got '{envelope}'")
         held, root = _unpacked.hold(path)
-        version = path.name if (path / MANIFEST).is_file() else path.parent.name
+        version = path.name if path.is_dir() and not path.name.endswith(ARCHIVE_SUFFIX) else path.parent.name
         try:
             spec = HandlerSpec(
                 path=str(root), label=f"TorchServe model '{config.name}' version {version} instance {instance.index}",
@@ -112,21 +113,32 @@ class TorchServeBackend(Backend):
             raise
 
 
-def apply_mar_config(settings: MarConfig, config: ModelConfig) -> None:
-    """Set, in `config`, what the archive's model-config YAML says and the config leaves unset (tsfs §A5.3)."""
+def apply_mar_config(settings: MarConfig, config: ModelConfig, overrides: ModelOverrides | None = None) -> None:
+    """Set, in `config`, what the archive's model-config YAML says and the config leaves unset (tsfs §A5.3); where
+    the YAML is silent too, TorchServe's defaults (a batch of 1, 100 ms to fill a larger one) unless `overrides`
+    (the endpoint's SAGEMAKER_TS_* variables, applied next) set them."""
+    overrides = overrides or ModelOverrides()
+    given = settings.raw
     if config.max_batch_size == 0 and not config.input:
-        config.max_batch_size = settings.batch_size
-    if not config.HasField("dynamic_batching"):
+        config.max_batch_size = settings.batch_size if "batchSize" in given else (overrides.max_batch_size or 1)
+    if config.WhichOneof("scheduling_choice") is None:
+        config.dynamic_batching.SetInParent()
+    if config.WhichOneof("scheduling_choice") == "dynamic_batching":
         batching = config.dynamic_batching
-        if settings.batch_size > 1:
+        delay_given = "maxBatchDelay" in given or overrides.max_queue_delay_microseconds is None
+        if config.max_batch_size > 1 and delay_given and batching.max_queue_delay_microseconds == 0:
             batching.max_queue_delay_microseconds = settings.max_batch_delay_ms * 1000
-        if settings.job_queue_size:
-            batching.default_queue_policy.max_queue_size = settings.job_queue_size
-        if settings.client_timeout_ms:
-            batching.default_queue_policy.default_timeout_microseconds = settings.client_timeout_ms * 1000
-            batching.default_queue_policy.timeout_action = ModelQueuePolicy.REJECT
-    if not config.instance_group and settings.min_workers:
-        config.instance_group.add(count=settings.min_workers, kind=ModelInstanceGroup.KIND_CPU)
+        policy = batching.default_queue_policy
+        if settings.job_queue_size and policy.max_queue_size == 0:
+            policy.max_queue_size = settings.job_queue_size
+        if settings.client_timeout_ms and policy.default_timeout_microseconds == 0:
+            policy.default_timeout_microseconds = settings.client_timeout_ms * 1000
+            policy.timeout_action = ModelQueuePolicy.REJECT
+    if settings.min_workers:
+        if not config.instance_group:
+            config.instance_group.add(count=settings.min_workers, kind=ModelInstanceGroup.KIND_CPU)
+        for group in config.instance_group:
+            group.count = group.count or settings.min_workers
     for name, seconds in (("execute_timeout_seconds", settings.response_timeout_s),
                           ("initialize_timeout_seconds", settings.startup_timeout_s)):
         if name not in config.parameters:
@@ -155,7 +167,15 @@ class HandlerModel(IsolatedModel):
             _unpacked.release(self._held)
 
 
-def _read_settings(path: Path) -> tuple[MarManifest, MarConfig]:
+def _read_settings(path: Path, config: ModelConfig) -> tuple[MarManifest, MarConfig]:
+    """The archive's manifest and YAML; for a model directory without a manifest (a SageMaker model directory,
+    TorchServe's default_service_handler's case) one naming the config's `handler` parameter."""
+    if path.is_dir() and not (path / MANIFEST).is_file():
+        handler = config.parameters[HANDLER_PARAMETER].string_value if HANDLER_PARAMETER in config.parameters else ""
+        if not handler:
+            raise ConfigError(f"model '{config.name}': {path.name} has no {MANIFEST.as_posix()} and the config names "
+                              f"no handler (parameter '{HANDLER_PARAMETER}') to serve it with")
+        return MarManifest(model_name=config.name, handler=handler), MarConfig()
     try:
         return read_mar_settings(path)
     except ModelhostError as exc:

@@ -48,8 +48,8 @@ class HandlerRuntime:
         # First, and a module of the handler's name that another archive's runtime imported is forgotten: every
         # archive's handler may be called handler.py (one runtime per process is the rule; tests hold several).
         sys.path.insert(0, str(model_dir))
-        module = Path(handler.split(":", 1)[0]).stem
-        loaded = sys.modules.get(module)
+        module = handler.split(":", 1)[0].removesuffix(".py").split("/")[-1]  # as TorchServe names it
+        loaded = sys.modules.get(module) if "." not in module else None  # a dotted name is an installed module's
         if loaded is not None and not str(getattr(loaded, "__file__", "") or "").startswith(str(model_dir)):
             del sys.modules[module]
         metrics = MetricsCacheYamlImpl(config_file_path=str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
@@ -103,7 +103,7 @@ class HandlerRuntime:
     def _handler_input(self, request: HandlerRequest) -> tuple[dict[str, Any], dict[str, Any]]:
         """The request's `data` dict and its headers as the handler's context gives them (tsfs §A1.3)."""
         data: dict[str, Any] = {}
-        headers: dict[str, Any] = {}
+        headers: dict[str, Any] = _Headers()
         for name, (content_type, value) in request.parameters.items():
             data[name] = _decode(content_type, value) if self._decode_input else bytearray(value)
             headers[name] = {"content-type": content_type}
@@ -116,6 +116,21 @@ class HandlerRuntime:
         return HandlerResponse(_encode(result, self.label), code or 200, phrase or "",
                                context.get_response_content_type(index) or None,
                                {str(k): str(v) for k, v in (context.get_response_headers(index) or {}).items()})
+
+
+class _Headers(dict):  # type: ignore[type-arg]
+    """A request's headers for `context.get_request_header`: a name as sent, else in any case (HTTP header names
+    are case-insensitive; modelhost's transport hands them over in lower case)."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            return self[key]
+        return super().get(key.lower(), default) if isinstance(key, str) else default
+
+    def __missing__(self, key: Any) -> Any:
+        if isinstance(key, str) and key.lower() != key and dict.__contains__(self, key.lower()):
+            return dict.__getitem__(self, key.lower())
+        raise KeyError(key)
 
 
 def _failed(count: int, status: int, message: str) -> list[HandlerResponse]:

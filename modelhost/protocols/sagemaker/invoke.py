@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import threading
+import uuid
 from collections.abc import Awaitable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -21,6 +22,13 @@ import orjson
 
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
+from modelhost.handler_messages import (
+    HANDLER_INPUT,
+    HANDLER_SIGNATURE,
+    RESPONSE_OUTPUT,
+    HandlerRequest,
+    HandlerResponse,
+)
 from modelhost.protocols.http.app import STATUS
 from modelhost.protocols.sagemaker.handlers import Handler, HandlerError, RequestInfo, TfsResponse
 from modelhost.protocols.sagemaker.payloads import (
@@ -69,14 +77,25 @@ class Invoker:
             running = asyncio.get_running_loop().run_in_executor(self._handler_pool, self._run_handler, handler,
                                                                  handle, call)
             return await self._within_timeout(running)
-        accept = choose_accept(call.accept, self._default_accept)
 
-        def decode(metadata: ModelMetadata) -> tuple[InferRequest, Invocation]:
+        def decode(metadata: ModelMetadata) -> tuple[InferRequest, Invocation | None]:
+            if HANDLER_SIGNATURE in metadata.signatures:  # a handler model takes the request as it came
+                return _handler_request(call), None
             invocation = decode_invocation(call.body, call.content_type, metadata.inputs, self._dataplane.limits)
             return invocation.request, invocation
 
         response, invocation = await self._within_timeout(self._dataplane.decode_and_infer(model, version, decode))
-        return encode_invocation(response, invocation, accept)
+        if invocation is None:
+            return self._handler_answer(response.outputs[RESPONSE_OUTPUT].reshape(-1)[0], call)
+        return encode_invocation(response, invocation, choose_accept(call.accept, self._default_accept))
+
+    def _handler_answer(self, answer: HandlerResponse, call: Call) -> tuple[bytes, str]:
+        """A handler model's answer: its body and content type (Accept's, or the default, where it set none); a
+        failed one is the handler's status and message."""
+        if answer.error or answer.status >= 400:
+            raise HandlerError(answer.status, answer.body.decode("utf-8", "replace"))
+        accept = call.accept if call.accept and media_type(call.accept) != "*/*" else self._default_accept
+        return answer.body, answer.content_type or accept
 
     async def _within_timeout(self, work: Awaitable[T]) -> T:
         try:
@@ -118,6 +137,17 @@ class Invoker:
     def close(self) -> None:
         if self._channel is not None:
             self._channel.close()
+
+
+def _handler_request(call: Call) -> InferRequest:
+    """The invocation for a handler model: its body, content type, Accept and custom attributes, as sent."""
+    headers = {"Content-Type": call.content_type or "", "Accept": call.accept or ""}
+    if call.custom_attributes:
+        headers["X-Amzn-SageMaker-Custom-Attributes"] = call.custom_attributes
+    requests = np.empty(1, dtype=object)
+    requests[0] = HandlerRequest({"body": (media_type(call.content_type or ""), call.body)},
+                                 {k: v for k, v in headers.items() if v}, str(uuid.uuid4()))
+    return InferRequest("", {HANDLER_INPUT: requests}, signature=HANDLER_SIGNATURE)
 
 
 class ServedModelHandle:

@@ -29,7 +29,7 @@ from modelhost.core.model_loading import LoadPlan, warm_up_backend_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.store.archive_models import ArchiveModels, FetchedModels
 from modelhost.store.archive_store import ArchiveStore, check_target
-from modelhost.store.layout import ModelLayout
+from modelhost.store.layout import TOOLKIT_PROGRAM, ModelLayout
 from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.paths import check_model_name, within
 from modelhost.store.unpacked_copies import UnpackedCopies
@@ -71,13 +71,13 @@ class ArchiveLimits:
 class TargetModels:
     def __init__(self, cache: ModelCache, manager: ModelManager, archives: ArchiveStore | None, work_dir: Path,
                  limits: ArchiveLimits, single_model_name: str = "model", load_roots: Sequence[Path] = (),
-                 on_load: Hook | None = None, on_unload: Hook | None = None) -> None:
+                 on_load: Hook | None = None, on_unload: Hook | None = None, program: str = TOOLKIT_PROGRAM) -> None:
         self._cache = cache
         self._manager = manager
         self._work_dir = work_dir
         self.copies: UnpackedCopies[FetchedModels] = UnpackedCopies(limits.unpacked_cache_bytes)
         self._fetch = ArchiveModels(archives, work_dir / "downloads", limits.max_unpacked_bytes,
-                                    limits.max_archive_members, single_model_name, self.copies)
+                                    limits.max_archive_members, single_model_name, self.copies, program)
         self._load_roots = tuple(load_roots)
         self._on_load = on_load
         self._on_unload = on_unload
