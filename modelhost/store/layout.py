@@ -8,16 +8,18 @@ everywhere, and `code/` (inference.py, requirements.txt, lib/) is never a model.
 2. D has a model file at the top (one whose name a backend recognizes, e.g. `model.onnx`; a file or
    a directory so named): one model whose version 1 is that file; everything else at the top except
    config.pbtxt and code/ (external weights, vocabularies) is placed beside it, config.pbtxt above it.
-   A config.pbtxt with neither version directories nor a model file is an error.
+   A config.pbtxt with neither version directories nor a model file is an error. Several TorchServe archives
+   (`*.mar`, a TorchServe model store) are one model each, named after its file (`resnet.mar`: `resnet`).
 3. D has subdirectories that are models (holding config.pbtxt or version directories): D is a
    Triton-layout repository, and each such subdirectory is a model named after it.
-4. Otherwise, when D's code/ holds the handler program (`inference.py`, or SAGEMAKER_PROGRAM) and nothing above
-   applies, D is one model in SageMaker PyTorch's form: weights its `model_fn` loads (a state dict, a Hugging
-   Face directory, anything) served as the SageMaker PyTorch inference toolkit serves them, by the torchserve
-   backend in worker processes (backends/torchserve/sagemaker_toolkit.py). Its version 1 holds D's entries, code/
-   included; its config.pbtxt is written here; its layout has no code_dir (the model runs its code itself).
-5. Otherwise, when D has exactly one subdirectory other than code/ (a tar that wraps everything in
+4. Otherwise, when D has exactly one subdirectory other than code/ (a tar that wraps everything in
    `model/`, say), the rules are applied again inside it, up to MAX_WRAPPING levels deep.
+5. When no rule found a model, and a directory on the way has a code/ that holds the handler program
+   (`inference.py`, or SAGEMAKER_PROGRAM), the outermost such D is one model in SageMaker PyTorch's form:
+   weights its `model_fn` loads (a state dict, a Hugging Face directory, anything), served as the SageMaker
+   PyTorch inference toolkit serves them, by the torchserve backend in worker processes
+   (backends/torchserve/sagemaker_toolkit.py). Its version 1 holds D's entries, code/ included; its config.pbtxt
+   is written here; its layout has no code_dir (the model runs its code itself).
 
 A model found by rule 1 or 2 is served as `single_model_name`, unless its config.pbtxt gives a
 name (Triton requires the two to match, and the user wrote the config). `code_dir` is the code/
@@ -26,9 +28,8 @@ nearest to the models: beside them, else in the closest enclosing directory.
 The result is always a Triton-layout repository. Where D itself is not exactly one (rules 1 and 2,
 or a repository with code/ or other directories in it) one is built in `work_dir` from symlinks to
 the user's files; nothing is copied. find_layout owns `work_dir`: it empties it first, removing only
-what it could have made (symlinks, directories of symlinks, and the config.pbtxt files it writes for rule 4),
-and refuses anything else. Keep
-`work_dir` outside the root, or give it a hidden name.
+what it could have made (symlinks, directories of symlinks, and the config.pbtxt files it writes for rule 5),
+and refuses anything else. Keep `work_dir` outside the root, or give it a hidden name.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from modelhost.store.paths import check_model_name
 CODE_DIR = "code"
 MAX_WRAPPING = 3
 TOOLKIT_PROGRAM = "inference.py"
+MAR_SUFFIX = ".mar"
 TOOLKIT_HANDLER = "modelhost.backends.torchserve.sagemaker_toolkit"
 _WRITTEN = "# written by modelhost (store/layout.py)"
 _TOOLKIT_CONFIG = f"""{_WRITTEN}: a SageMaker PyTorch model directory, served as its inference toolkit serves it
@@ -82,18 +84,20 @@ def find_layout(root: Path, single_model_name: str, work_dir: Path, allow_empty:
         raise invalid(f"model directory {root} does not exist or is not a directory")
     if allow_empty and not _entries(root):
         return ModelLayout(root, (), _code_dir(root))
-    directory, code_dir = root, None
+    directory, code_dir, toolkit_dir = root, None, None
     for _ in range(MAX_WRAPPING + 1):
         code_dir = _code_dir(directory) or code_dir
         layout = _layout_of(directory, single_model_name, work_dir, code_dir)
         if layout is not None:
             return layout
-        if (directory / CODE_DIR / program).is_file():
-            return _toolkit_model(directory, single_model_name, work_dir)
+        if toolkit_dir is None and (directory / CODE_DIR / program).is_file():
+            toolkit_dir = directory
         inner = [entry for entry in _entries(directory) if entry.is_dir()]
         if len(inner) != 1:
             break
         directory = inner[0]
+    if toolkit_dir is not None:
+        return _toolkit_model(toolkit_dir, single_model_name, work_dir)
     found = ", ".join(sorted(entry.name for entry in _entries(directory, with_code=True))[:20]) or "nothing"
     raise invalid(f"no model found in {directory}: {_EXPECTED}; found: {found}")
 
@@ -106,6 +110,8 @@ def _layout_of(directory: Path, name: str, work_dir: Path, code_dir: Path | None
         (work_dir / name).symlink_to(directory.absolute(), target_is_directory=True)
         return ModelLayout(work_dir, (name,), code_dir)
     model_files = [entry for entry in _entries(directory) if backend_for_filename(entry.name)]
+    if len(model_files) > 1 and all(entry.name.endswith(MAR_SUFFIX) for entry in model_files):
+        return _archive_store(model_files, work_dir, code_dir)
     if len(model_files) > 1:
         names = ", ".join(sorted(entry.name for entry in model_files))
         raise invalid(f"{directory} holds several model files ({names}); put each model in its own directory")
@@ -139,8 +145,21 @@ def _link_single_file_model(directory: Path, name: str, work_dir: Path) -> None:
             (version_dir / entry.name).symlink_to(entry.absolute(), target_is_directory=entry.is_dir())
 
 
+def _archive_store(archives: list[Path], work_dir: Path, code_dir: Path | None) -> ModelLayout:
+    """Rule 2's TorchServe model store: work_dir/<stem>/1/<archive> for each `<stem>.mar`."""
+    _reset_work_dir(work_dir)
+    names = []
+    for archive in sorted(archives):
+        name = archive.name[: -len(MAR_SUFFIX)]
+        _check_model_name(name)
+        (work_dir / name / "1").mkdir(parents=True)
+        (work_dir / name / "1" / archive.name).symlink_to(archive.absolute(), target_is_directory=archive.is_dir())
+        names.append(name)
+    return ModelLayout(work_dir, tuple(names), code_dir)
+
+
 def _toolkit_model(directory: Path, name: str, work_dir: Path) -> ModelLayout:
-    """Rule 4: work_dir/<name>/1/<entry> -> each entry of `directory`, code/ included, and a config.pbtxt."""
+    """Rule 5: work_dir/<name>/1/<entry> -> each entry of `directory`, code/ included, and a config.pbtxt."""
     _reset_work_dir(work_dir)
     version_dir = work_dir / name / "1"
     version_dir.mkdir(parents=True)

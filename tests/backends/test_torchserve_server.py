@@ -14,6 +14,7 @@ import json
 import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -124,3 +125,17 @@ def test_handler_failures_are_clear_errors_and_the_model_keeps_serving(server: S
     assert died.status_code == 500 and "exited with code 3" in died.json()["error"]
     assert answers(infer(server, "echo", b"ok"))[0]["pid"] not in (pid, after_hang)
     assert answers(infer(server, "plain", b"still"))[0]["length"] == 5
+
+
+def test_a_torchserve_model_store_is_a_repository(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    make_archive(store, "lengths", MODULE_HANDLE)
+    make_archive(store, "echo", BEHAVING)
+    process = ServerProcess(store).wait_ready()
+    try:
+        index = requests.post(f"{process.base}/v2/repository/index", timeout=10).json()
+        assert sorted((m["name"], m["state"]) for m in index) == [("echo", "READY"), ("lengths", "READY")]
+        assert answers(infer(process, "lengths", b"abcde")) == [{"length": 5, "model": "lengths", "batch": 1}]
+    finally:
+        process.stop()

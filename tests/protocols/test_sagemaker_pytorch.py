@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 
+from tests.backends.torchserve_archives import MODULE_HANDLE, make_archive
 from tests.protocols.test_sagemaker_server import runtime_client
 from tests.server import ServerProcess
 
@@ -153,7 +154,9 @@ def multi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     with tarfile.open(archives / "hf.tar.gz", "w:gz") as archive:
         for name in ("model.safetensors", "config.json", "code"):
             archive.add(source / name, arcname=name)
-    torch.save(classifier, tmp_path_factory.getbasetemp() / "classifier.pt")
+    made = tmp_path_factory.mktemp("mar")
+    with tarfile.open(archives / "lengths.tar.gz", "w:gz") as archive:
+        archive.add(make_archive(made, "lengths", MODULE_HANDLE), arcname="lengths.mar")
     server = ServerProcess(archives, "--multi-model", cache_dir=tmp_path_factory.mktemp("cache"),
                            env={"SAGEMAKER_TS_BATCH_SIZE": "8", "SAGEMAKER_TS_MAX_BATCH_DELAY": "100"})
     server.wait_ready(path=server.sagemaker + "/ping", timeout=120)
@@ -179,3 +182,9 @@ def test_a_hugging_face_directory_in_a_multi_model_archive_batches_its_requests(
         answers = [answer for answer, _ in pool.map(invoke, range(16))]
     assert all(answer["labels"] == expected for answer in answers)
     assert max(answer["batch"] for answer in answers) > 1  # the worker took several requests at once
+
+
+def test_a_torchserve_archive_in_a_multi_model_archive_gets_the_request_as_sent(multi: ServerProcess) -> None:
+    result = runtime_client(multi).invoke_endpoint(EndpointName="mme", TargetModel="lengths.tar.gz",
+                                                   ContentType="application/octet-stream", Body=b"abcdef")
+    assert json.loads(result["Body"].read()) == {"length": 6, "model": "lengths.tar.gz", "batch": 1}

@@ -40,9 +40,10 @@ def serves_add_sub(layout: ModelLayout, name: str) -> bool:
     return bool(np.all(result["OUTPUT0"] == 2.0) and np.all(result["OUTPUT1"] == 0.0))
 
 
-def code(directory: Path) -> Path:
+def code(directory: Path, program: bool = True) -> Path:
     (directory / "code/lib").mkdir(parents=True)
-    (directory / "code/inference.py").write_text("def model_fn(model_dir):\n    return None\n")
+    if program:
+        (directory / "code/inference.py").write_text("def model_fn(model_dir):\n    return None\n")
     (directory / "code/requirements.txt").write_text("")
     return directory / "code"
 
@@ -219,7 +220,7 @@ def test_empty_directory(tmp_path: Path) -> None:
 
 def test_empty_directory_as_an_empty_repository(tmp_path: Path) -> None:
     root = tmp_path / "model"
-    code_dir = code(root)
+    code_dir = code(root, program=False)
     (root / ".hidden").mkdir()
     assert find_layout(root, NAME, tmp_path / "work", allow_empty=True) == ModelLayout(root, (), code_dir)
     (root / "notes.txt").write_text("not a model")
@@ -231,8 +232,36 @@ def test_unrecognizable_directory_lists_what_it_found(tmp_path: Path) -> None:
     (root / "weights").mkdir(parents=True)
     (root / "other").mkdir()
     (root / "model.pkl").write_bytes(b"pickle")
-    code(root)
+    code(root, program=False)
     assert invalid_message(root, tmp_path / "work").endswith("found: code, model.pkl, other, weights")
+
+
+def test_weights_with_an_inference_program_are_one_sagemaker_pytorch_model(tmp_path: Path) -> None:
+    root = tmp_path / "opt_ml_model"
+    (root / "hf/tokenizer").mkdir(parents=True)
+    (root / "hf/model.safetensors").write_bytes(b"weights")
+    code(root)
+    work = tmp_path / "work"
+    layout = find_layout(root, NAME, work)
+    assert layout == ModelLayout(work, (NAME,), None)  # its code runs in the model, not in the front-end
+    assert sorted(os.listdir(work / NAME / "1")) == ["code", "hf"]
+    assert (work / NAME / "1" / "hf").resolve() == root / "hf"
+    plan = plan_model(LocalStore(work).fetch(NAME))
+    assert plan.backend is not None and plan.backend.name == "torchserve"
+    assert plan.config.parameters["handler"].string_value == "modelhost.backends.torchserve.sagemaker_toolkit"
+    assert find_layout(root, NAME, work).models == (NAME,)  # its written config.pbtxt is find_layout's to remove
+    (root / "code/inference.py").rename(root / "code/serve.py")
+    assert find_layout(root, NAME, work, program="serve.py").models == (NAME,)  # SAGEMAKER_PROGRAM
+
+
+def test_several_torchserve_archives_are_a_model_store(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    root.mkdir()
+    for name in ("resnet", "bert"):
+        (root / f"{name}.mar").write_bytes(b"PK")
+    layout = find_layout(root, NAME, tmp_path / "work")
+    assert layout.models == ("bert", "resnet")
+    assert (layout.repository / "resnet/1/resnet.mar").resolve() == root / "resnet.mar"
 
 
 def test_config_without_versions_or_model_file(tmp_path: Path) -> None:
