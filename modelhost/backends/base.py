@@ -61,10 +61,19 @@ class Model(abc.ABC):
     # False for a model whose call may block however cheap it has been (it waits on another process):
     # the scheduler then never runs it on the event loop, where a hang would stall every request.
     runs_inline: bool = True
+    # True for a model with `infer_async`: a batch the scheduler can run from the event loop without blocking it
+    # (it waits on another process), sparing a thread's handoff when an instance is free and nothing waits.
+    runs_async: bool = False
 
     @abc.abstractmethod
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Run one batch; return at least the named outputs."""
+
+    async def infer_async(self, inputs: dict[str, np.ndarray], outputs: Sequence[str],
+                          signature: str = "") -> dict[str, np.ndarray] | None:
+        """Run one batch (through the named signature, "" for infer's) from the event loop, where `runs_async`;
+        None when it cannot now (the scheduler then queues the batch for the instance's thread)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run from the event loop")
 
     def unload(self) -> None:  # noqa: B027 - optional hook: most models free memory when dropped
         """Free the instance's memory; it is never used again."""

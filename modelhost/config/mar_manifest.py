@@ -17,6 +17,19 @@ from modelhost.errors import ErrorKind, ModelhostError, invalid
 
 MANIFEST = Path("MAR-INF") / "MANIFEST.json"
 RUNTIMES = ("python", "python3")
+# A handler model's config: the handler's batch size (TorchServe's batchSize, what one handler call gets) is the
+# parameter below; max_batch_size is how many requests a worker is sent at once. For a handler of batch size 1
+# (TorchServe's default), requests waiting together go to its worker in one message of up to WORKER_BATCH, and the
+# worker calls the handler once per request: the handler sees what TorchServe would hand it, and the round trip
+# to the worker is paid once for them all.
+HANDLER_BATCH_PARAMETER = "handler_batch_size"
+WORKER_BATCH = 32
+
+
+def worker_batch(handler_batch: int) -> int:
+    """The max_batch_size that sends a worker whole batches of its handler (TorchServe waits for up to batchSize
+    requests), or, for a handler of batch size 1, up to WORKER_BATCH requests at once."""
+    return handler_batch if handler_batch > 1 else WORKER_BATCH
 
 
 @dataclass(frozen=True, slots=True)

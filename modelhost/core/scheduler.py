@@ -75,6 +75,9 @@ class Scheduler:
         self._gate = LoopGate(policy.inline_max_ns if inline else 0)
         # Whether queueing under load gains anything over running on the loop: batches, or instances in parallel.
         self._threads_gain_under_load = policy.batching or len(instances) > 1
+        # Models that wait on another process run a lone request from the loop (Model.infer_async): no handoff.
+        self._runs_async = (all(i.runs_async for i in instances) and not policy.max_queue_delay_s
+                            and not policy.pad_sizes)
         self._in_flight = in_flight or InFlight()
         self._spare = spare
         self._threads_per_instance = threads_per_instance
@@ -99,6 +102,10 @@ class Scheduler:
         """
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
+        if self._runs_async and self._may_run_async():
+            result = await self._run_async(inputs, outputs, rows, entry)
+            if result is not None:
+                return result
         size = _elements(inputs)
         if self._may_run_now(size):
             result = self._run_on_loop(inputs, outputs, rows, size, entry)
@@ -203,6 +210,41 @@ class Scheduler:
             and not self._queue.closed
             and not self._gate.should_probe()
         )
+
+    def _may_run_async(self) -> bool:
+        """Whether a request may go to a free instance from the loop at once: nothing queued ahead of it, no
+        earlier answer it could overtake under preserve_ordering, the model not stopping, and the server quiet
+        enough that requests would not do better batched on the instance threads."""
+        return (
+            not self._queue.depth()
+            and not self._queue.closed
+            and not (self._policy.preserve_ordering and self._inflight)
+            and self._in_flight.requests <= LOOP_MAX_IN_PROGRESS
+        )
+
+    async def _run_async(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
+                         entry: str) -> Outputs | None:
+        """Run one request from the loop on a free instance; None when none is free or its model cannot now. The
+        call finishes (and frees the instance) even when the caller goes away: the worker's answer must be read."""
+        for instance, lock in self._instances:
+            if lock.acquire(blocking=False):
+                call = asyncio.get_running_loop().create_task(self._call_async(instance, lock, inputs, outputs, entry))
+                result = await asyncio.shield(call)
+                if result is not None:
+                    self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, result[1], 0))
+                    return result[0]
+                return None
+        return None
+
+    @staticmethod
+    async def _call_async(instance: Model, lock: threading.Lock, inputs: dict[str, np.ndarray],
+                          outputs: Sequence[str], entry: str) -> tuple[Outputs, int] | None:
+        try:
+            started = time.monotonic_ns()
+            result = await instance.infer_async(inputs, outputs, entry)
+            return None if result is None else (result, time.monotonic_ns() - started)
+        finally:
+            lock.release()
 
     def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
                      size: int, entry: str) -> Outputs | None:

@@ -5,11 +5,13 @@ straight from the array's memory and read into one buffer per array that the unp
 the pickle itself stays small and no array is copied into or out of it. Frame: pickle length and buffer
 count, each buffer's length, the pickle, the buffers.
 
-Both ends are trusted (the server and the worker it started); one call at a time per channel.
+Both ends are trusted (the server and the worker it started); one call at a time per channel, made either by a
+thread (`send`, `receive`: blocking, with deadlines) or on an event loop (`send_async`, `receive_async`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import socket
 import struct
@@ -34,11 +36,7 @@ class Channel:
 
     def send(self, message: Any, deadline: float | None = None) -> None:
         """Send one message; pickling errors raise before anything is written."""
-        buffers: list[pickle.PickleBuffer] = []
-        data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
-        raws = [buffer.raw() for buffer in buffers]
-        header = _HEADER.pack(len(data), len(raws)) + b"".join(_LENGTH.pack(raw.nbytes) for raw in raws)
-        self._write([memoryview(header), memoryview(data), *raws], deadline)
+        self._write(_frame(message), deadline)
 
     def receive(self, deadline: float | None = None) -> Any:
         """Wait for the next message."""
@@ -47,6 +45,41 @@ class Channel:
         data = self._read(length, deadline)
         buffers = [self._read(size, deadline) for size in sizes]
         return pickle.loads(data, buffers=buffers)
+
+    async def send_async(self, message: Any) -> None:
+        """`send` on the running event loop (which waits for the socket, never blocking)."""
+        loop = asyncio.get_running_loop()
+        self._sock.setblocking(False)
+        try:
+            for part in _frame(message):
+                if part.nbytes:
+                    await loop.sock_sendall(self._sock, part)
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from exc
+
+    async def receive_async(self) -> Any:
+        """`receive` on the running event loop."""
+        loop = asyncio.get_running_loop()
+        self._sock.setblocking(False)
+        length, count = _HEADER.unpack(await self._read_async(loop, _HEADER.size))
+        sizes = struct.unpack(f"!{count}Q", await self._read_async(loop, _LENGTH.size * count)) if count else ()
+        data = await self._read_async(loop, length)
+        buffers = [await self._read_async(loop, size) for size in sizes]
+        return pickle.loads(data, buffers=buffers)
+
+    async def _read_async(self, loop: asyncio.AbstractEventLoop, size: int) -> bytearray:
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        received = 0
+        try:
+            while received < size:
+                count = await loop.sock_recv_into(self._sock, view[received:])
+                if not count:
+                    raise ChannelClosed("the other end closed the channel")
+                received += count
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from exc
+        return buffer
 
     def close(self) -> None:
         self._sock.close()
@@ -83,6 +116,15 @@ class Channel:
         except OSError as exc:
             raise ChannelClosed(str(exc)) from exc
         return buffer
+
+
+def _frame(message: Any) -> list[memoryview]:
+    """A message's parts as written: header, pickle, out-of-band buffers. Pickling errors raise here."""
+    buffers: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(message, protocol=5, buffer_callback=buffers.append)
+    raws = [buffer.raw() for buffer in buffers]
+    header = _HEADER.pack(len(data), len(raws)) + b"".join(_LENGTH.pack(raw.nbytes) for raw in raws)
+    return [memoryview(header), memoryview(data), *raws]
 
 
 def _remaining(deadline: float | None) -> float | None:

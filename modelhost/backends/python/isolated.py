@@ -14,6 +14,7 @@ of its own so that the failed batch's error goes back at once; the next infer (o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -93,6 +94,19 @@ class WorkerProcess:
         reply: tuple[Any, ...] = self.channel.receive(deadline)
         return reply
 
+    async def call_async(self, message: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+        """`call` on the running event loop; raises TimeoutError or ChannelClosed (the channel is then unusable:
+        the caller kills the worker)."""
+        async def exchange() -> tuple[Any, ...]:
+            await self.channel.send_async(message)
+            reply: tuple[Any, ...] = await self.channel.receive_async()
+            return reply
+
+        try:
+            return await asyncio.wait_for(exchange(), timeout_s or None)
+        except asyncio.TimeoutError:
+            raise TimeoutError from None
+
     def rss_bytes(self) -> int:
         """Resident memory of the worker now, from /proc/<pid>/statm; 0 where that cannot be read."""
         try:
@@ -130,6 +144,10 @@ class WorkerProcess:
         self.channel.close()
 
 
+def _timed_out(timeout: float) -> str:
+    return f"did not answer within {timeout:g} s (execute_timeout_seconds), so it was killed"
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -153,6 +171,7 @@ class IsolatedModel(Model):
     """A Python model instance whose code runs in a worker process; see the module docstring."""
 
     runs_inline = False  # a hung worker must stall one instance thread, never the event loop
+    runs_async = True  # its batches can be sent from the loop (infer_async), which a hang does not stall
 
     def __init__(self, spec: WorkerSpec, options: IsolationOptions, signature: ModelSignature) -> None:
         self._spec = spec
@@ -163,15 +182,43 @@ class IsolatedModel(Model):
         log.info("%s runs in worker process %d", spec.label, self._worker.pid)
 
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        return self.execute(inputs, outputs, self.timeout_for(inputs))
+
+    def execute(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], timeout: float) -> dict[str, np.ndarray]:
+        """One batch in the worker, which has `timeout` seconds (0: no limit) to answer."""
         worker = self._ready_worker()
-        timeout = self._options.execute_timeout_s
         try:
             reply = worker.call(("execute", inputs, list(outputs)), timeout)
         except TimeoutError:
-            problem = f"did not answer within {timeout:g} s (execute_timeout_seconds), so it was killed"
-            raise self._fail(worker, problem, ErrorKind.TIMEOUT) from None
+            raise self._fail(worker, _timed_out(timeout), ErrorKind.TIMEOUT) from None
         except ChannelClosed:
             raise self._fail(worker, f"{worker.exit_reason()} while running this batch", ErrorKind.INTERNAL) from None
+        return self._answer(worker, reply)
+
+    async def infer_async(self, inputs: dict[str, np.ndarray], outputs: Sequence[str],
+                          signature: str = "") -> dict[str, np.ndarray] | None:
+        """The batch run from the event loop, without a thread: the worker is sent it and answers while the loop
+        goes on. None when the worker is not ready now (it restarts, or died between batches): the caller queues
+        the batch for the instance's thread, which waits for it."""
+        worker = self._worker
+        if self._restarting is not None or worker is None or worker.process.poll() is not None:
+            return None
+        timeout = self.timeout_for(inputs)
+        try:
+            reply = await worker.call_async(("execute", inputs, list(outputs)), timeout)
+        except TimeoutError:
+            raise self._fail(worker, _timed_out(timeout), ErrorKind.TIMEOUT) from None
+        except ChannelClosed:
+            reason = await asyncio.to_thread(worker.exit_reason)
+            raise self._fail(worker, f"{reason} while running this batch", ErrorKind.INTERNAL) from None
+        return self._answer(worker, reply)
+
+    def timeout_for(self, inputs: dict[str, np.ndarray]) -> float:
+        """How long the worker has for a batch of these inputs (execute_timeout_seconds)."""
+        return self._options.execute_timeout_s
+
+    def _answer(self, worker: WorkerProcess, reply: tuple[Any, ...]) -> dict[str, np.ndarray]:
+        """The outputs of the worker's reply, or the error it reports."""
         if reply[0] != "ok":
             error = ModelhostError(ErrorKind(reply[1]), reply[2])
             if error.kind is ErrorKind.INTERNAL:  # the model's bug, not the caller's: the operator should see it

@@ -8,10 +8,12 @@ TorchServe's worker does (runtime.py). It is a handler model (handler_messages.p
 clients send request bodies as BYTES `body` and get the handler's answers as `response`; the TorchServe and
 SageMaker front-ends send whole requests through the `handler` signature.
 
-The archive's model-config YAML (tsfs §A5.3) sets what config.pbtxt leaves unset: `batchSize` the
-max_batch_size (the scheduler's dynamic batching hands the handler up to that many requests), `maxBatchDelay`
-the queue delay, `minWorkers` the instances, `responseTimeout` and `startupTimeout` the worker's execute and
-initialize timeouts, `jobQueueSize` the queue's size (503 when full), `clientTimeoutInMills` the queue timeout.
+The archive's model-config YAML (tsfs §A5.3) sets what config.pbtxt leaves unset: `batchSize` the handler's batch
+size (parameter handler_batch_size: the scheduler's dynamic batching hands the handler up to that many requests;
+for a batch size of 1 a worker is sent up to 32 waiting requests at once, which it hands the handler one by one,
+config/mar_manifest.py), `maxBatchDelay` the queue delay, `minWorkers` the instances, `responseTimeout` (per
+handler call) and `startupTimeout` the worker's execute and initialize timeouts, `jobQueueSize` the queue's size
+(503 when full), `clientTimeoutInMills` the queue timeout.
 Config `parameters`: `handler` (instead of the manifest's), `decode_input_request` ("false": parameters reach
 the handler as bytes), `service_envelope` (TorchServe's request envelope around the handler: json, body, kserve,
 kservev2), and the Python backend's isolation limits.
@@ -34,7 +36,13 @@ from modelhost.backends.python.backend import read_options
 from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions
 from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.torchserve.worker_model import HandlerSpec
-from modelhost.config.mar_manifest import MANIFEST, MarConfig, MarManifest
+from modelhost.config.mar_manifest import (
+    HANDLER_BATCH_PARAMETER,
+    MANIFEST,
+    MarConfig,
+    MarManifest,
+    worker_batch,
+)
 from modelhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup, ModelQueuePolicy
 from modelhost.config.overrides import ModelOverrides
 from modelhost.config.pbtxt import ConfigError
@@ -99,7 +107,7 @@ class TorchServeBackend(Backend):
             spec = HandlerSpec(
                 path=str(root), label=f"TorchServe model '{config.name}' version {version} instance {instance.index}",
                 model_name=config.name, handler=parameters.get(HANDLER_PARAMETER) or manifest.handler,
-                batch_size=max(config.max_batch_size, 1), threads=instance.threads, decode_input=decode == "true",
+                batch_size=handler_batch(config), threads=instance.threads, decode_input=decode == "true",
                 envelope=envelope,
             )
             return HandlerModel(spec, options, held)
@@ -116,17 +124,26 @@ class TorchServeBackend(Backend):
 def apply_mar_config(settings: MarConfig, config: ModelConfig, overrides: ModelOverrides | None = None) -> None:
     """Set, in `config`, what the archive's model-config YAML says and the config leaves unset (tsfs §A5.3); where
     the YAML is silent too, TorchServe's defaults (a batch of 1, 100 ms to fill a larger one) unless `overrides`
-    (the endpoint's SAGEMAKER_TS_* variables, applied next) set them."""
+    (the endpoint's SAGEMAKER_TS_* variables, applied next) set them. The handler's batch size goes to the
+    handler_batch_size parameter, and the worker's batch (mar_manifest.worker_batch) to max_batch_size."""
     overrides = overrides or ModelOverrides()
     given = settings.raw
+    if HANDLER_BATCH_PARAMETER not in config.parameters:
+        if "batchSize" in given:
+            batch = settings.batch_size
+        else:
+            batch = config.max_batch_size if config.max_batch_size and not config.input else (
+                overrides.max_batch_size or 1)
+        config.parameters[HANDLER_BATCH_PARAMETER].string_value = str(batch)
+    batch = handler_batch(config)
     if config.max_batch_size == 0 and not config.input:
-        config.max_batch_size = settings.batch_size if "batchSize" in given else (overrides.max_batch_size or 1)
+        config.max_batch_size = worker_batch(batch)
     if config.WhichOneof("scheduling_choice") is None:
         config.dynamic_batching.SetInParent()
     if config.WhichOneof("scheduling_choice") == "dynamic_batching":
         batching = config.dynamic_batching
         delay_given = "maxBatchDelay" in given or overrides.max_queue_delay_microseconds is None
-        if config.max_batch_size > 1 and delay_given and batching.max_queue_delay_microseconds == 0:
+        if batch > 1 and delay_given and batching.max_queue_delay_microseconds == 0:
             batching.max_queue_delay_microseconds = settings.max_batch_delay_ms * 1000
         policy = batching.default_queue_policy
         if settings.job_queue_size and policy.max_queue_size == 0:
@@ -145,15 +162,36 @@ def apply_mar_config(settings: MarConfig, config: ModelConfig, overrides: ModelO
             config.parameters[name].string_value = str(seconds)
 
 
+def handler_batch(config: ModelConfig) -> int:
+    """The handler's batch size, from the config's handler_batch_size parameter; ConfigError when it is not a
+    positive integer."""
+    text = config.parameters[HANDLER_BATCH_PARAMETER].string_value if HANDLER_BATCH_PARAMETER in config.parameters \
+        else "1"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"parameter {HANDLER_BATCH_PARAMETER} must be a positive integer, got '{text}'")
+    return value
+
+
 class HandlerModel(IsolatedModel):
     """One instance: the handler in its worker process, answering both signatures of a handler model."""
 
     def __init__(self, spec: HandlerSpec, options: IsolationOptions, held: tuple[Path, int, int]) -> None:
         self._held = held
+        self._handler_batch = spec.batch_size
+        self._timeout_s = options.execute_timeout_s
         super().__init__(spec, options, SERVED_SIGNATURE)  # raises UserCodeError
 
     def signatures(self) -> Mapping[str, ModelSignature]:
         return {HANDLER_SIGNATURE: HANDLER_MODEL_SIGNATURE}
+
+    def timeout_for(self, inputs: dict[str, np.ndarray]) -> float:
+        # responseTimeout is per handler call: a worker sent several calls' requests has that long for each.
+        rows = len(next(iter(inputs.values()))) if inputs else 1
+        return self._timeout_s * -(-rows // self._handler_batch)
 
     def infer_signature(
         self, signature: str, inputs: dict[str, np.ndarray], outputs: Sequence[str]

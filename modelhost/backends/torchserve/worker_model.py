@@ -48,17 +48,20 @@ class HandlerSpec:
         except (Exception, SystemExit) as exc:
             last = traceback.format_exception_only(type(exc), exc)[-1].strip()
             raise UserCodeError(f"{self.label} failed to load: {last}", traceback.format_exc()) from None
-        return HandlerWorkerModel(self.label, runtime)
+        return HandlerWorkerModel(self.label, runtime, self.batch_size)
 
 
 class HandlerWorkerModel:
-    """The loaded handler (a worker_code.WorkerModel). A batch of the `handler` signature is answered request by
-    request, failures included; one of the served signature (`body` tensors, from KServe V2 or TF Serving) is the
-    handler's bodies, and fails as a whole when the handler fails any of its requests."""
+    """The loaded handler (a worker_code.WorkerModel). The worker may be sent more requests than the handler's
+    batch size (the backend's worker batch): they go to the handler in calls of at most that many, in order. A batch
+    of the `handler` signature is answered request by request, failures included; one of the served signature
+    (`body` tensors, from KServe V2 or TF Serving) is the handler's bodies, and fails as a whole when the handler
+    fails any of its requests."""
 
-    def __init__(self, label: str, runtime: HandlerRuntime) -> None:
+    def __init__(self, label: str, runtime: HandlerRuntime, batch_size: int) -> None:
         self._label = label
         self._runtime = runtime
+        self._batch_size = batch_size
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         if HANDLER_INPUT in inputs:
@@ -66,14 +69,22 @@ class HandlerWorkerModel:
             if not all(isinstance(request, HandlerRequest) for request in requests):
                 raise ModelhostError(ErrorKind.INVALID_INPUT, f"{self._label}: signature 'handler' takes the requests "
                                      "of TorchServe's and SageMaker's APIs; tensor APIs send bytes to input 'body'")
-            return {RESPONSE_OUTPUT: _objects(self._runtime.run(requests))}
+            return {RESPONSE_OUTPUT: _objects(self._run(requests))}
         bodies = inputs[BODY_INPUT].reshape(-1)
-        answers = self._runtime.run([HandlerRequest({"body": ("", _bytes(body))}) for body in bodies])
+        answers = self._run([HandlerRequest({"body": ("", _bytes(body))}) for body in bodies])
         for index, answer in enumerate(answers):
             if answer.error or answer.status >= 400:
                 raise ModelhostError(_kind(answer.status), f"{self._label} answered request {index} of the batch "
                                      f"with status {answer.status}: {answer.body[:500].decode(errors='replace')}")
         return {RESPONSE_OUTPUT: _objects([answer.body for answer in answers])}
+
+    def _run(self, requests: list[HandlerRequest]) -> list[HandlerResponse]:
+        """The requests the worker was sent, in handler calls of at most the handler's batch size, in order."""
+        size = self._batch_size
+        if len(requests) <= size:
+            return self._runtime.run(requests)
+        return [answer for start in range(0, len(requests), size)
+                for answer in self._runtime.run(requests[start:start + size])]
 
     def finalize(self) -> None:
         """TorchServe calls nothing on a handler at unload: neither does modelhost."""

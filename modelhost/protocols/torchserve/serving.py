@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from modelhost.config.mar_manifest import MarConfig, MarManifest
+from modelhost.config.mar_manifest import HANDLER_BATCH_PARAMETER, MarConfig, MarManifest, worker_batch
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.manager import ModelManager
 from modelhost.errors import ErrorKind, ModelhostError
@@ -96,7 +96,8 @@ class WorkerSettings:
             parameters["handler"] = handler
         if envelope:
             parameters["service_envelope"] = envelope
-        return (f"max_batch_size: {self.batch_size}\n"
+        parameters[HANDLER_BATCH_PARAMETER] = self.batch_size
+        return (f"max_batch_size: {worker_batch(self.batch_size)}\n"
                 f"instance_group [ {{ count: {max(self.min_workers, 1)} kind: KIND_CPU }} ]\n"
                 f"dynamic_batching {{ {delay}default_queue_policy {{ max_queue_size: {self.job_queue_size} "
                 f"{timeout}}} }}\n"
