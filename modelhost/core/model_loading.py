@@ -6,7 +6,9 @@ Everything here blocks (file reads, session creation); the manager calls it in a
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 
 from modelhost.backends import (
     BackendUnavailableError,
@@ -192,8 +194,8 @@ def load_version(
         config = complete_config(
             plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", max_batch_size
         )
-        for index in range(1, count):
-            instances.append(backend.load(path, config, InstanceSettings(index, threads, lender)))
+        instances += _load_instances(backend, path, config, range(1, count), threads, lender,
+                                     parallel=instances[0].runs_async)
         policy = SchedulingPolicy.from_config(config)
         _warm_up(source, version, config, instances, warmup_reader)
     except BaseException:
@@ -206,6 +208,33 @@ def load_version(
     served = Signature.from_config(config)
     named = named_signatures(served, instances[0].signature_name(), signature.method, dict(instances[0].signatures()))
     return ServedModel(source.name, version, config, served, scheduler, statistics, named=named)
+
+
+def _load_instances(backend: Backend, path: Path, config: ModelConfig, indexes: range, threads: int,
+                    lender: spare_cores.SpareCores | None, parallel: bool) -> list[Model]:
+    """Instances `indexes` of the model; `parallel` (instances that are processes of their own, which start
+    side by side as TorchServe starts its workers) loads them at once. On a failure, the ones loaded unload."""
+    if not parallel or len(indexes) < 2:
+        loaded: list[Model] = []
+        try:
+            for index in indexes:
+                loaded.append(backend.load(path, config, InstanceSettings(index, threads, lender)))
+        except BaseException:
+            for instance in loaded:
+                instance.unload()
+            raise
+        return loaded
+    with ThreadPoolExecutor(len(indexes), thread_name_prefix="instance-load") as pool:
+        futures = [pool.submit(backend.load, path, config, InstanceSettings(index, threads, lender))
+                   for index in indexes]
+        wait(futures)
+    failed = next((future.exception() for future in futures if future.exception() is not None), None)
+    if failed is not None:
+        for future in futures:
+            if future.exception() is None:
+                future.result().unload()
+        raise failed
+    return [future.result() for future in futures]
 
 
 def _warm_up(source: ModelSource, version: int, config: ModelConfig, instances: list[Model],

@@ -16,10 +16,13 @@ def handle(data, context):
 '''
 
 # Answers each request with what it was given and how big its batch was; a body of "raise", "count", "hang" or
-# "exit" makes the handler fail in that way; "sleep" takes a moment, long enough for requests to queue.
+# "exit" makes the handler fail in that way, "missing" raises TorchServe's PredictionException with 404; "sleep"
+# takes a moment, long enough for requests to queue.
 BEHAVING = '''
 import os
 import time
+
+from ts.utils.util import PredictionException
 
 
 def handle(data, context):
@@ -28,6 +31,8 @@ def handle(data, context):
     bodies = [bytes(row.get("body") or row.get("data") or b"") for row in data]
     if b"raise" in bodies:
         raise ValueError("asked to raise")
+    if b"missing" in bodies:
+        raise PredictionException("no such item", 404)
     if b"count" in bodies:
         return bodies[1:]
     if b"hang" in bodies:

@@ -47,14 +47,6 @@ def handle(data, context):
         context.set_response_header(index, "x-handler", "kinds")
     return answers
 '''
-PREDICTION_EXCEPTION = '''
-from ts.utils.util import PredictionException
-
-
-def handle(data, context):
-    if data is not None:
-        raise PredictionException("no such item", 422)
-'''
 ECHO_CONFIG = """
 minWorkers: 1
 batchSize: 8
@@ -73,10 +65,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServeProce
                       version="2.0")
     v2.rename(store / "echo-v2.mar")
     make_archive(store, "kinds", KINDS)
-    make_archive(store, "picky", PREDICTION_EXCEPTION)
     modelhost_metrics = free_port()
     process = TorchServeProcess(root, "--model-store", str(store), "--models", "echo=echo.mar",
-                                "echo=echo-v2.mar", "kinds.mar", "picky=picky.mar",
+                                "echo=echo-v2.mar", "kinds.mar",
                                 "--modelhost-metrics-port", str(modelhost_metrics),
                                 properties="disable_token_authorization=true\ndefault_workers_per_model=1\n"
                                            "metrics_mode=prometheus\n")
@@ -187,8 +178,8 @@ def test_handler_failures_each_get_torchserves_answer_and_the_model_keeps_servin
     assert raised.json()["type"] == "InternalServerException"
     assert raised.json()["message"].startswith("Prediction failed: handler 'handler.py' of model 'echo' raised "
                                                "ValueError: asked to raise")
-    picky = requests.post(f"{server.inference}/predictions/picky", data=b"x", timeout=30)
-    assert (picky.status_code, picky.json()["message"]) == (422, "no such item")
+    missing = echo(b"missing")
+    assert (missing.status_code, missing.json()["message"]) == (404, "no such item")
     hung = echo(b"hang")
     assert hung.status_code == 504 and "did not answer within 2 s" in hung.json()["message"]
     died = echo(b"exit")
@@ -235,7 +226,7 @@ def test_register_and_unregister_need_the_model_api_and_the_rest_answers(server:
         response = requests.request(method, f"{server.management}{path}", timeout=30)
         assert response.status_code == 405 and response.json()["type"] == "MethodNotAllowedException"
     listed = requests.get(f"{server.management}/models", timeout=30).json()
-    assert [m["modelName"] for m in listed["models"]] == ["echo", "kinds", "picky"]
+    assert [m["modelName"] for m in listed["models"]] == ["echo", "kinds"]
     (described,) = requests.get(f"{server.management}/models/kinds", timeout=30).json()
     assert described["loadedAtStartup"] is True and described["minWorkers"] == 1
 

@@ -126,20 +126,17 @@ def test_scaling_under_traffic_fails_no_request(server: TorchServeProcess) -> No
             statuses.append(predict(server, "scaled", b"ok").status_code)
 
     with ThreadPoolExecutor(4) as pool:
-        senders = [pool.submit(traffic) for _ in range(4)]
-        time.sleep(0.5)
+        senders = [pool.submit(traffic) for _ in range(3)]
         up = manage(server, "PUT", "/models/scaled?min_worker=3&synchronous=true")
         assert up.json() == {"status": "Workers scaled to 3 for model: scaled"}
         pids = {w["pid"] for w in manage(server, "GET", "/models/scaled").json()[0]["workers"]}
         assert len(pids) == 3
-        time.sleep(0.5)
         down = manage(server, "PUT", "/models/scaled?min_worker=1")
         assert (down.status_code, down.json()) == (202, {"status": "Processing worker updates..."})
         deadline = time.monotonic() + 60
         while len(manage(server, "GET", "/models/scaled").json()[0]["workers"]) != 1:
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        time.sleep(0.5)
         stop.set()
         for sender in senders:
             sender.result()

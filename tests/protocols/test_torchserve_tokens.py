@@ -1,5 +1,5 @@
 """TorchServe's token authorization (tsfs §A7.3), on by default in `modelhost torchserve`: the key file, each API's
-key, the API key's renewal, expiry, and the file's removal at stop."""
+key over HTTP and gRPC, the API key's renewal, expiry, and the file's removal at stop."""
 
 from __future__ import annotations
 
@@ -7,11 +7,16 @@ import json
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 import requests
 
+from modelhost.protocols.torchserve import inference_pb2 as ipb
+from modelhost.protocols.torchserve import management_pb2 as mpb
 from tests.backends.torchserve_archives import MODULE_HANDLE, make_archive
+from tests.protocols.test_torchserve_grpc import INFERENCE, MANAGEMENT, Stub
 from tests.server import TorchServeProcess
 
 pytest.importorskip("ts")
@@ -58,11 +63,33 @@ def test_each_api_takes_its_own_key_and_the_api_key_renews_them(tmp_path: Path) 
         assert requests.post(predict, data=b"x", headers=bearer(inference), timeout=30).status_code == 400
         assert requests.post(predict, data=b"x", headers=bearer(fresh), timeout=30).status_code == 200
 
+        grpc_keys(server, json.loads(key_file.read_text()))
         time.sleep(3.2)  # token_expiration_min=0.05: the keys last 3 s
         assert requests.post(predict, data=b"x", headers=bearer(fresh), timeout=30).json() == REFUSED
     finally:
         server.stop()
     assert not key_file.exists()
+
+
+def grpc_keys(server: TorchServeProcess, keys: dict[str, Any]) -> None:
+    """The gRPC services take the same keys, in the calls' `authorization` metadata."""
+    def predictions() -> ipb.PredictionsRequest:
+        return ipb.PredictionsRequest(model_name="lengths", input={"data": b"ab"})
+
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_inference_port}") as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            Stub(channel, INFERENCE).unary("Predictions", predictions(), ipb.PredictionResponse)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        keyed = Stub(channel, INFERENCE, (("authorization", f"Bearer {keys['inference']['key']}"),))
+        assert json.loads(keyed.unary("Predictions", predictions(), ipb.PredictionResponse).prediction)["length"] == 2
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_management_port}") as channel:
+        wrong = Stub(channel, MANAGEMENT, (("authorization", f"Bearer {keys['inference']['key']}"),))
+        with pytest.raises(grpc.RpcError) as caught:
+            wrong.unary("ListModels", mpb.ListModelsRequest(), mpb.ManagementResponse)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        right = Stub(channel, MANAGEMENT, (("authorization", f"Bearer {keys['management']['key']}"),))
+        listed = json.loads(right.unary("ListModels", mpb.ListModelsRequest(), mpb.ManagementResponse).msg)
+        assert listed["models"][0]["modelName"] == "lengths"
 
 
 def test_disabled_token_authorization_writes_no_key_file(tmp_path: Path) -> None:
