@@ -27,6 +27,9 @@ class HandlerRequest:
     headers: dict[str, str] = field(default_factory=dict)
     request_id: str = ""
 
+    def __reduce__(self) -> tuple[type[HandlerRequest], tuple[object, ...]]:
+        return HandlerRequest, (self.parameters, self.headers, self.request_id)  # pickled without dataclass code
+
 
 @dataclass(frozen=True, slots=True)
 class HandlerResponse:
@@ -40,6 +43,9 @@ class HandlerResponse:
     content_type: str | None = None  # None: the handler set none (TorchServe then sends none)
     headers: dict[str, str] = field(default_factory=dict)
     error: bool = False
+
+    def __reduce__(self) -> tuple[type[HandlerResponse], tuple[object, ...]]:
+        return HandlerResponse, (self.body, self.status, self.phrase, self.content_type, self.headers, self.error)
 
     @property
     def nbytes(self) -> int:

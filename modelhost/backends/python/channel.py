@@ -21,6 +21,8 @@ from typing import Any
 _HEADER = struct.Struct("!QI")  # pickle length, number of out-of-band buffers
 _LENGTH = struct.Struct("!Q")
 _MAX_PARTS = 512  # parts per sendmsg call, under the kernel's IOV_MAX (1024)
+_FIRST_READ = 64 * 1024  # a message this small arrives in one read
+_JOIN_BELOW = 256 * 1024  # a message this small is joined and written at once from the event loop
 
 
 class ChannelClosed(Exception):
@@ -40,18 +42,30 @@ class Channel:
 
     def receive(self, deadline: float | None = None) -> Any:
         """Wait for the next message."""
-        length, count = _HEADER.unpack(self._read(_HEADER.size, deadline))
-        sizes = struct.unpack(f"!{count}Q", self._read(_LENGTH.size * count, deadline)) if count else ()
-        data = self._read(length, deadline)
-        buffers = [self._read(size, deadline) for size in sizes]
-        return pickle.loads(data, buffers=buffers)
+        message = _Message()
+        try:
+            while (room := message.room()) is not None:
+                self._sock.settimeout(_remaining(deadline))
+                count = self._sock.recv_into(room)
+                if not count:
+                    raise ChannelClosed("the other end closed the channel")
+                message.received(count)
+        except TimeoutError:
+            raise
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from exc
+        return message.load()
 
     async def send_async(self, message: Any) -> None:
         """`send` on the running event loop (which waits for the socket, never blocking)."""
         loop = asyncio.get_running_loop()
         self._sock.setblocking(False)
+        parts = _frame(message)
         try:
-            for part in _frame(message):
+            if sum(part.nbytes for part in parts) <= _JOIN_BELOW:  # one write for a small message
+                await loop.sock_sendall(self._sock, b"".join(parts))
+                return
+            for part in parts:
                 if part.nbytes:
                     await loop.sock_sendall(self._sock, part)
         except OSError as exc:
@@ -61,25 +75,16 @@ class Channel:
         """`receive` on the running event loop."""
         loop = asyncio.get_running_loop()
         self._sock.setblocking(False)
-        length, count = _HEADER.unpack(await self._read_async(loop, _HEADER.size))
-        sizes = struct.unpack(f"!{count}Q", await self._read_async(loop, _LENGTH.size * count)) if count else ()
-        data = await self._read_async(loop, length)
-        buffers = [await self._read_async(loop, size) for size in sizes]
-        return pickle.loads(data, buffers=buffers)
-
-    async def _read_async(self, loop: asyncio.AbstractEventLoop, size: int) -> bytearray:
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        received = 0
+        message = _Message()
         try:
-            while received < size:
-                count = await loop.sock_recv_into(self._sock, view[received:])
+            while (room := message.room()) is not None:
+                count = await loop.sock_recv_into(self._sock, room)
                 if not count:
                     raise ChannelClosed("the other end closed the channel")
-                received += count
+                message.received(count)
         except OSError as exc:
             raise ChannelClosed(str(exc)) from exc
-        return buffer
+        return message.load()
 
     def close(self) -> None:
         self._sock.close()
@@ -100,22 +105,58 @@ class Channel:
         except OSError as exc:  # EPIPE, ECONNRESET: the worker died
             raise ChannelClosed(str(exc)) from exc
 
-    def _read(self, size: int, deadline: float | None) -> bytearray:
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        received = 0
-        try:
-            while received < size:
-                self._sock.settimeout(_remaining(deadline))
-                count = self._sock.recv_into(view[received:])
-                if not count:
-                    raise ChannelClosed("the other end closed the channel")
-                received += count
-        except TimeoutError:
-            raise
-        except OSError as exc:
-            raise ChannelClosed(str(exc)) from exc
-        return buffer
+
+class _Message:
+    """One message as it is read: into a first buffer as large as a small message, then (once its header says how
+    long it is) into one of its whole length, so that a message takes one read when it is small and no copy of
+    its data when it is large. The other end sends one message per call, so a read never takes the next."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray(_FIRST_READ)
+        self._filled = 0
+        self._total: int | None = None  # known once the header and buffer lengths are in
+        self._parts: tuple[int, tuple[int, ...]] = (0, ())  # pickle length, buffer lengths
+
+    def room(self) -> memoryview | None:
+        """Where the next read goes; None when the message is complete."""
+        if self._total is None:
+            self._measure()
+        end = self._total if self._total is not None else len(self._buffer)
+        if self._total is not None and self._filled >= self._total:
+            return None
+        if end > len(self._buffer):
+            grown = bytearray(end)
+            grown[: self._filled] = memoryview(self._buffer)[: self._filled]
+            self._buffer = grown
+        return memoryview(self._buffer)[self._filled:end]
+
+    def received(self, count: int) -> None:
+        self._filled += count
+
+    def _measure(self) -> None:
+        if self._filled < _HEADER.size:
+            return
+        length, count = _HEADER.unpack_from(self._buffer)
+        prefix = _HEADER.size + _LENGTH.size * count
+        if self._filled < prefix:
+            if prefix > len(self._buffer):
+                self._buffer.extend(bytes(prefix - len(self._buffer)))
+            return
+        sizes = struct.unpack_from(f"!{count}Q", self._buffer, _HEADER.size)
+        self._parts = (length, sizes)
+        self._total = prefix + length + sum(sizes)
+
+    def load(self) -> Any:
+        length, sizes = self._parts
+        view = memoryview(self._buffer)
+        start = _HEADER.size + _LENGTH.size * len(sizes)
+        data = view[start:start + length]
+        start += length
+        buffers = []
+        for size in sizes:
+            buffers.append(view[start:start + size])
+            start += size
+        return pickle.loads(data, buffers=buffers)
 
 
 def _frame(message: Any) -> list[memoryview]:

@@ -97,15 +97,28 @@ class WorkerProcess:
     async def call_async(self, message: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
         """`call` on the running event loop; raises TimeoutError or ChannelClosed (the channel is then unusable:
         the caller kills the worker)."""
-        async def exchange() -> tuple[Any, ...]:
+        # A timer that cancels this task, rather than asyncio.wait_for's task per call (the scheduler runs the call
+        # as a task of its own, shielded from the request's cancellation).
+        task = asyncio.current_task()
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            if task is not None:
+                task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(timeout_s, expire) if timeout_s else None
+        try:
             await self.channel.send_async(message)
             reply: tuple[Any, ...] = await self.channel.receive_async()
             return reply
-
-        try:
-            return await asyncio.wait_for(exchange(), timeout_s or None)
-        except asyncio.TimeoutError:
+        except asyncio.CancelledError:
+            if not expired:
+                raise
             raise TimeoutError from None
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def rss_bytes(self) -> int:
         """Resident memory of the worker now, from /proc/<pid>/statm; 0 where that cannot be read."""
