@@ -157,7 +157,8 @@ class Server:
 
     def _ready(self) -> bool:
         try:
-            return all(_workers_ready(requests.get(f"{self.management}/models/{m}", timeout=2)) for m in ("tiny", "rank"))
+            return all(_workers_ready(requests.get(f"{self.management}/models/{model}", timeout=2))
+                       for model in ("tiny", "rank"))
         except (requests.ConnectionError, requests.Timeout):
             return False
 

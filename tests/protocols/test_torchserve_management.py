@@ -143,6 +143,8 @@ def test_scaling_under_traffic_fails_no_request(server: TorchServeProcess) -> No
     assert len(statuses) > 20 and set(statuses) == {200}
     bad = manage(server, "PUT", "/models/scaled?min_worker=3&max_worker=2")
     assert (bad.status_code, bad.json()["message"]) == (400, "max_worker cannot be less than min_worker.")
+    many = manage(server, "PUT", "/models/scaled?min_worker=1000")
+    assert (many.status_code, many.json()["message"]) == (400, "1000 workers is more than the 128 a model may have")
 
 
 def test_register_by_url_downloads_into_the_model_store(server: TorchServeProcess, archives: Path) -> None:

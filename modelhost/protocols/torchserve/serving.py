@@ -43,6 +43,7 @@ from modelhost.types import InferRequest
 log = logging.getLogger("modelhost.torchserve")
 
 DEFAULT_VERSION = "1.0"  # torch-model-archiver's, for a manifest that names none
+MAX_WORKERS = 128  # worker processes one model may be given (each a Python process with its framework)
 
 
 class TorchServeError(Exception):
@@ -219,6 +220,7 @@ class TorchServing:
         """Run `min_workers` workers for the model (every version of it: they share one config), replacing its
         instances beside those that serve, so that no request fails; 0 unloads it."""
         self.version(name, version)
+        check_workers(min_workers)
         async with self._lock:
             model = self.model(name)
             for registered in model.versions.values():
@@ -294,9 +296,10 @@ class TorchServing:
         workers = pick(request.initial_workers, None, "minWorkers", default_workers)
         if yaml.min_workers and (yaml.max_workers is None or yaml.max_workers >= yaml.min_workers):
             workers = yaml.min_workers
+        check_workers(workers)
         return WorkerSettings(
             min_workers=workers,
-            max_workers=max(workers, yaml.max_workers or 0, int(configured.get("maxWorkers", 0) or 0)),
+            max_workers=max(workers, yaml.max_workers or 0, pick(None, None, "maxWorkers", 0)),
             batch_size=pick(request.batch_size, yaml.batch_size if "batchSize" in yaml_given else None,
                             "batchSize", 1),
             max_batch_delay_ms=pick(request.max_batch_delay_ms,
@@ -389,6 +392,13 @@ class TorchServing:
                     model.name, str(default.number)):
                 return False
         return True
+
+
+def check_workers(count: int) -> None:
+    """TorchServeError (400) for a worker count past MAX_WORKERS: each worker is a process of the server's."""
+    if count > MAX_WORKERS:
+        raise TorchServeError(400, "BadRequestException", f"{count} workers is more than the {MAX_WORKERS} a model may "
+                                                          "have")
 
 
 def new_request_id() -> str:
