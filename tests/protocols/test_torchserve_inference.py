@@ -229,6 +229,10 @@ def test_register_and_unregister_need_the_model_api_and_the_rest_answers(server:
     assert [m["modelName"] for m in listed["models"]] == ["echo", "kinds"]
     (described,) = requests.get(f"{server.management}/models/kinds", timeout=30).json()
     assert described["loadedAtStartup"] is True and described["minWorkers"] == 1
+    # customized: the handler's own answer to a request with header describe: True (BaseHandler's describe_handle)
+    (customized,) = requests.get(f"{server.management}/models/kinds?customized=true", timeout=30).json()
+    assert customized["customizedMetadata"]["explain"] == "False"
+    assert customized["customizedMetadata"]["parameters"] == {"body": ["bytearray", ""]}
 
 
 def test_metrics_in_torchserves_names_beside_modelhosts_own(server: TorchServeProcess) -> None:
