@@ -228,7 +228,8 @@ class Scheduler:
         call finishes (and frees the instance) even when the caller goes away: the worker's answer must be read."""
         for instance, lock in self._instances:
             if lock.acquire(blocking=False):
-                call = asyncio.get_running_loop().create_task(self._call_async(instance, lock, inputs, outputs, entry))
+                call = asyncio.get_running_loop().create_task(self._call_async(instance, lock, inputs, outputs,
+                                                                               entry))
                 result = await asyncio.shield(call)
                 if result is not None:
                     self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, result[1], 0))
@@ -236,15 +237,19 @@ class Scheduler:
                 return None
         return None
 
-    @staticmethod
-    async def _call_async(instance: Model, lock: threading.Lock, inputs: dict[str, np.ndarray],
+    async def _call_async(self, instance: Model, lock: threading.Lock, inputs: dict[str, np.ndarray],
                           outputs: Sequence[str], entry: str) -> tuple[Outputs, int] | None:
+        spare, cores = self._spare, self._threads_per_instance
+        if spare is not None:  # its cores are busy, as an instance thread's are while it runs a batch
+            spare.computing(cores)
         try:
             started = time.monotonic_ns()
             result = await instance.infer_async(inputs, outputs, entry)
             return None if result is None else (result, time.monotonic_ns() - started)
         finally:
             lock.release()
+            if spare is not None:
+                spare.computing(-cores)
 
     def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
                      size: int, entry: str) -> Outputs | None:

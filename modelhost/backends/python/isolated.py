@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 import modelhost
-from modelhost.backends.base import Model, ModelSignature
+from modelhost.backends.base import CoreLender, Model, ModelSignature
 from modelhost.backends.python.channel import Channel, ChannelClosed
 from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.python.worker_code import WorkerSpec
@@ -186,7 +186,12 @@ class IsolatedModel(Model):
     runs_inline = False  # a hung worker must stall one instance thread, never the event loop
     runs_async = True  # its batches can be sent from the loop (infer_async), which a hang does not stall
 
-    def __init__(self, spec: WorkerSpec, options: IsolationOptions, signature: ModelSignature) -> None:
+    def __init__(self, spec: WorkerSpec, options: IsolationOptions, signature: ModelSignature,
+                 threads: int | None = None, lender: CoreLender | None = None) -> None:
+        """`threads`: the CPU threads the worker computes on, sent with each batch with the cores `lender` lends
+        it while the rest of the server is idle (None: the worker is told nothing)."""
+        self._threads = threads
+        self._lender = lender
         self._spec = spec
         self._options = options
         self._signature = signature
@@ -201,7 +206,11 @@ class IsolatedModel(Model):
         """One batch in the worker, which has `timeout` seconds (0: no limit) to answer."""
         worker = self._ready_worker()
         try:
-            reply = worker.call(("execute", inputs, list(outputs)), timeout)
+            lent = self._borrow()
+            try:
+                reply = worker.call(("execute", inputs, list(outputs), self._batch_threads(lent)), timeout)
+            finally:
+                self._give_back(lent)
         except TimeoutError:
             raise self._fail(worker, _timed_out(timeout), ErrorKind.TIMEOUT) from None
         except ChannelClosed:
@@ -218,13 +227,29 @@ class IsolatedModel(Model):
             return None
         timeout = self.timeout_for(inputs)
         try:
-            reply = await worker.call_async(("execute", inputs, list(outputs)), timeout)
+            lent = self._borrow()
+            try:
+                reply = await worker.call_async(("execute", inputs, list(outputs), self._batch_threads(lent)), timeout)
+            finally:
+                self._give_back(lent)
         except TimeoutError:
             raise self._fail(worker, _timed_out(timeout), ErrorKind.TIMEOUT) from None
         except ChannelClosed:
             reason = await asyncio.to_thread(worker.exit_reason)
             raise self._fail(worker, f"{reason} while running this batch", ErrorKind.INTERNAL) from None
         return self._answer(worker, reply)
+
+    def _borrow(self) -> int:
+        if self._lender is None or self._threads is None:
+            return 0
+        return self._lender.borrow(self._lender.total - self._threads)
+
+    def _give_back(self, lent: int) -> None:
+        if lent and self._lender is not None:
+            self._lender.give_back(lent)
+
+    def _batch_threads(self, lent: int) -> int | None:
+        return None if self._threads is None else self._threads + lent
 
     def timeout_for(self, inputs: dict[str, np.ndarray]) -> float:
         """How long the worker has for a batch of these inputs (execute_timeout_seconds)."""

@@ -5,7 +5,8 @@ spec loads (worker_code.py: a Python model's model.py, a TorchServe handler):
 
     server -> worker                      worker -> server
     ("init", WorkerSpec)                  ("ok", None) | ("error", None, message, traceback)
-    ("execute", inputs, output names)     ("ok", outputs) | ("error", ErrorKind value, message, traceback)
+    ("execute", inputs, output names[,    ("ok", outputs) | ("error", ErrorKind value, message, traceback)
+     threads])
     ("stop",)                             ("ok", None) | ("error", None, message, traceback), then exits
 
 The worker exits when the server closes the socket or dies (even while execute hangs). It ignores SIGINT:
@@ -64,12 +65,22 @@ def serve(channel: Channel) -> None:
     while True:
         message = channel.receive()
         if message[0] == "execute":
+            if len(message) > 3 and message[3]:
+                _use_threads(model, message[3])
             _reply(channel, spec, _execute(model, message[1], message[2]))
         elif message[0] == "stop":
             _reply(channel, spec, _finalize(model))
             return
         else:
             raise ValueError(f"unknown message {message[0]!r}")
+
+
+def _use_threads(model: WorkerModel, threads: int) -> None:
+    """The CPU threads the server lends this batch (its instance's share, and cores idle now), for a model that
+    can change its framework's thread count."""
+    set_threads = getattr(model, "set_threads", None)
+    if set_threads is not None:
+        set_threads(threads)
 
 
 def _execute(model: WorkerModel, inputs: dict[str, Any], outputs: list[str]) -> tuple[Any, ...]:

@@ -110,7 +110,7 @@ class TorchServeBackend(Backend):
                 batch_size=handler_batch(config), threads=instance.threads, decode_input=decode == "true",
                 envelope=envelope,
             )
-            return HandlerModel(spec, options, held)
+            return HandlerModel(spec, options, held, instance)
         except UserCodeError as exc:
             _unpacked.release(held)
             if exc.details:
@@ -179,11 +179,13 @@ def handler_batch(config: ModelConfig) -> int:
 class HandlerModel(IsolatedModel):
     """One instance: the handler in its worker process, answering both signatures of a handler model."""
 
-    def __init__(self, spec: HandlerSpec, options: IsolationOptions, held: tuple[Path, int, int]) -> None:
+    def __init__(self, spec: HandlerSpec, options: IsolationOptions, held: tuple[Path, int, int],
+                 instance: InstanceSettings) -> None:
         self._held = held
         self._handler_batch = spec.batch_size
         self._timeout_s = options.execute_timeout_s
-        super().__init__(spec, options, SERVED_SIGNATURE)  # raises UserCodeError
+        # A lone batch computes on the cores the rest of the server leaves idle too (torch.set_num_threads).
+        super().__init__(spec, options, SERVED_SIGNATURE, instance.threads, instance.lender)  # raises UserCodeError
 
     def signatures(self) -> Mapping[str, ModelSignature]:
         return {HANDLER_SIGNATURE: HANDLER_MODEL_SIGNATURE}

@@ -8,6 +8,7 @@ TorchServe's `ts` modules load with the handler, in the worker only).
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,14 @@ class HandlerWorkerModel:
         self._label = label
         self._runtime = runtime
         self._batch_size = batch_size
+        self._threads = 0  # as the worker started: OMP_NUM_THREADS
+
+    def set_threads(self, threads: int) -> None:
+        """Compute the next batch on `threads` CPU threads, where the handler's framework is torch."""
+        torch = sys.modules.get("torch")
+        if torch is not None and threads != self._threads:
+            torch.set_num_threads(threads)
+            self._threads = threads
 
     def execute(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
         if HANDLER_INPUT in inputs:
