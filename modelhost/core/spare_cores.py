@@ -8,7 +8,8 @@ worker every core fixed that and cost concurrency 4 a sixth (both workers' threa
 
 So every process of the server counts, in its own slot of a shared array, the cores its instance threads
 compute on now (`computing`), and an execution that can use more (backends/onnx.py splits a batch along its
-rows) asks how many are idle across the server and claims them while it runs (`borrow`, `give_back`). With
+rows; a TorchServe worker sets torch's thread count for the batch) asks how many are idle across the server and
+claims them while it runs (`borrow`, `give_back`). With
 --workers the array is a file the parent makes in the workers' directory, mapped by each worker; one process
 alone keeps it in memory. A claim reads the others' slots without a lock: two processes may claim the same
 idle core at once, which costs a moment's oversubscription, never a wrong answer.
