@@ -18,6 +18,7 @@ import threading
 from functools import cache
 
 from modelhost.backends.base import Backend
+from modelhost.config.mar_manifest import MAR_SUFFIX
 
 ENTRY_POINT_GROUP = "modelhost.backends"
 
@@ -51,7 +52,7 @@ _FILENAMES = {
     "MAR-INF": "torchserve",  # an unpacked TorchServe archive (torch-model-archiver's no-archive format)
 }
 _SUFFIXES = {
-    ".mar": "torchserve",  # a TorchServe archive, whatever its name
+    MAR_SUFFIX: "torchserve",  # a TorchServe archive, whatever its name
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
 MANIFEST = Path("MAR-INF") / "MANIFEST.json"
+MAR_SUFFIX = ".mar"  # a TorchServe archive's file name, whatever comes before it
 RUNTIMES = ("python", "python3")
 # A handler model's config: the handler's batch size (TorchServe's batchSize, what one handler call gets) is the
 # parameter below; max_batch_size is how many requests a worker is sent at once. For a handler of batch size 1

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelhost.backends import backend_for_filename
+from modelhost.config.mar_manifest import MAR_SUFFIX
 from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError, read_config
 from modelhost.errors import invalid
 from modelhost.store.paths import check_model_name
@@ -47,7 +48,6 @@ from modelhost.store.paths import check_model_name
 CODE_DIR = "code"
 MAX_WRAPPING = 3
 TOOLKIT_PROGRAM = "inference.py"
-MAR_SUFFIX = ".mar"
 TOOLKIT_HANDLER = "modelhost.backends.torchserve.sagemaker_toolkit"
 _WRITTEN = "# written by modelhost (store/layout.py)"
 _TOOLKIT_CONFIG = f"""{_WRITTEN}: a SageMaker PyTorch model directory, served as its inference toolkit serves it

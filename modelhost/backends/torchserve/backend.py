@@ -39,6 +39,7 @@ from modelhost.backends.torchserve.worker_model import HandlerSpec
 from modelhost.config.mar_manifest import (
     HANDLER_BATCH_PARAMETER,
     MANIFEST,
+    MAR_SUFFIX,
     MarConfig,
     MarManifest,
     worker_batch,
@@ -53,7 +54,6 @@ from modelhost.types import TensorSpec
 
 log = logging.getLogger("modelhost.backends.torchserve")
 
-ARCHIVE_SUFFIX = ".mar"
 HANDLER_PARAMETER = "handler"
 DECODE_PARAMETER = "decode_input_request"
 ENVELOPE_PARAMETER = "service_envelope"
@@ -79,7 +79,7 @@ class TorchServeBackend(Backend):
         path = version_dir / filename
         if filename != self.default_filename or path.exists():
             return path
-        archives = sorted(entry for entry in _entries(version_dir) if entry.name.endswith(ARCHIVE_SUFFIX))
+        archives = sorted(entry for entry in _entries(version_dir) if entry.name.endswith(MAR_SUFFIX))
         if len(archives) == 1 and not (version_dir / MANIFEST).is_file():
             return archives[0]
         return version_dir  # an unpacked archive, or a model directory its config's handler serves
@@ -102,7 +102,7 @@ class TorchServeBackend(Backend):
         if envelope is not None and envelope not in ENVELOPES:
             raise ConfigError(f"parameter {ENVELOPE_PARAMETER} must be one of {', '.join(ENVELOPES)}, got '{envelope}'")
         held, root = _unpacked.hold(path)
-        version = path.name if path.is_dir() and not path.name.endswith(ARCHIVE_SUFFIX) else path.parent.name
+        version = path.name if path.is_dir() and not path.name.endswith(MAR_SUFFIX) else path.parent.name
         try:
             spec = HandlerSpec(
                 path=str(root), label=f"TorchServe model '{config.name}' version {version} instance {instance.index}",

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 from modelhost.protocols.torchserve.config_properties import TorchServeConfig
-from modelhost.protocols.torchserve.serving import TorchServeError
+from modelhost.protocols.torchserve.serving import STORE_ARCHIVE_SUFFIXES, TorchServeError
 
 MAX_DOWNLOAD_BYTES = 16 << 30
 TIMEOUT_S = 60.0  # to connect, and between two reads
@@ -23,18 +23,23 @@ _CHUNK = 1 << 20
 async def download_archive(url: str, config: TorchServeConfig) -> Path:
     """The downloaded archive's path in the model store; TorchServeError for a URL that is not allowed, a name
     already in the store, or a download that fails."""
-    if not any(re.fullmatch(pattern, url) for pattern in config.allowed_urls):
-        raise TorchServeError(400, "ModelException", f"Given URL {url} does not match any allowed URL(s)")
+    check_allowed(url, config)
     if config.model_store is None:
         raise TorchServeError(400, "ModelException", "no model store is set: a downloaded archive goes there")
     name = PurePosixPath(urlsplit(url).path).name
-    if not name or name in (".", "..") or not name.endswith((".mar", ".tar.gz", ".model")):
+    if not name or name in (".", "..") or not name.endswith(STORE_ARCHIVE_SUFFIXES):
         raise TorchServeError(400, "DownloadArchiveException", f"{url} does not name a model archive (.mar)")
     target = config.model_store / name
     if target.exists():
         raise TorchServeError(500, "FileAlreadyExistsException", f"Model file already exists {name}")
     await asyncio.to_thread(_download, url, target)
     return target
+
+
+def check_allowed(url: str, config: TorchServeConfig) -> None:
+    """TorchServeError (400) unless one of `allowed_urls` matches the whole URL."""
+    if not any(re.fullmatch(pattern, url) for pattern in config.allowed_urls):
+        raise TorchServeError(400, "ModelException", f"Given URL {url} does not match any allowed URL(s)")
 
 
 def _download(url: str, target: Path) -> None:

@@ -22,7 +22,7 @@ from modelhost.errors import ModelhostError
 from modelhost.handler_messages import HandlerRequest
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, RouteHandler
 from modelhost.protocols.torchserve.answers import pretty_json, torchserve_error
-from modelhost.protocols.torchserve.download import download_archive
+from modelhost.protocols.torchserve.download import check_allowed, download_archive
 from modelhost.protocols.torchserve.serving import (
     RegisteredVersion,
     Registration,
@@ -259,8 +259,8 @@ def _boolean(params: dict[str, str], key: str, default: bool) -> bool:
 
 
 def _allowed(url: str, serving: TorchServing) -> str:
-    if "://" in url and not any(re.fullmatch(pattern, url) for pattern in serving.config.allowed_urls):
-        raise TorchServeError(400, "ModelException", f"Given URL {url} does not match any allowed URL(s)")
+    if "://" in url:
+        check_allowed(url, serving.config)
     return url
 
 

@@ -43,6 +43,7 @@ from modelhost.types import InferRequest
 log = logging.getLogger("modelhost.torchserve")
 
 DEFAULT_VERSION = "1.0"  # torch-model-archiver's, for a manifest that names none
+STORE_ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".model")  # the files of a model store TorchServe takes as archives
 MAX_WORKERS = 128  # worker processes one model may be given (each a Python process with its framework)
 
 
@@ -413,7 +414,7 @@ def startup_archives(config: TorchServeConfig) -> list[tuple[str | None, str]]:
             return []
         return [(None, entry.name) for entry in sorted(config.model_store.iterdir())
                 if not entry.name.startswith(".") and (
-                    entry.is_dir() or entry.name.endswith((".mar", ".tar.gz", ".model")))]
+                    entry.is_dir() or entry.name.endswith(STORE_ARCHIVE_SUFFIXES))]
     archives: list[tuple[str | None, str]] = []
     for entry in config.load_models:
         name, separator, url = entry.partition("=")
