@@ -12,20 +12,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from modelhost.core.partial_answers import PartialAnswers
+
 HANDLER_SIGNATURE = "handler"
 HANDLER_INPUT = "request"
 BODY_INPUT = "body"
 RESPONSE_OUTPUT = "response"
+STREAM_NEXT_HEADER = "ts_stream_next"  # TorchServe's: "true" on an intermediate answer, "false" on a stream's last
 
 
 @dataclass(frozen=True, slots=True)
 class HandlerRequest:
     """One request as its client sent it: each parameter's bytes and the content type it came with ("" when none;
-    `{"body": ...}` for a whole body), the request's headers, and its id."""
+    `{"body": ...}` for a whole body), the request's headers, and its id. `partials`, where the front-end streams
+    answers, takes the handler's intermediate answers (HandlerResponses) to it; it stays in the server's process."""
 
     parameters: dict[str, tuple[str, bytes]]  # name -> (content type, value)
     headers: dict[str, str] = field(default_factory=dict)
     request_id: str = ""
+    partials: PartialAnswers | None = field(default=None, compare=False, repr=False)
 
     def __reduce__(self) -> tuple[type[HandlerRequest], tuple[object, ...]]:
         return HandlerRequest, (self.parameters, self.headers, self.request_id)  # pickled without dataclass code

@@ -84,6 +84,9 @@ class Stream:
     error: Callable[[Any, ModelhostError], Message]
     api: Api
     in_order: bool = False  # one request at a time, answered in the order they came (a sequence's requests)
+    # In order only: a request answered by several messages, which `answers` yields (`answer` is not called); an
+    # error after some is answered with `error` in their place, and the stream goes on.
+    answers: Callable[[Any], AsyncIterator[Message]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,18 +312,43 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
             request = _parse(rpc.request_type, data)
             return _serialize(await rpc.answer(request), limit)
         except Exception as exc:
-            error = exc if isinstance(exc, ModelhostError) else _internal(rpc.name, exc)
-            public = ModelhostError(error.kind, public_message(error.message), error.retry_after)
-            return _serialize(rpc.error(request if request is not None else rpc.request_type(), public), limit)
+            return failed(request, exc)
         finally:
             in_flight.requests -= 1
+
+    async def answer_each(data: bytes) -> AsyncIterator[bytes]:
+        assert rpc.answers is not None
+        in_flight.requests += 1
+        request = None
+        messages = None
+        try:
+            request = _parse(rpc.request_type, data)
+            messages = rpc.answers(request)
+            async for message in messages:
+                yield _serialize(message, limit)
+        except Exception as exc:
+            yield failed(request, exc)
+        finally:
+            in_flight.requests -= 1
+            close = getattr(messages, "aclose", None)
+            if close is not None:
+                await close()  # the client is gone: the request's work is withdrawn
+
+    def failed(request: Any, exc: Exception) -> bytes:
+        error = exc if isinstance(exc, ModelhostError) else _internal(rpc.name, exc)
+        public = ModelhostError(error.kind, public_message(error.message), error.retry_after)
+        return _serialize(rpc.error(request if request is not None else rpc.request_type(), public), limit)
 
     async def behavior(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
         if access or guard is not None:
             await _check(context, rpc, access, guard)  # the whole stream: its credential is in its metadata
         if rpc.in_order:
             async for request in requests:
-                yield await answer(request)
+                if rpc.answers is None:
+                    yield await answer(request)
+                else:
+                    async for part in answer_each(request):
+                        yield part
             return
         # One reader task starts a task per request; this generator writes answers as they complete.
         # None in `answers` means the client finished sending and every request has been answered.

@@ -71,6 +71,20 @@ def test_messages_come_back_the_same_through_the_event_loop() -> None:
     assert ours.receive() == ("after", 1)
 
 
+def test_messages_sent_in_a_row_each_arrive_whole_whichever_way_they_are_read() -> None:
+    # A worker's partial answers go out one after another, ahead of its reply: one read may take several.
+    ours, theirs = pair()
+    sender = threading.Thread(target=lambda: [theirs.send(message) for message in MESSAGES * 2], daemon=True)
+    sender.start()
+    received = [ours.receive() for _ in MESSAGES]
+
+    async def rest() -> list[Any]:
+        return [await ours.receive_async() for _ in MESSAGES]
+
+    received += asyncio.run(rest())
+    assert all(same(answer, message) for answer, message in zip(received, MESSAGES * 2, strict=True))
+
+
 def test_a_closed_other_end_is_channel_closed() -> None:
     ours, theirs = pair()
     theirs.close()

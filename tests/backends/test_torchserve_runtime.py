@@ -12,9 +12,9 @@ pytest.importorskip("ts")
 torch = pytest.importorskip("torch")
 
 from modelhost.backends.torchserve.runtime import HandlerRuntime  # noqa: E402
-from modelhost.handler_messages import HandlerRequest  # noqa: E402
+from modelhost.handler_messages import HandlerRequest, HandlerResponse  # noqa: E402
 from modelhost.store.mar import MarModel, open_mar  # noqa: E402
-from tests.backends.torchserve_archives import MODULE_HANDLE, make_archive  # noqa: E402
+from tests.backends.torchserve_archives import MODULE_HANDLE, STREAMING, make_archive  # noqa: E402
 
 # A class with initialize and handle, reading the manifest, its YAML and setting per-request answers.
 CLASS_HANDLER = '''
@@ -150,3 +150,27 @@ def test_prediction_exception_sets_the_status_and_message(tmp_path: Path) -> Non
     handler = runtime(archive(tmp_path, PREDICTION_EXCEPTION, name="picky"))
     (response,) = handler.run([HandlerRequest({"body": ("", b"x")})])
     assert (response.error, response.status, response.body) == (True, 422, b"no such item")
+
+
+def test_intermediate_responses_reach_their_requests_as_the_handler_sends_them(tmp_path: Path) -> None:
+    handler = runtime(archive(tmp_path, STREAMING.replace("PAUSE_S = 0.3", "PAUSE_S = 0"), name="streamer"))
+    parts: list[tuple[int, HandlerResponse]] = []
+    # Requests from tensor APIs have no ids (the second two share ""): each still gets its own parts.
+    requests = [HandlerRequest({"body": ("", word)}, request_id=rid) for word, rid in
+                ((b"a", "id-a"), (b"b", ""), (b"c", ""))]
+    responses = handler.run(requests, lambda index, response: parts.append((index, response)))
+    assert [(index, part.body) for index, part in parts] == [
+        (index, f"{word}:{step};".encode()) for step in range(3) for index, word in enumerate("abc")]
+    first = parts[0][1]
+    assert (first.status, first.content_type, first.error) == (200, "text/plain", False)
+    assert (first.headers["x-batch"], first.headers["ts_stream_next"]) == ("3", "true")
+    assert [response.body for response in responses] == [b"a:done", b"b:done", b"c:done"]
+    assert responses[0].headers["ts_stream_next"] == "false"  # the last part, as TorchServe's worker marks it
+
+    parts.clear()  # a part for one request of the batch reaches that request only
+    handler.run([HandlerRequest({"body": ("", b"x")}, request_id="1"),
+                 HandlerRequest({"body": ("", b"solo")}, request_id="2")], lambda i, r: parts.append((i, r)))
+    assert [(index, part.body) for index, part in parts] == [(1, b"solo:0;"), (1, b"solo:1;"), (1, b"solo:2;")]
+
+    # Without a taker (a front-end that does not stream) the parts are dropped and the final answer is all.
+    assert [r.body for r in handler.run([HandlerRequest({"body": ("", b"z")})])] == [b"z:done"]

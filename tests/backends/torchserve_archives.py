@@ -44,6 +44,42 @@ def handle(data, context):
     return [{"echo": body.decode(), "batch": len(data), "pid": os.getpid()} for body in bodies]
 '''
 
+# Streams its answers as TorchServe's streaming examples do (tsfs §A1.6): three intermediate responses, through the
+# current and the deprecated import, then the final one. Each request's parts name its body; "fail" raises after
+# the first part, "solo" is streamed alone while the rest of its batch gets the final answer only; the pause is long
+# enough for a client to see that parts come before the end.
+STREAMING = """
+import time
+
+from ts.handler_utils.utils import send_intermediate_predict_response
+from ts.protocol.otf_message_handler import send_intermediate_predict_response as deprecated_send
+
+PAUSE_S = 0.3
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    words = [bytes(row.get("body") or row.get("data") or b"").decode() for row in data]
+    for index in range(len(data)):
+        context.set_response_content_type(index, "text/plain")
+        context.set_response_header(index, "x-batch", str(len(data)))
+    if "solo" in words:
+        solo = words.index("solo")
+        parts = [f"solo:{step};" for step in range(3)]
+        for part in parts:
+            send_intermediate_predict_response({solo: part}, {solo: context.request_ids[solo]}, "ok", 200, context)
+        return [f"{word}:done" for word in words]
+    for step in range(3):
+        send = deprecated_send if step == 2 else send_intermediate_predict_response
+        send([f"{word}:{step};" for word in words], context.request_ids, "Intermediate Prediction success", 200,
+             context)
+        if "fail" in words:
+            raise ValueError("asked to fail mid-stream")
+        time.sleep(PAUSE_S)
+    return [f"{word}:done" for word in words]
+"""
+
 
 def make_archive(directory: Path, name: str, handler: str, *, version: str = "1.0", config: str | None = None,
                  serialized: Path | None = None, model_file: str | None = None, extra: dict[str, str] | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -60,10 +61,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TorchServeProce
     process.stop()
 
 
-@pytest.fixture()
-def inference(server: TorchServeProcess) -> Iterator[Stub]:
+@contextmanager
+def inference_stub(server: TorchServeProcess) -> Iterator[Stub]:
+    """A stub of `server`'s gRPC inference service."""
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_inference_port}") as channel:
         yield Stub(channel, INFERENCE)
+
+
+@pytest.fixture()
+def inference(server: TorchServeProcess) -> Iterator[Stub]:
+    with inference_stub(server) as stub:
+        yield stub
 
 
 @pytest.fixture()

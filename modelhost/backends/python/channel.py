@@ -35,6 +35,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self._carry = b""  # bytes of the next message that the last read took with its own
 
     def send(self, message: Any, deadline: float | None = None) -> None:
         """Send one message; pickling errors raise before anything is written."""
@@ -42,7 +43,7 @@ class Channel:
 
     def receive(self, deadline: float | None = None) -> Any:
         """Wait for the next message."""
-        message = _Message()
+        message = _Message(self._carry)
         try:
             while (room := message.room()) is not None:
                 self._sock.settimeout(_remaining(deadline))
@@ -54,6 +55,7 @@ class Channel:
             raise
         except OSError as exc:
             raise ChannelClosed(str(exc)) from exc
+        self._carry = message.surplus()
         return message.load()
 
     async def send_async(self, message: Any) -> None:
@@ -75,7 +77,7 @@ class Channel:
         """`receive` on the running event loop."""
         loop = asyncio.get_running_loop()
         self._sock.setblocking(False)
-        message = _Message()
+        message = _Message(self._carry)
         try:
             while (room := message.room()) is not None:
                 count = await loop.sock_recv_into(self._sock, room)
@@ -84,6 +86,7 @@ class Channel:
                 message.received(count)
         except OSError as exc:
             raise ChannelClosed(str(exc)) from exc
+        self._carry = message.surplus()
         return message.load()
 
     def close(self) -> None:
@@ -109,11 +112,13 @@ class Channel:
 class _Message:
     """One message as it is read: into a first buffer as large as a small message, then (once its header says how
     long it is) into one of its whole length, so that a message takes one read when it is small and no copy of
-    its data when it is large. The other end sends one message per call, so a read never takes the next."""
+    its data when it is large. A read into the first buffer may take the start of the next message too (the other
+    end sent several in a row): `surplus` is that, which the next message starts from (`carry`)."""
 
-    def __init__(self) -> None:
-        self._buffer = bytearray(_FIRST_READ)
-        self._filled = 0
+    def __init__(self, carry: bytes = b"") -> None:
+        self._buffer = bytearray(max(_FIRST_READ, len(carry)))
+        self._buffer[: len(carry)] = carry
+        self._filled = len(carry)
         self._total: int | None = None  # known once the header and buffer lengths are in
         self._parts: tuple[int, tuple[int, ...]] = (0, ())  # pickle length, buffer lengths
 
@@ -132,6 +137,11 @@ class _Message:
 
     def received(self, count: int) -> None:
         self._filled += count
+
+    def surplus(self) -> bytes:
+        """What was read past this message's end (its whole length read)."""
+        assert self._total is not None
+        return bytes(memoryview(self._buffer)[self._total:self._filled])
 
     def _measure(self) -> None:
         if self._filled < _HEADER.size:

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from modelhost.errors import ErrorKind, ModelhostError
 
 log = logging.getLogger("modelhost.backends.python.backend")
 
+Partial = Callable[[int, Any], None]  # (index of the request in the batch, an answer to it sent before the reply)
 STOP_GRACE_S = 5.0  # after finalize (or a restart's stop request), how long a worker may take to exit
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -87,14 +88,20 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.process.pid
 
-    def call(self, message: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
-        """Send one message and wait for its reply; raises TimeoutError or ChannelClosed."""
+    def call(self, message: tuple[Any, ...], timeout_s: float, partial: Partial | None = None) -> tuple[Any, ...]:
+        """Send one message and wait for its reply; raises TimeoutError or ChannelClosed. The worker's partial
+        answers before the reply go to `partial(index, answer)` (dropped when None)."""
         deadline = time.monotonic() + timeout_s if timeout_s else None
         self.channel.send(message, deadline)
-        reply: tuple[Any, ...] = self.channel.receive(deadline)
-        return reply
+        while True:
+            reply: tuple[Any, ...] = self.channel.receive(deadline)
+            if reply[0] != "partial":
+                return reply
+            if partial is not None:
+                partial(reply[1], reply[2])
 
-    async def call_async(self, message: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+    async def call_async(self, message: tuple[Any, ...], timeout_s: float,
+                         partial: Partial | None = None) -> tuple[Any, ...]:
         """`call` on the running event loop; raises TimeoutError or ChannelClosed (the channel is then unusable:
         the caller kills the worker)."""
         # A timer that cancels this task, rather than asyncio.wait_for's task per call (the scheduler runs the call
@@ -110,8 +117,12 @@ class WorkerProcess:
         timer = asyncio.get_running_loop().call_later(timeout_s, expire) if timeout_s else None
         try:
             await self.channel.send_async(message)
-            reply: tuple[Any, ...] = await self.channel.receive_async()
-            return reply
+            while True:
+                reply: tuple[Any, ...] = await self.channel.receive_async()
+                if reply[0] != "partial":
+                    return reply
+                if partial is not None:
+                    partial(reply[1], reply[2])
         except asyncio.CancelledError:
             if not expired:
                 raise
@@ -208,7 +219,8 @@ class IsolatedModel(Model):
         try:
             lent = self._borrow()
             try:
-                reply = worker.call(("execute", inputs, list(outputs), self._batch_threads(lent)), timeout)
+                reply = worker.call(("execute", inputs, list(outputs), self._batch_threads(lent)), timeout,
+                                    self._partials_of(inputs))
             finally:
                 self._give_back(lent)
         except TimeoutError:
@@ -229,7 +241,8 @@ class IsolatedModel(Model):
         try:
             lent = self._borrow()
             try:
-                reply = await worker.call_async(("execute", inputs, list(outputs), self._batch_threads(lent)), timeout)
+                reply = await worker.call_async(("execute", inputs, list(outputs), self._batch_threads(lent)),
+                                                timeout, self._partials_of(inputs))
             finally:
                 self._give_back(lent)
         except TimeoutError:
@@ -238,6 +251,10 @@ class IsolatedModel(Model):
             reason = await asyncio.to_thread(worker.exit_reason)
             raise self._fail(worker, f"{reason} while running this batch", ErrorKind.INTERNAL) from None
         return self._answer(worker, reply)
+
+    def _partials_of(self, inputs: dict[str, np.ndarray]) -> Partial | None:
+        """Where the worker's partial answers to this batch's requests go (a model that sends some says)."""
+        return None
 
     def _borrow(self) -> int:
         if self._lender is None or self._threads is None:

@@ -5,8 +5,8 @@ spec loads (worker_code.py: a Python model's model.py, a TorchServe handler):
 
     server -> worker                      worker -> server
     ("init", WorkerSpec)                  ("ok", None) | ("error", None, message, traceback)
-    ("execute", inputs, output names[,    ("ok", outputs) | ("error", ErrorKind value, message, traceback)
-     threads])
+    ("execute", inputs, output names[,    ("ok", outputs) | ("error", ErrorKind value, message, traceback),
+     threads])                              after any number of ("partial", request index, answer)
     ("stop",)                             ("ok", None) | ("error", None, message, traceback), then exits
 
 The worker exits when the server closes the socket or dies (even while execute hangs). It ignores SIGINT:
@@ -62,6 +62,9 @@ def serve(channel: Channel) -> None:
         channel.send(("error", None, exc.message, exc.details))
         return
     channel.send(("ok", None))
+    send_partials_to = getattr(model, "send_partials_to", None)
+    if send_partials_to is not None:  # a model that answers a request in parts, before its batch's reply
+        send_partials_to(lambda index, answer: channel.send(("partial", index, answer)))
     while True:
         message = channel.receive()
         if message[0] == "execute":

@@ -23,6 +23,9 @@ class WorkerModel(Protocol):
         """Called once before the worker exits; raises user_model.UserCodeError when the user's code raised."""
         ...
 
+    # Optional: `send_partials_to(send)`, called once after load, gives a model that answers requests in parts
+    # `send(index, answer)`: during execute it sends answer to request `index` of the batch, ahead of the reply.
+
 
 class WorkerSpec(Protocol):
     """How to load one instance's model in a worker."""

@@ -28,12 +28,13 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
 from modelhost.backends.python.backend import read_options
-from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions
+from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions, Partial
 from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.torchserve.worker_model import HandlerSpec
 from modelhost.config.mar_manifest import (
@@ -48,7 +49,13 @@ from modelhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup, M
 from modelhost.config.overrides import ModelOverrides
 from modelhost.config.pbtxt import ConfigError
 from modelhost.errors import ModelhostError
-from modelhost.handler_messages import BODY_INPUT, HANDLER_INPUT, HANDLER_SIGNATURE, RESPONSE_OUTPUT
+from modelhost.handler_messages import (
+    BODY_INPUT,
+    HANDLER_INPUT,
+    HANDLER_SIGNATURE,
+    RESPONSE_OUTPUT,
+    HandlerRequest,
+)
 from modelhost.store.mar import open_mar, read_mar_settings
 from modelhost.types import TensorSpec
 
@@ -199,6 +206,19 @@ class HandlerModel(IsolatedModel):
         self, signature: str, inputs: dict[str, np.ndarray], outputs: Sequence[str]
     ) -> dict[str, np.ndarray]:
         return self.infer(inputs, outputs)
+
+    def _partials_of(self, inputs: dict[str, np.ndarray]) -> Partial | None:
+        # The handler's intermediate answers to a `handler` request go to the front-end that streams it, if one does.
+        requests = inputs.get(HANDLER_INPUT)
+        if requests is None:
+            return None
+        batch = requests.reshape(-1)
+
+        def partial(index: int, answer: Any) -> None:
+            request = batch[index] if 0 <= index < len(batch) else None
+            if isinstance(request, HandlerRequest) and request.partials is not None:
+                request.partials.put(answer, answer.nbytes)
+        return partial
 
     def unload(self) -> None:
         try:

@@ -9,18 +9,25 @@ does itself is one batch's call: every request's `data` dict (its parameters dec
 decodes them, tsfs §A1.3) and headers in, and exactly one response per request out, each encoded as TorchServe's
 worker encodes it (tsfs §A1.4), with the status, content type and headers the handler set for it. A handler that
 fails answers every request of the batch with TorchServe's status and message for it (tsfs §A1.5).
+
+A handler that streams (tsfs §A1.6) calls `send_intermediate_predict_response`, which writes TorchServe's predict
+response frame to `context.cl_socket`: here that is an object that reads the frame back into one HandlerResponse
+per request it names and hands each to the batch's `partial` callback, as it is sent.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import struct
 import sys
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.handler_messages import HandlerRequest, HandlerResponse
+from modelhost.handler_messages import STREAM_NEXT_HEADER, HandlerRequest, HandlerResponse
 
 log = logging.getLogger("modelhost.backends.torchserve")
 
@@ -62,17 +69,20 @@ class HandlerRuntime:
         """The handler's `ts.context.Context`."""
         return self._service.context
 
-    def run(self, requests: list[HandlerRequest]) -> list[HandlerResponse]:
-        """Call the handler once with the whole batch: one response per request, in order."""
+    def run(self, requests: list[HandlerRequest],
+            partial: Callable[[int, HandlerResponse], None] | None = None) -> list[HandlerResponse]:
+        """Call the handler once with the whole batch: one response per request, in order. `partial(index,
+        response)` gets each intermediate response the handler sends to request `index` (dropped when None)."""
         from ts.context import RequestProcessor
         from ts.utils.util import PredictionException
 
         context = self._service.context
         data, headers = zip(*(self._handler_input(request) for request in requests))
-        context.request_ids = {index: request.request_id for index, request in enumerate(requests)}
+        ids = _unique_ids([request.request_id for request in requests])
+        context.request_ids = dict(enumerate(ids))
         context.request_processor = [RequestProcessor(request_headers) for request_headers in headers]
         context.metrics.request_ids = context.request_ids
-        context.cl_socket = None
+        context.cl_socket = _IntermediateResponses(ids, partial)
         try:
             results = self._service._entry_point(list(data), context)
         except MemoryError:
@@ -113,9 +123,80 @@ class HandlerRuntime:
     def _response(self, index: int, result: Any) -> HandlerResponse:
         context = self._service.context
         code, phrase = context.get_response_status(index)
+        headers = {str(k): str(v) for k, v in (context.get_response_headers(index) or {}).items()}
+        if headers.get(STREAM_NEXT_HEADER) == "true":  # the last of a streamed answer, as TorchServe's worker marks it
+            headers[STREAM_NEXT_HEADER] = "false"
         return HandlerResponse(_encode(result, self.label), code or 200, phrase or "",
-                               context.get_response_content_type(index) or None,
-                               {str(k): str(v) for k, v in (context.get_response_headers(index) or {}).items()})
+                               context.get_response_content_type(index) or None, headers)
+
+
+class _IntermediateResponses:
+    """What a handler's `context.cl_socket` is during a batch: `send_intermediate_predict_response` writes one
+    predict response frame to it (TorchServe's worker protocol: status, message, then per request its id, content
+    type, status, phrase, headers and body, ending with -1), read back here into one HandlerResponse per request."""
+
+    def __init__(self, ids: list[str], partial: Callable[[int, HandlerResponse], None] | None) -> None:
+        self._index = {request_id: index for index, request_id in enumerate(ids)}
+        self._partial = partial
+
+    def sendall(self, frame: bytes | bytearray) -> None:
+        if self._partial is None:
+            return
+        for request_id, response in _read_frame(memoryview(frame)):
+            index = self._index.get(request_id)
+            if index is None:
+                log.warning("an intermediate response names request %r, which is not in its batch: dropped",
+                            request_id)
+                continue
+            self._partial(index, response)
+
+
+def _read_frame(frame: memoryview) -> list[tuple[str, HandlerResponse]]:
+    """The (request id, response) pairs of a predict response frame."""
+    position = 0
+
+    def integer() -> int:
+        nonlocal position
+        (value,) = struct.unpack_from("!i", frame, position)
+        position += 4
+        return int(value)
+
+    def data() -> bytes:
+        nonlocal position
+        length = integer()
+        value = bytes(frame[position:position + length])
+        position += length
+        return value
+
+    integer()  # the batch's status: each response carries its own
+    data()  # the batch's message
+    responses = []
+    while struct.unpack_from("!i", frame, position)[0] != -1:
+        request_id = data().decode("utf-8")
+        content_type = data().decode("utf-8")
+        status = integer()
+        phrase = data().decode("utf-8")
+        headers = {}
+        for _ in range(integer()):
+            name = data().decode("utf-8")
+            headers[name] = data().decode("utf-8")
+        responses.append((request_id, HandlerResponse(data(), status, phrase, content_type or None, headers)))
+    return responses
+
+
+def _unique_ids(ids: list[str]) -> list[str]:
+    """The requests' ids for `context.request_ids`, where an intermediate response finds its request by id: each as
+    sent, or a new one where it is missing or repeats another (requests from tensor APIs have none)."""
+    if len(set(ids)) == len(ids) and all(ids):
+        return ids
+    seen: set[str] = set()
+    unique = []
+    for request_id in ids:
+        if not request_id or request_id in seen:
+            request_id = str(uuid.uuid4())
+        seen.add(request_id)
+        unique.append(request_id)
+    return unique
 
 
 class _Headers(dict):  # type: ignore[type-arg]

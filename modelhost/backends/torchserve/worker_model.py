@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,13 +58,19 @@ class HandlerWorkerModel:
     batch size (the backend's worker batch): they go to the handler in calls of at most that many, in order. A batch
     of the `handler` signature is answered request by request, failures included; one of the served signature
     (`body` tensors, from KServe V2 or TF Serving) is the handler's bodies, and fails as a whole when the handler
-    fails any of its requests."""
+    fails any of its requests. The handler's intermediate answers to `handler` requests go to the server as they
+    are sent (`send_partials_to`); tensor APIs get the last answer only."""
 
     def __init__(self, label: str, runtime: HandlerRuntime, batch_size: int) -> None:
         self._label = label
         self._runtime = runtime
         self._batch_size = batch_size
         self._threads = 0  # as the worker started: OMP_NUM_THREADS
+        self._send_partial: Callable[[int, object], None] | None = None
+
+    def send_partials_to(self, send: Callable[[int, object], None]) -> None:
+        """`send(index, answer)` takes each intermediate answer to request `index` of the worker's batch."""
+        self._send_partial = send
 
     def set_threads(self, threads: int) -> None:
         """Compute the next batch on `threads` CPU threads, where the handler's framework is torch."""
@@ -78,25 +85,34 @@ class HandlerWorkerModel:
             if not all(isinstance(request, HandlerRequest) for request in requests):
                 raise ModelhostError(ErrorKind.INVALID_INPUT, f"{self._label}: signature 'handler' takes the requests "
                                      "of TorchServe's and SageMaker's APIs; tensor APIs send bytes to input 'body'")
-            return {RESPONSE_OUTPUT: _objects(self._run(requests))}
+            return {RESPONSE_OUTPUT: _objects(self._run(requests, self._send_partial))}
         bodies = inputs[BODY_INPUT].reshape(-1)
-        answers = self._run([HandlerRequest({"body": ("", _bytes(body))}) for body in bodies])
+        answers = self._run([HandlerRequest({"body": ("", _bytes(body))}) for body in bodies], None)
         for index, answer in enumerate(answers):
             if answer.error or answer.status >= 400:
                 raise ModelhostError(_kind(answer.status), f"{self._label} answered request {index} of the batch "
                                      f"with status {answer.status}: {answer.body[:500].decode(errors='replace')}")
         return {RESPONSE_OUTPUT: _objects([answer.body for answer in answers])}
 
-    def _run(self, requests: list[HandlerRequest]) -> list[HandlerResponse]:
+    def _run(self, requests: list[HandlerRequest],
+             send_partial: Callable[[int, object], None] | None) -> list[HandlerResponse]:
         """The requests the worker was sent, in handler calls of at most the handler's batch size, in order."""
         size = self._batch_size
         if len(requests) <= size:
-            return self._runtime.run(requests)
-        return [answer for start in range(0, len(requests), size)
-                for answer in self._runtime.run(requests[start:start + size])]
+            return self._runtime.run(requests, send_partial)
+        answers = []
+        for start in range(0, len(requests), size):
+            partial = None if send_partial is None else _offset(send_partial, start)
+            answers += self._runtime.run(requests[start:start + size], partial)
+        return answers
 
     def finalize(self) -> None:
         """TorchServe calls nothing on a handler at unload: neither does modelhost."""
+
+
+def _offset(send: Callable[[int, object], None], start: int) -> Callable[[int, HandlerResponse], None]:
+    """`send` for a handler call whose first request is request `start` of the worker's batch."""
+    return lambda index, answer: send(start + index, answer)
 
 
 def _bytes(element: object) -> bytes:

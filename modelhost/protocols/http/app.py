@@ -11,7 +11,7 @@ import math
 import re
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -53,9 +53,13 @@ class HttpRequest:
 
 @dataclass(slots=True)
 class HttpResponse:
+    """`more`: a streamed response's further parts, sent as they come after `body` (chunked); an exception from it
+    cuts the response short (the connection closes without the last chunk, which the client sees as an error)."""
+
     status: int = 200
     body: Sequence[bytes] = ()
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    more: AsyncIterator[bytes] | None = None
 
 
 RouteHandler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -267,7 +271,27 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
 
 async def _send(send: Any, response: HttpResponse) -> None:
     body = response.body[0] if len(response.body) == 1 else b"".join(response.body)
+    if response.more is not None:
+        await _stream(send, response, body, response.more)
+        return
     headers = response.headers
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _stream(send: Any, response: HttpResponse, body: bytes, more: AsyncIterator[bytes]) -> None:
+    await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    try:
+        async for part in more:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+    except Exception as exc:  # after the head: the only way left to tell the client is to cut the response
+        message = exc.message if isinstance(exc, ModelhostError) else f"{type(exc).__name__}: {exc}"
+        client_log(log, logging.WARNING, "http-stream-cut", "a streamed response was cut short: %s", message)
+        return
+    finally:
+        close = getattr(more, "aclose", None)
+        if close is not None:
+            await close()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

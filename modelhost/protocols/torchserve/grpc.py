@@ -12,7 +12,7 @@ sends `authorization: Bearer <key>` in its metadata (PERMISSION_DENIED without t
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
@@ -54,22 +54,24 @@ def inference_service(serving: TorchServing, tokens: TokenKeys | None) -> Servic
                                                               indent=2) + "\n")
 
     async def predictions(request: ipb.PredictionsRequest) -> ipb.PredictionResponse:
-        answer = await _predict(serving, request)
-        if answer.error or answer.status >= 400:
-            raise RpcError(http_code(answer.status), answer.body.decode("utf-8", "replace"))
-        return ipb.PredictionResponse(prediction=answer.body)
+        return _prediction(await _predict(serving, request))
 
     async def stream_predictions(request: ipb.PredictionsRequest) -> AsyncIterator[ipb.PredictionResponse]:
-        yield await predictions(request)
-
-    async def stream_predictions2(request: ipb.PredictionsRequest) -> ipb.PredictionResponse:
+        answers = _answers(serving, request)
         try:
-            response = await predictions(request)
+            async for answer, _ in answers:
+                yield _prediction(answer)
+        finally:
+            await answers.aclose()
+
+    async def stream_predictions2(request: ipb.PredictionsRequest) -> AsyncIterator[ipb.PredictionResponse]:
+        try:
+            async for response in stream_predictions(request):
+                if request.HasField("sequence_id"):
+                    response.sequence_id = request.sequence_id
+                yield response
         except RpcError as exc:
-            return _failed(request, exc.code, exc.message)
-        if request.HasField("sequence_id"):
-            response.sequence_id = request.sequence_id
-        return response
+            yield _failed(request, exc.code, exc.message)
 
     def stream_error(request: ipb.PredictionsRequest, exc: ModelhostError) -> ipb.PredictionResponse:
         return _failed(request, KIND_CODES[exc.kind], exc.message)
@@ -78,8 +80,8 @@ def inference_service(serving: TorchServing, tokens: TokenKeys | None) -> Servic
         Unary("Ping", empty_pb2.Empty, ping, Api.HEALTH),
         Unary("Predictions", ipb.PredictionsRequest, predictions, Api.INFERENCE),
         ServerStream("StreamPredictions", ipb.PredictionsRequest, stream_predictions, Api.INFERENCE),
-        Stream("StreamPredictions2", ipb.PredictionsRequest, stream_predictions2, stream_error, Api.INFERENCE,
-               in_order=True),
+        Stream("StreamPredictions2", ipb.PredictionsRequest, predictions, stream_error, Api.INFERENCE,
+               in_order=True, answers=stream_predictions2),
     ], _guard(tokens, INFERENCE))
 
 
@@ -126,15 +128,36 @@ def management_service(serving: TorchServing, tokens: TokenKeys | None) -> Servi
 
 
 async def _predict(serving: TorchServing, request: ipb.PredictionsRequest) -> HandlerResponse:
+    try:
+        return await serving.predict(request.model_name, request.model_version or None, _handler_request(request))
+    except TorchServeError as exc:
+        raise RpcError(grpc.StatusCode.INTERNAL, exc.message) from None
+
+
+async def _answers(serving: TorchServing,
+                   request: ipb.PredictionsRequest) -> AsyncGenerator[tuple[HandlerResponse, bool], None]:
+    """The handler's answers as they come (tsfs §A1.6): intermediate ones, then the final."""
+    answers = serving.answers(request.model_name, request.model_version or None, _handler_request(request))
+    try:
+        async for answer in answers:
+            yield answer
+    except TorchServeError as exc:
+        raise RpcError(grpc.StatusCode.INTERNAL, exc.message) from None
+    finally:
+        await answers.aclose()
+
+
+def _handler_request(request: ipb.PredictionsRequest) -> HandlerRequest:
     if not request.model_name:
         raise RpcError(grpc.StatusCode.INTERNAL, "Parameter model_name is required.")
     parameters = {name: ("", bytes(value)) for name, value in request.input.items()}
-    headers = {"url_path": "", "explain": "False"}
-    try:
-        return await serving.predict(request.model_name, request.model_version or None,
-                                     HandlerRequest(parameters, headers, new_request_id()))
-    except TorchServeError as exc:
-        raise RpcError(grpc.StatusCode.INTERNAL, exc.message) from None
+    return HandlerRequest(parameters, {"url_path": "", "explain": "False"}, new_request_id())
+
+
+def _prediction(answer: HandlerResponse) -> ipb.PredictionResponse:
+    if answer.error or answer.status >= 400:
+        raise RpcError(http_code(answer.status), answer.body.decode("utf-8", "replace"))
+    return ipb.PredictionResponse(prediction=answer.body)
 
 
 async def _managed(operation: Any) -> mpb.ManagementResponse:

@@ -16,6 +16,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 from modelhost.config.mar_manifest import HANDLER_BATCH_PARAMETER, MarConfig, MarManifest, worker_batch
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.manager import ModelManager
+from modelhost.core.partial_answers import PartialAnswers
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.handler_messages import (
     HANDLER_INPUT,
@@ -352,6 +354,24 @@ class TorchServing:
             return await self._predict(name, registered, request)
         finally:
             self.metrics.answered(name, version, (time.perf_counter() - started) * 1e6)
+
+    async def answers(self, name: str, version: str | None,
+                      request: HandlerRequest) -> AsyncGenerator[tuple[HandlerResponse, bool], None]:
+        """`predict` for a front-end that streams (tsfs §A1.6): the handler's intermediate answers to the request
+        as it sends them, then its final one, each with whether it is the last. Raises as `predict` does, and
+        ModelhostError (TOO_LARGE) when the unread answers exceed the response size limit."""
+        partials = PartialAnswers(self.dataplane.limits.max_output_bytes)
+        final = asyncio.ensure_future(self.predict(name, version, replace(request, partials=partials)))
+        final.add_done_callback(lambda _: partials.close())
+        try:
+            while (answer := await partials.next()) is not None:
+                yield answer, False
+            yield await final, True
+        finally:
+            if not final.done():
+                final.cancel()  # the client is gone, or the stream failed: a queued request is withdrawn
+            elif not final.cancelled():
+                final.exception()  # retrieved: a failure after the stream ended is the stream's, not a loose task's
 
     async def _predict(self, name: str, registered: RegisteredVersion, request: HandlerRequest) -> HandlerResponse:
         requests = np.empty(1, dtype=object)
