@@ -75,6 +75,7 @@ async def _predict(serving: TorchServing, request: HttpRequest, model: str, vers
     except ModelhostError as exc:
         return core_error(exc, request_id)
     if last:
+        await answers.aclose()
         return handler_answer(answer, request_id)
     return HttpResponse(answer.status, [answer.body], _answer_headers(answer, request_id, streamed=True),
                         _later_parts(answers))

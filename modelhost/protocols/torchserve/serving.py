@@ -361,8 +361,14 @@ class TorchServing:
         as it sends them, then its final one, each with whether it is the last. Raises as `predict` does, and
         ModelhostError (TOO_LARGE) when the unread answers exceed the response size limit."""
         partials = PartialAnswers(self.dataplane.limits.max_output_bytes)
-        final = asyncio.ensure_future(self.predict(name, version, replace(request, partials=partials)))
-        final.add_done_callback(lambda _: partials.close())
+
+        async def predicted() -> HandlerResponse:
+            try:
+                return await self.predict(name, version, replace(request, partials=partials))
+            finally:
+                partials.close()  # in the task's last step: the reader wakes one loop turn sooner than a callback
+
+        final = asyncio.ensure_future(predicted())
         try:
             while (answer := await partials.next()) is not None:
                 yield answer, False
