@@ -1,0 +1,114 @@
+"""A version's rows.bin, read a batch of rows at a time: the blocks that hold them, each block once, runs of
+adjacent blocks in one read, the reads spread over the store's I/O threads (the GIL is released while each
+waits on the disk).
+
+The file is opened with O_DIRECT where its filesystem allows: the OS page cache would otherwise be a second RAM
+tier, unbounded by the cache budget and hiding the disk's real cost. Elsewhere (tmpfs) reads are buffered, with
+readahead off (POSIX_FADV_RANDOM).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Executor
+from pathlib import Path
+
+import numpy as np
+
+from modelhost.embeddings.table_files import BLOCK, TableMeta
+
+MAX_RUN_BLOCKS = 32  # adjacent blocks read at once, at most (128 KiB)
+_READS_PER_THREAD = 8  # a batch of fewer reads than this per thread stays on the calling thread
+
+
+class DiskRows:
+    def __init__(self, path: Path, meta: TableMeta, executor: Executor | None, direct: bool = True) -> None:
+        self.meta = meta
+        self._executor = executor
+        self._threads = getattr(executor, "_max_workers", 1) if executor is not None else 1
+        self.direct = False
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                self._fd = os.open(path, flags | os.O_DIRECT)
+                self.direct = True
+            except OSError:
+                self._fd = os.open(path, flags)
+        else:
+            self._fd = os.open(path, flags)
+        if not self.direct and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self.reads = 0  # read calls made, for the metrics
+        self.bytes_read = 0
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """The rows (row numbers, ascending, unique) as uint8 [n, row_bytes]."""
+        meta = self.meta
+        row_bytes = meta.codec.row_bytes
+        if not len(rows):
+            return np.empty((0, row_bytes), dtype=np.uint8)
+        per_block = meta.rows_per_block
+        if per_block == 0:  # each row its own run of blocks, one after another in the buffer
+            stride = meta.row_stride_blocks
+            first = rows.astype(np.int64) * stride
+            data = self._read_blocks((first[:, None] + np.arange(stride)).reshape(-1))
+            whole: np.ndarray = data.reshape(len(rows), stride * BLOCK)[:, :row_bytes].copy()
+            return whole
+        block_of = rows.astype(np.int64) // per_block
+        starts = np.concatenate(([True], block_of[1:] != block_of[:-1]))
+        blocks = block_of[starts]
+        data = self._read_blocks(blocks)
+        by_block = np.lib.stride_tricks.as_strided(data, (len(blocks), per_block, row_bytes), (BLOCK, row_bytes, 1),
+                                                   writeable=False)
+        result: np.ndarray = by_block[np.cumsum(starts) - 1, rows % per_block]
+        return result
+
+    def _read_blocks(self, blocks: np.ndarray) -> np.ndarray:
+        """Read `blocks` (ascending, unique) into the calling thread's buffer, one after another: uint8, valid until
+        this thread's next read."""
+        breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+        run_starts = np.concatenate(([0], breaks)).tolist()
+        run_ends = np.concatenate((breaks, [len(blocks)])).tolist()
+        runs: list[tuple[int, int, int]] = []  # (place in the buffer, first block, blocks)
+        for start, end in zip(run_starts, run_ends, strict=True):
+            for piece in range(start, end, MAX_RUN_BLOCKS):
+                runs.append((piece, int(blocks[piece]), min(MAX_RUN_BLOCKS, end - piece)))
+        data = _buffer(len(blocks) * BLOCK)
+        self.reads += len(runs)
+        self.bytes_read += len(blocks) * BLOCK
+        threads = min(self._threads, len(runs) // _READS_PER_THREAD)
+        if threads <= 1 or self._executor is None:
+            self._read_runs(runs, data)
+            return data
+        share = -(-len(runs) // threads)
+        futures = [self._executor.submit(self._read_runs, runs[i:i + share], data)
+                   for i in range(0, len(runs), share)]
+        for future in futures:
+            future.result()
+        return data
+
+    def _read_runs(self, runs: list[tuple[int, int, int]], data: np.ndarray) -> None:
+        view = memoryview(data)  # type: ignore[arg-type]
+        for place, block, count in runs:
+            got = os.preadv(self._fd, [view[place * BLOCK:(place + count) * BLOCK]], block * BLOCK)
+            if got != count * BLOCK:
+                raise OSError(f"short read of rows.bin: {got} of {count * BLOCK} bytes at block {block}")
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+_local = threading.local()
+
+
+def _buffer(size: int) -> np.ndarray:
+    """The calling thread's read buffer, at least `size` bytes, BLOCK-aligned (O_DIRECT needs it), reused: fresh
+    memory for every batch would cost a page fault per 4 KiB."""
+    buffer: np.ndarray | None = getattr(_local, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        raw = np.empty(max(size, 1 << 20) + BLOCK, dtype=np.uint8)
+        skip = -raw.ctypes.data % BLOCK
+        buffer = raw[skip:skip + max(size, 1 << 20)]
+        _local.buffer = buffer
+    return buffer[:size]

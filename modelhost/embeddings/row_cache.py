@@ -1,0 +1,233 @@
+"""The RAM cache in front of the tables' disk rows: a pool of fixed-size slots shared by every table whose rows
+have one size, under one byte budget, replaced by CLOCK (LRU's one-bit approximation, which a batch of hits
+updates in one vectorized write) with an optional frequency filter on admission (TinyLFU: a missed row replaces a
+victim only if it was asked for more often lately, so one-off ids in a skewed stream do not wash out hot rows).
+
+A cached row is found by its table's dense map of row number -> slot (4 bytes a row), which makes a batch's
+lookup one gather. Rows are cached in the table's encoding (rows.py), so an int8 table caches four times the rows
+of a float32 one in the same bytes.
+
+Thread-safe: one lock per pool, held while slots are read, admitted or refreshed, never while the disk is read.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+POLICIES = ("clock", "tinylfu")
+_SKETCH_DEPTH = 4
+_SKETCH_SEEDS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],
+                         dtype=np.uint64)
+
+
+@dataclass(slots=True)
+class CacheCounts:
+    """A table's cache activity since it was opened (for its metrics)."""
+
+    hits: int = 0
+    misses: int = 0
+    admitted: int = 0
+    evictions: int = 0
+
+
+class SlotPool:
+    """`capacity` slots of `row_bytes` each. Tables register to get an id and their slot map."""
+
+    def __init__(self, row_bytes: int, capacity: int, policy: str = "tinylfu") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"cache policy must be one of {', '.join(POLICIES)}, got '{policy}'")
+        self.row_bytes = row_bytes
+        self.capacity = capacity
+        self.policy = policy
+        self.lock = threading.RLock()  # tables hold it around their own steps that must not interleave (updates)
+        self._data = np.zeros((capacity, row_bytes), dtype=np.uint8)
+        self._owner = np.full(capacity, -1, dtype=np.int32)  # table id, -1 free
+        self._row = np.zeros(capacity, dtype=np.int64)
+        self._referenced = np.zeros(capacity, dtype=bool)
+        self._hand = 0
+        self._used = 0
+        self._maps: dict[int, np.ndarray] = {}  # table id -> slot of each row (-1: not cached)
+        self.counts: dict[int, CacheCounts] = {}
+        self._sketch = _Sketch(max(capacity, 1) * 4) if policy == "tinylfu" else None
+
+    @property
+    def nbytes(self) -> int:
+        return self.capacity * self.row_bytes
+
+    def register(self, table: int, rows: int) -> None:
+        with self.lock:
+            self._maps[table] = np.full(rows, -1, dtype=np.int32)
+            self.counts[table] = CacheCounts()
+
+    def forget(self, table: int) -> None:
+        """Drop a table and free its slots (a table closed, or replaced by a new version)."""
+        with self.lock:
+            freed = self._owner == table
+            self._owner[freed] = -1
+            self._referenced[freed] = False
+            self._used -= int(freed.sum())
+            self._maps.pop(table, None)
+            self.counts.pop(table, None)
+
+    def cached_rows(self, table: int) -> int:
+        with self.lock:
+            return int((self._owner == table).sum())
+
+    def get(self, table: int, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Copy the cached ones of `rows` (row numbers) into `out` [len(rows), row_bytes]; returns a mask of
+        the rows that were not cached."""
+        with self.lock:
+            slots = self._maps[table][rows]
+            hit = slots >= 0
+            found = slots[hit]
+            out[hit] = self._data[found]
+            self._referenced[found] = True
+            if self._sketch is not None:
+                self._sketch.add(table, rows)
+            counts = self.counts[table]
+            counts.hits += len(found)
+            counts.misses += len(rows) - len(found)
+        missed: np.ndarray = ~hit
+        return missed
+
+    def admit(self, table: int, rows: np.ndarray, data: np.ndarray, unless_changed: set[int] | None = None) -> None:
+        """Offer rows read from disk (unique row numbers, their data [n, row_bytes]). Rows cached meanwhile (by a
+        concurrent lookup) are skipped, as are those in `unless_changed` (updated since they were read)."""
+        if not len(rows) or not self.capacity:
+            return
+        with self.lock:
+            slot_map = self._maps.get(table)
+            if slot_map is None:  # the table was replaced while its rows were read
+                return
+            fresh = slot_map[rows] < 0
+            if unless_changed:
+                fresh &= ~np.isin(rows, np.fromiter(unless_changed, dtype=np.int64, count=len(unless_changed)))
+            rows, data = rows[fresh], data[fresh]
+            if len(rows) > self.capacity:
+                rows, data = rows[: self.capacity], data[: self.capacity]
+            slots = self._free_slots(len(rows))
+            victims = self._victims(len(rows) - len(slots))
+            if self._sketch is not None and len(victims):
+                rows, data, victims = self._filter(table, rows, data, slots, victims)
+            self._evict(victims)
+            slots = np.concatenate((slots, victims))[: len(rows)]
+            self._data[slots] = data
+            self._owner[slots] = table
+            self._row[slots] = rows
+            self._referenced[slots] = False
+            slot_map[rows] = slots
+            self._used += len(slots)
+            self.counts[table].admitted += len(slots)
+
+    def refresh(self, table: int, rows: np.ndarray, data: np.ndarray) -> None:
+        """Replace the cached copies of updated rows (those not cached stay uncached)."""
+        with self.lock:
+            slot_map = self._maps.get(table)
+            if slot_map is None:
+                return
+            inside = rows < len(slot_map)
+            slots = slot_map[rows[inside]]
+            cached = slots >= 0
+            self._data[slots[cached]] = data[inside][cached]
+
+    def grow(self, table: int, rows: int) -> None:
+        """The table now has `rows` rows (new ids were added)."""
+        with self.lock:
+            slot_map = self._maps.get(table)
+            if slot_map is not None and rows > len(slot_map):
+                self._maps[table] = np.concatenate((slot_map, np.full(rows - len(slot_map), -1, dtype=np.int32)))
+
+    def _free_slots(self, wanted: int) -> np.ndarray:
+        if self._used >= self.capacity or not wanted:
+            return np.empty(0, dtype=np.int64)
+        free = np.flatnonzero(self._owner < 0)[:wanted]
+        return free
+
+    def _victims(self, wanted: int) -> np.ndarray:
+        """CLOCK: from the hand on, slots whose referenced bit is clear are taken; set bits are cleared as the hand
+        passes them (a second chance). One lap at most; if every slot was referenced, the rest come from a second
+        lap, among the slots the first did not take."""
+        capacity = self.capacity
+        chosen: list[np.ndarray] = []
+        needed, swept = wanted, 0
+        while needed > 0 and swept < capacity:
+            size = min(capacity - swept, max(needed * 4, 1024))
+            window = (self._hand + np.arange(size)) % capacity
+            take = np.flatnonzero(~self._referenced[window] & (self._owner[window] >= 0))[:needed]  # free: placed
+            stop = int(take[-1]) + 1 if len(take) == needed else size
+            chosen.append(window[take])
+            self._referenced[window[:stop]] = False
+            self._hand = (self._hand + stop) % capacity
+            swept += stop
+            needed -= len(take)
+        if needed > 0:
+            picked = np.concatenate(chosen)
+            window = (self._hand + np.arange(capacity)) % capacity
+            rest = window[~np.isin(window, picked) & (self._owner[window] >= 0)][:needed]
+            chosen.append(rest)
+            self._hand = (int(rest[-1]) + 1) % capacity
+        return np.concatenate(chosen) if chosen else np.empty(0, dtype=np.int64)
+
+    def _filter(self, table: int, rows: np.ndarray, data: np.ndarray, slots: np.ndarray,
+                victims: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """TinyLFU admission: the rows that would take victims' slots, kept only where asked for more often than
+        their victim; the victims they would have taken are spared."""
+        assert self._sketch is not None
+        placed = len(slots)
+        contenders = rows[placed:placed + len(victims)]
+        theirs = self._sketch.estimate(table, contenders)
+        owners = self._owner[victims]
+        victims_frequency = np.zeros(len(victims), dtype=np.int64)
+        for owner in np.unique(owners[owners >= 0]).tolist():
+            same = owners == owner
+            victims_frequency[same] = self._sketch.estimate(owner, self._row[victims[same]])
+        admitted = theirs > victims_frequency
+        keep = np.concatenate((np.ones(placed, dtype=bool), admitted))
+        return rows[keep], data[keep], victims[admitted]
+
+    def _evict(self, victims: np.ndarray) -> None:
+        if not len(victims):
+            return
+        owners = self._owner[victims]
+        for owner in np.unique(owners[owners >= 0]).tolist():
+            same = victims[owners == owner]
+            self._maps[owner][self._row[same]] = -1
+            self.counts[owner].evictions += len(same)
+        self._owner[victims] = -1
+        self._used -= int((owners >= 0).sum())
+
+
+class _Sketch:
+    """A count-min sketch of how often rows were asked for lately, halved every `window` requests (TinyLFU's
+    reset), in 8-bit counters."""
+
+    def __init__(self, width: int) -> None:
+        self._width = 1 << max(10, (width - 1).bit_length())
+        self._counters = np.zeros((_SKETCH_DEPTH, self._width), dtype=np.uint8)
+        self._window = self._width * 8
+        self._added = 0
+
+    def add(self, table: int, rows: np.ndarray) -> None:
+        """Count one request of each of `rows` (unique: two that share a counter count once)."""
+        for depth, index in enumerate(self._indices(table, rows)):
+            counters = self._counters[depth]
+            counters[index] = np.minimum(counters[index], 254) + 1
+        self._added += len(rows)
+        if self._added >= self._window:
+            self._counters >>= 1
+            self._added //= 2
+
+    def estimate(self, table: int, rows: np.ndarray) -> np.ndarray:
+        estimates = [self._counters[depth][index] for depth, index in enumerate(self._indices(table, rows))]
+        smallest: np.ndarray = np.minimum.reduce(estimates).astype(np.int64)
+        return smallest
+
+    def _indices(self, table: int, rows: np.ndarray) -> list[np.ndarray]:
+        keys = rows.astype(np.uint64) ^ (np.uint64(table) << np.uint64(48))
+        shift = np.uint64(64 - (self._width.bit_length() - 1))
+        with np.errstate(over="ignore"):
+            return [((keys + seed) * np.uint64(0x9E3779B97F4A7C15) >> shift).astype(np.int64)
+                    for seed in _SKETCH_SEEDS]

@@ -1,0 +1,199 @@
+"""One served embedding table: its current version's ids and rows on disk, the rows updated since (delta.log), and
+its share of the RAM cache.
+
+A lookup takes any int64 ids, looks each distinct id up once (a request's 500 candidates repeat user and context
+ids), finds rows in the cache, reads the rest from the log (rows updated since the version was written) or from
+rows.bin, offers what it read to the cache, and answers float32 vectors; an id the table does not hold gets the
+table's default vector and is counted.
+
+An update appends its rows to the log (durable before it returns), then, under the cache's lock, points the
+rows at their new records and refreshes cached copies. A lookup sees, for each row, the record it found when it
+looked: the old vector or the new, whole (records and rows.bin are never rewritten). A lookup that read a row
+before an update does not cache what it read.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from modelhost.embeddings.delta_log import DeltaLog
+from modelhost.embeddings.disk_rows import DiskRows
+from modelhost.embeddings.row_cache import SlotPool
+from modelhost.embeddings.table_files import DELTA, ROWS, TableMeta, current_version, read_ids, read_meta
+
+_PUBLISH_ROWS = 2048  # updated rows made visible under the cache lock at a time
+
+
+@dataclass(slots=True)
+class TableCounts:
+    """A table's lookups since it was opened (for its metrics)."""
+
+    lookups: int = 0
+    ids: int = 0
+    missing_ids: int = 0
+    log_reads: int = 0
+    updates: int = 0
+    updated_rows: int = 0
+
+
+class EmbeddingTable:
+    def __init__(self, name: str, path: Path, pool: SlotPool, table_id: int, executor: Executor | None,
+                 direct_io: bool = True) -> None:
+        self.name = name
+        self.path = path
+        self.version = current_version(path)
+        self.meta: TableMeta = read_meta(self.version)
+        self._ids = read_ids(self.version, self.meta)
+        self._codec = self.meta.codec
+        self._default = self.meta.default_vector()
+        self._pool = pool
+        self.table_id = table_id
+        self.counts = TableCounts()
+        self._disk = DiskRows(self.version / ROWS, self.meta, executor, direct_io)
+        self._log = DeltaLog(self.version / DELTA, self._codec.row_bytes)
+        self._added: dict[int, int] = {}  # id not in the version -> its row (from len(ids) on)
+        self._record: dict[int, tuple[int, int]] = {}  # row -> (its latest log record, the update's generation)
+        self._generation = 0
+        self._update_lock = threading.Lock()
+        self._in_flight = 0
+        self._closing = False
+        self._idle = threading.Condition()
+        for number, feature_id in enumerate(self._log.replayed_ids.tolist()):
+            self._record[self._row_for(feature_id)] = (number, 0)
+        pool.register(table_id, self.rows)
+
+    @property
+    def rows(self) -> int:
+        """Rows the table holds: the version's and those added since."""
+        return len(self._ids) + len(self._added)
+
+    @property
+    def dim(self) -> int:
+        return self.meta.dim
+
+    @property
+    def direct_io(self) -> bool:
+        return self._disk.direct
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        """float32 [*ids.shape, dim]: each id's vector, the default vector for an id the table does not hold."""
+        with self._idle:
+            self._in_flight += 1
+        try:
+            return self._lookup(ids)
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    def _lookup(self, ids: np.ndarray) -> np.ndarray:
+        flat = ids.reshape(-1).astype(np.int64, copy=False)
+        unique, inverse = np.unique(flat, return_inverse=True)
+        rows = self._rows_of(unique)
+        known = rows >= 0
+        wanted = rows[known]
+        data = np.empty((len(wanted), self._codec.row_bytes), dtype=np.uint8)
+        generation = self._generation
+        missed = self._pool.get(self.table_id, wanted, data)
+        if missed.any():
+            self._read_missed(wanted, data, missed, generation)
+        vectors = np.empty((len(unique), self.meta.dim), dtype=np.float32)
+        vectors[known] = self._codec.decode(data)
+        vectors[~known] = self._default
+        counts = self.counts
+        counts.lookups += 1
+        counts.ids += len(flat)
+        counts.missing_ids += int(len(unique) - len(wanted))
+        result: np.ndarray = vectors[inverse].reshape(*ids.shape, self.meta.dim)
+        return result
+
+    def _read_missed(self, wanted: np.ndarray, data: np.ndarray, missed: np.ndarray, generation: int) -> None:
+        """Fill `data` for the rows the cache did not have: updated ones from the log, the rest from rows.bin."""
+        places = np.flatnonzero(missed)
+        rows = wanted[places]
+        records = self._records_of(rows) if self._record else None
+        from_log = records >= 0 if records is not None else np.zeros(len(rows), dtype=bool)
+        if from_log.any():
+            assert records is not None
+            data[places[from_log]] = self._log.read(records[from_log])
+            self.counts.log_reads += int(from_log.sum())
+        from_disk = ~from_log
+        data[places[from_disk]] = self._disk.read(rows[from_disk])
+        with self._pool.lock:  # an update between the read and now must not be undone by caching the old row
+            changed = self._changed_since(rows, generation) if self._generation != generation else None
+            self._pool.admit(self.table_id, rows, data[places], changed)
+
+    def update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
+        """Add or replace rows: durable when this returns. Returns how many rows were new. Raises ValueError for
+        vectors of the wrong shape or values the table's dtype cannot hold."""
+        ids = ids.reshape(-1).astype(np.int64, copy=False)
+        encoded = self._codec.encode(vectors)
+        if len(encoded) != len(ids):
+            raise ValueError(f"{len(ids)} ids but {len(encoded)} vectors")
+        unique, last = np.unique(ids[::-1], return_index=True)  # an id given twice: its last vector
+        encoded = encoded[len(ids) - 1 - last]
+        with self._update_lock:  # updates one at a time, in log order
+            first = self._log.append(unique, encoded)
+            rows = self._rows_of(unique)
+            new = rows < 0
+            rows[new] = self.rows + np.arange(int(new.sum()))
+            records = np.arange(first, first + len(unique)).tolist()
+            for start in range(0, len(rows), _PUBLISH_ROWS):  # lookups wait for one slice at most
+                end = start + _PUBLISH_ROWS
+                with self._pool.lock:
+                    self._generation += 1
+                    stamp = self._generation
+                    self._record.update(zip(rows[start:end].tolist(), ((r, stamp) for r in records[start:end]),
+                                            strict=True))
+                    # A new id is found by lookups only once its record is in.
+                    self._added.update((int(unique[i]), int(rows[i])) for i in np.flatnonzero(new[start:end]) + start)
+                    self._pool.grow(self.table_id, self.rows)
+                    self._pool.refresh(self.table_id, rows[start:end], encoded[start:end])
+        self.counts.updates += 1
+        self.counts.updated_rows += len(unique)
+        return int(new.sum())
+
+    def _rows_of(self, unique: np.ndarray) -> np.ndarray:
+        """Rows of ids (sorted, unique); -1 for an id the table does not hold."""
+        ids = self._ids
+        places = np.searchsorted(ids, unique)
+        inside = places < len(ids)
+        found = np.zeros(len(unique), dtype=bool)
+        found[inside] = ids[places[inside]] == unique[inside]
+        rows: np.ndarray = np.where(found, places, -1)
+        if self._added and not found.all():
+            for index in np.flatnonzero(~found).tolist():
+                rows[index] = self._added.get(int(unique[index]), -1)
+        return rows
+
+    def _row_for(self, feature_id: int) -> int:
+        """The row of an id, a new one for an id the table does not hold yet."""
+        place = int(np.searchsorted(self._ids, feature_id))
+        if place < len(self._ids) and self._ids[place] == feature_id:
+            return place
+        row = self._added.get(feature_id)
+        if row is None:
+            row = self._added[feature_id] = len(self._ids) + len(self._added)
+        return row
+
+    def _records_of(self, rows: np.ndarray) -> np.ndarray:
+        record = self._record
+        return np.array([record.get(row, (-1, 0))[0] for row in rows.tolist()], dtype=np.int64)
+
+    def _changed_since(self, rows: np.ndarray, generation: int) -> set[int]:
+        record = self._record
+        return {row for row in rows.tolist() if record.get(row, (0, 0))[1] > generation}
+
+    def close(self) -> None:
+        """Free the table's cache share and files once its lookups in progress finish."""
+        with self._idle:
+            self._closing = True
+            self._idle.wait_for(lambda: self._in_flight == 0)
+        self._pool.forget(self.table_id)
+        self._disk.close()
+        self._log.close()
