@@ -42,7 +42,7 @@ class SlotPool:
         self.row_bytes = row_bytes
         self.capacity = capacity
         self.policy = policy
-        self.lock = threading.RLock()  # tables hold it around their own steps that must not interleave (updates)
+        self.lock = threading.Lock()
         self._data = np.zeros((capacity, row_bytes), dtype=np.uint8)
         self._owner = np.full(capacity, -1, dtype=np.int32)  # table id, -1 free
         self._row = np.zeros(capacity, dtype=np.int64)

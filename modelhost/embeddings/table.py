@@ -29,6 +29,10 @@ from modelhost.embeddings.table_files import DELTA, ROWS, TableMeta, current_ver
 _PUBLISH_ROWS = 2048  # updated rows made visible under the cache lock at a time
 
 
+class TableClosed(Exception):
+    """The table was closed (replaced by a newer version, or its last model unloaded)."""
+
+
 @dataclass(slots=True)
 class TableCounts:
     """A table's lookups since it was opened (for its metrics)."""
@@ -42,8 +46,8 @@ class TableCounts:
 
 
 class EmbeddingTable:
-    def __init__(self, name: str, path: Path, pool: SlotPool, table_id: int, executor: Executor | None,
-                 direct_io: bool = True) -> None:
+    def __init__(self, name: str, path: Path, table_id: int, executor: Executor | None, direct_io: bool = True,
+                 pool: SlotPool | None = None) -> None:
         self.name = name
         self.path = path
         self.version = current_version(path)
@@ -51,7 +55,7 @@ class EmbeddingTable:
         self._ids = read_ids(self.version, self.meta)
         self._codec = self.meta.codec
         self._default = self.meta.default_vector()
-        self._pool = pool
+        self._pool: SlotPool | None = None  # None: nothing cached
         self.table_id = table_id
         self.counts = TableCounts()
         self._disk = DiskRows(self.version / ROWS, self.meta, executor, direct_io)
@@ -60,12 +64,29 @@ class EmbeddingTable:
         self._record: dict[int, tuple[int, int]] = {}  # row -> (its latest log record, the update's generation)
         self._generation = 0
         self._update_lock = threading.Lock()
+        # Held while updated rows are published and while a lookup caches what it read: an update between a
+        # lookup's read and its caching is seen (outside: then the pool's lock).
+        self._publish_lock = threading.Lock()
         self._in_flight = 0
         self._closing = False
         self._idle = threading.Condition()
         for number, feature_id in enumerate(self._log.replayed_ids.tolist()):
             self._record[self._row_for(feature_id)] = (number, 0)
-        pool.register(table_id, self.rows)
+        if pool is not None:
+            self.use_pool(pool)
+
+    @property
+    def pool(self) -> SlotPool | None:
+        return self._pool
+
+    def use_pool(self, pool: SlotPool) -> None:
+        """Cache in `pool` from now on (starting empty), no longer in the last one."""
+        with self._publish_lock:
+            old, self._pool = self._pool, None
+            pool.register(self.table_id, self.rows)
+            self._pool = pool
+        if old is not None:
+            old.forget(self.table_id)
 
     @property
     def rows(self) -> int:
@@ -81,8 +102,11 @@ class EmbeddingTable:
         return self._disk.direct
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
-        """float32 [*ids.shape, dim]: each id's vector, the default vector for an id the table does not hold."""
+        """float32 [*ids.shape, dim]: each id's vector, the default vector for an id the table does not hold.
+        Raises TableClosed once the table is closing (a newer version replaced it)."""
         with self._idle:
+            if self._closing:
+                raise TableClosed(self.name)
             self._in_flight += 1
         try:
             return self._lookup(ids)
@@ -99,9 +123,10 @@ class EmbeddingTable:
         wanted = rows[known]
         data = np.empty((len(wanted), self._codec.row_bytes), dtype=np.uint8)
         generation = self._generation
-        missed = self._pool.get(self.table_id, wanted, data)
+        pool = self._pool
+        missed = pool.get(self.table_id, wanted, data) if pool is not None else np.ones(len(wanted), dtype=bool)
         if missed.any():
-            self._read_missed(wanted, data, missed, generation)
+            self._read_missed(wanted, data, missed, generation, pool)
         vectors = np.empty((len(unique), self.meta.dim), dtype=np.float32)
         vectors[known] = self._codec.decode(data)
         vectors[~known] = self._default
@@ -112,7 +137,8 @@ class EmbeddingTable:
         result: np.ndarray = vectors[inverse].reshape(*ids.shape, self.meta.dim)
         return result
 
-    def _read_missed(self, wanted: np.ndarray, data: np.ndarray, missed: np.ndarray, generation: int) -> None:
+    def _read_missed(self, wanted: np.ndarray, data: np.ndarray, missed: np.ndarray, generation: int,
+                     pool: SlotPool | None) -> None:
         """Fill `data` for the rows the cache did not have: updated ones from the log, the rest from rows.bin."""
         places = np.flatnonzero(missed)
         rows = wanted[places]
@@ -124,9 +150,11 @@ class EmbeddingTable:
             self.counts.log_reads += int(from_log.sum())
         from_disk = ~from_log
         data[places[from_disk]] = self._disk.read(rows[from_disk])
-        with self._pool.lock:  # an update between the read and now must not be undone by caching the old row
+        if pool is None:
+            return
+        with self._publish_lock:  # an update between the read and now must not be undone by caching the old row
             changed = self._changed_since(rows, generation) if self._generation != generation else None
-            self._pool.admit(self.table_id, rows, data[places], changed)
+            pool.admit(self.table_id, rows, data[places], changed)
 
     def update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
         """Add or replace rows: durable when this returns. Returns how many rows were new. Raises ValueError for
@@ -145,15 +173,16 @@ class EmbeddingTable:
             records = np.arange(first, first + len(unique)).tolist()
             for start in range(0, len(rows), _PUBLISH_ROWS):  # lookups wait for one slice at most
                 end = start + _PUBLISH_ROWS
-                with self._pool.lock:
+                with self._publish_lock:
                     self._generation += 1
                     stamp = self._generation
                     self._record.update(zip(rows[start:end].tolist(), ((r, stamp) for r in records[start:end]),
                                             strict=True))
                     # A new id is found by lookups only once its record is in.
                     self._added.update((int(unique[i]), int(rows[i])) for i in np.flatnonzero(new[start:end]) + start)
-                    self._pool.grow(self.table_id, self.rows)
-                    self._pool.refresh(self.table_id, rows[start:end], encoded[start:end])
+                    if self._pool is not None:
+                        self._pool.grow(self.table_id, self.rows)
+                        self._pool.refresh(self.table_id, rows[start:end], encoded[start:end])
         self.counts.updates += 1
         self.counts.updated_rows += len(unique)
         return int(new.sum())
@@ -194,6 +223,7 @@ class EmbeddingTable:
         with self._idle:
             self._closing = True
             self._idle.wait_for(lambda: self._in_flight == 0)
-        self._pool.forget(self.table_id)
+        if self._pool is not None:
+            self._pool.forget(self.table_id)
         self._disk.close()
         self._log.close()

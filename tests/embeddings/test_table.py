@@ -37,7 +37,7 @@ def open_table(path: Path, executor: ThreadPoolExecutor, cached_rows: int, dtype
     from modelhost.embeddings.table_files import current_version, read_meta
     row_bytes = read_meta(current_version(path)).codec.row_bytes
     assert dtype  # the table says its dtype; the pool's slots are its rows' size
-    return EmbeddingTable("t", path, SlotPool(row_bytes, cached_rows, policy), 0, executor)
+    return EmbeddingTable("t", path, 0, executor, pool=SlotPool(row_bytes, cached_rows, policy))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])

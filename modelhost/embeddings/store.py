@@ -1,0 +1,133 @@
+"""The process's embedding tables: each opened once by its resolved path (models naming the same table share it),
+one RAM budget for all their cached rows, one pool of I/O threads for their disk reads.
+
+The budget is split between row sizes (a slot pool each: float32 and int8 tables of one dim have different rows)
+in proportion to their tables' bytes on disk, and re-split when a table of another size opens or the last of a
+size closes; a re-split empties the pools whose capacity changed. One size, the usual case, has the whole budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from modelhost.embeddings.row_cache import SlotPool
+from modelhost.embeddings.table import EmbeddingTable, TableClosed
+
+DEFAULT_CACHE_BYTES = 1 << 30
+DEFAULT_IO_THREADS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    cache_bytes: int = DEFAULT_CACHE_BYTES  # --embedding-cache-bytes
+    io_threads: int = DEFAULT_IO_THREADS  # --embedding-io-threads
+    policy: str = "tinylfu"
+    direct_io: bool = True
+
+
+class EmbeddingStore:
+    def __init__(self, settings: StoreSettings) -> None:
+        self.settings = settings
+        self._executor = ThreadPoolExecutor(settings.io_threads, thread_name_prefix="embedding-io")
+        self._lock = threading.Lock()
+        self._tables: dict[Path, tuple[EmbeddingTable, int]] = {}  # resolved path -> (table, holders)
+        self._pools: dict[int, SlotPool] = {}  # row bytes -> pool
+        self._next_id = 0
+
+    def open(self, path: Path, name: str) -> TableHandle:
+        """The table at `path`, opened if no model holds it yet; raises TableError. Each open is released once."""
+        key = path.resolve()
+        with self._lock:
+            held = self._tables.get(key)
+            if held is not None:
+                self._tables[key] = (held[0], held[1] + 1)
+            else:
+                table = EmbeddingTable(name, key, self._next_id, self._executor, self.settings.direct_io)
+                self._next_id += 1
+                self._tables[key] = (table, 1)
+                self._split()
+        return TableHandle(self, key)
+
+    def current(self, key: Path) -> EmbeddingTable:
+        """The served version of the table at `key` (a resolved path); KeyError once it is closed."""
+        with self._lock:
+            return self._tables[key][0]
+
+    def release(self, handle: TableHandle) -> None:
+        """One holder less; the table closes (its cache share freed) with its last."""
+        with self._lock:
+            held = self._tables.get(handle.key)
+            if held is None:
+                return
+            if held[1] > 1:
+                self._tables[handle.key] = (held[0], held[1] - 1)
+                return
+            del self._tables[handle.key]
+        held[0].close()
+        with self._lock:
+            self._split()
+
+    def swap(self, path: Path) -> EmbeddingTable:
+        """Serve the version CURRENT now names (written beside the served one): lookups started before go on
+        against the old version, later ones see the new; the old one's cache share is freed."""
+        key = path.resolve()
+        with self._lock:
+            old, holders = self._tables[key]
+            table = EmbeddingTable(old.name, key, self._next_id, self._executor, self.settings.direct_io)
+            self._next_id += 1
+            self._tables[key] = (table, holders)
+            self._split()
+        old.close()
+        return table
+
+    def tables(self) -> list[EmbeddingTable]:
+        with self._lock:
+            return [table for table, _ in self._tables.values()]
+
+    def close(self) -> None:
+        for table in self.tables():
+            table.close()
+        self._executor.shutdown(wait=False)
+
+    def _split(self) -> None:
+        """Give each row size its share of the budget; move tables to pools whose capacity changed."""
+        by_size: dict[int, list[EmbeddingTable]] = {}
+        for table, _ in self._tables.values():
+            by_size.setdefault(table.meta.codec.row_bytes, []).append(table)
+        total = sum(table.meta.file_bytes() for tables in by_size.values() for table in tables) or 1
+        pools: dict[int, SlotPool] = {}
+        for row_bytes, tables in by_size.items():
+            share = sum(table.meta.file_bytes() for table in tables) / total
+            capacity = int(self.settings.cache_bytes * share) // row_bytes
+            pool = self._pools.get(row_bytes)
+            if pool is None or pool.capacity != capacity:
+                pool = SlotPool(row_bytes, capacity, self.settings.policy)
+            pools[row_bytes] = pool
+            for table in tables:
+                if table.pool is not pool:
+                    table.use_pool(pool)
+        self._pools = pools
+
+
+class TableHandle:
+    """What a model holds: the table at a path, whichever version is served when it looks up."""
+
+    def __init__(self, store: EmbeddingStore, key: Path) -> None:
+        self._store = store
+        self.key = key
+
+    @property
+    def table(self) -> EmbeddingTable:
+        return self._store.current(self.key)
+
+    def lookup(self, ids: np.ndarray) -> np.ndarray:
+        while True:
+            try:
+                return self.table.lookup(ids)
+            except TableClosed:  # swapped for a newer version after we found it: look again
+                continue
