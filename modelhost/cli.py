@@ -119,6 +119,10 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help=f"the most one model archive may unpack to (default {d.max_unpacked_bytes // 1024**3}GiB)")
     add("--unpacked-cache-bytes", type=_byte_size, help="model files a multi-model endpoint keeps on disk after "
         "their models leave memory, for reloads (default: a quarter of the free disk where the server works)")
+    add("--embedding-cache-bytes", type=_byte_size, help="RAM for embedding tables' cached rows, all tables "
+        f"together, e.g. 256MiB, 8GiB (default {d.embedding_cache_bytes // 1024**3}GiB)")
+    add("--embedding-io-threads", type=int,
+        help=f"threads reading embedding rows from disk at once (default {d.embedding_io_threads})")
     add("--max-archive-members", type=int,
         help=f"the most entries one model archive may hold (default {d.max_archive_members})")
     add("--s3-endpoint-url", help="S3 endpoint for s3:// repositories (default: AWS; boto3 also reads "

@@ -91,6 +91,9 @@ class ServerSettings:
     unpacked_cache_bytes: model files a multi-model endpoint keeps on disk once their models leave memory, so that
     reloading an unchanged archive skips its download and unpacking; 0: a quarter of the disk space free where
     the server's work directory is, at start.
+    embedding_cache_bytes: RAM for the embedding tables' cached rows, all tables together (1 GiB).
+    embedding_io_threads: threads reading embedding rows from disk at once (16: an SSD answers many reads at a
+    time; each waits with the GIL released).
     max_archive_members: the most entries (files, directories, links) one model archive may hold (10,000: a
     model with its code and variable shards has tens to hundreds; each entry costs a file and inode to unpack).
     invocation_timeout_seconds: how long one SageMaker invocation may take.
@@ -181,6 +184,8 @@ class ServerSettings:
     max_unpacked_bytes: int = 16 * GIB
     unpacked_cache_bytes: int = 0
     max_archive_members: int = 10_000
+    embedding_cache_bytes: int = GIB
+    embedding_io_threads: int = 16
     s3_endpoint_url: str | None = None
     invocation_timeout_seconds: float = 60.0
     handler_threads: int = 0
@@ -270,6 +275,7 @@ def check_settings(settings: ServerSettings) -> None:
         if not 0 <= port <= 65535:
             raise SettingsError(f"--{name.replace('_', '-')} must be a port 0-65535, got {port}")
     for name in ("model_cache_bytes", "max_unpacked_bytes", "max_archive_members", "invocation_timeout_seconds",
+                 "embedding_cache_bytes", "embedding_io_threads",
                  "http_max_body_bytes", "grpc_max_message_bytes", "grpc_keepalive_time_seconds",
                  "grpc_keepalive_timeout_seconds"):
         if getattr(settings, name) <= 0:

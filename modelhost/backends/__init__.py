@@ -30,6 +30,7 @@ _BACKENDS = {
     "tensorflow": "modelhost.backends.tensorflow:TensorflowBackend",
     "python": "modelhost.backends.python.backend:PythonBackend",
     "torchserve": "modelhost.backends.torchserve.backend:TorchServeBackend",
+    "embedding": "modelhost.backends.embedding:EmbeddingBackend",
 }
 _PLATFORMS = {
     "onnxruntime_onnx": "onnxruntime",
@@ -50,6 +51,7 @@ _FILENAMES = {
     "saved_model.pb": "tensorflow",  # TF Serving's layout: the version directory is the SavedModel
     "model.py": "python",
     "MAR-INF": "torchserve",  # an unpacked TorchServe archive (torch-model-archiver's no-archive format)
+    "table": "embedding",  # an embedding table (modelhost/embeddings/table_files.py)
 }
 _SUFFIXES = {
     MAR_SUFFIX: "torchserve",  # a TorchServe archive, whatever its name

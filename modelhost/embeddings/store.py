@@ -131,3 +131,25 @@ class TableHandle:
                 return self.table.lookup(ids)
             except TableClosed:  # swapped for a newer version after we found it: look again
                 continue
+
+
+_shared: EmbeddingStore | None = None
+_shared_lock = threading.Lock()
+
+
+def configure_store(settings: StoreSettings) -> None:
+    """Set the process's store (the composition root, once, before models load)."""
+    global _shared
+    with _shared_lock:
+        if _shared is not None:
+            _shared.close()
+        _shared = EmbeddingStore(settings)
+
+
+def shared_store() -> EmbeddingStore:
+    """The process's store: the one configured, else one with the default settings."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = EmbeddingStore(StoreSettings())
+        return _shared

@@ -1,0 +1,116 @@
+"""The `embedding` backend end to end: a real server over a repository whose models are embedding tables
+(modelhost/embeddings), called with tritonclient as Triton's users call any model.
+
+The server holds `items` (float32, ids -> [fields, dim]) and `pooled` (int8, multi-hot fields summed by lengths),
+and `gathered` (an extracted ONNX Gather table: indices -N..N-1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from modelhost.embeddings.table_files import write_version
+from tests.server import ServerProcess
+
+DIM, ROWS, FIELDS = 16, 5000, 39
+ITEMS = f"""
+backend: "embedding"
+max_batch_size: 512
+input [ {{ name: "feat_ids" data_type: TYPE_INT64 dims: [ {FIELDS} ] }} ]
+output [ {{ name: "embeddings" data_type: TYPE_FP32 dims: [ {FIELDS}, {DIM} ] }} ]
+"""
+POOLED = f"""
+backend: "embedding"
+max_batch_size: 64
+input [ {{ name: "ids" data_type: TYPE_INT64 dims: [ -1 ] }},
+        {{ name: "lengths" data_type: TYPE_INT32 dims: [ 3 ] }} ]
+output [ {{ name: "pooled" data_type: TYPE_FP32 dims: [ 3, {DIM} ] }} ]
+parameters {{ key: "pooling" value: {{ string_value: "mean" }} }}
+"""
+GATHERED = f"""
+backend: "embedding"
+max_batch_size: 64
+input [ {{ name: "index" data_type: TYPE_INT64 dims: [ 2 ] }} ]
+output [ {{ name: "rows" data_type: TYPE_FP32 dims: [ 2, {DIM} ] }} ]
+parameters {{ key: "index_mode" value: {{ string_value: "gather" }} }}
+"""
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, dict[str, np.ndarray]]]:
+    root = tmp_path_factory.mktemp("embedding_repository")
+    rng = np.random.default_rng(0)
+    ids = (rng.choice(1 << 40, ROWS, replace=False) * 7919).astype(np.int64)  # hashed-looking ids
+    vectors = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    for name, config, dtype, keys in (("items", ITEMS, "float32", ids), ("pooled", POOLED, "int8", ids),
+                                      ("gathered", GATHERED, "float32", np.arange(ROWS))):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(config)
+        write_version(root / name / "1" / "table", keys, vectors, dtype)
+    server = ServerProcess(root, "--embedding-cache-bytes", "256KiB")
+    server.wait_ready()
+    yield server, {"ids": ids, "vectors": vectors}
+    server.stop()
+
+
+def infer(server: ServerProcess, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    client = httpclient.InferenceServerClient(server.url)
+    tensors = []
+    for name, array in inputs.items():
+        tensor = httpclient.InferInput(name, list(array.shape), "INT64" if array.dtype == np.int64 else "INT32")
+        tensor.set_data_from_numpy(array, binary_data=True)
+        tensors.append(tensor)
+    result = client.infer(model, tensors)
+    return {output["name"]: result.as_numpy(output["name"]) for output in result.get_response()["outputs"]}
+
+
+def test_a_ranking_request_gets_each_ids_vector(tables: tuple[ServerProcess, dict[str, np.ndarray]]) -> None:
+    server, data = tables
+    by_id = dict(zip(data["ids"].tolist(), data["vectors"], strict=True))
+    rng = np.random.default_rng(1)
+    for _ in range(2):  # cold, then partly cached (the cache holds 4096 of the 5000 rows)
+        asked = rng.choice(data["ids"], (500, FIELDS))  # 500 candidates
+        asked[:, :13] = asked[0, :13]  # user and context fields: the same for every candidate
+        asked[3, 20] = 12345  # not in the table: the default vector (zeros)
+        got = infer(server, "items", {"feat_ids": asked})["embeddings"]
+        want = np.stack([by_id.get(i, np.zeros(DIM, np.float32)) for i in asked.reshape(-1).tolist()])
+        np.testing.assert_array_equal(got, want.reshape(500, FIELDS, DIM))
+
+
+def test_multi_hot_fields_are_pooled_by_their_lengths(tables: tuple[ServerProcess, dict[str, np.ndarray]]) -> None:
+    server, data = tables
+    ids, vectors = data["ids"], data["vectors"]
+    asked = np.stack([ids[[0, 1, 2, 3, 4, 0]], ids[[5, 6, 7, 7, 7, 7]]])
+    lengths = np.array([[2, 3, 1], [1, 0, 2]], dtype=np.int32)  # the second row's last 3 ids are padding
+    got = infer(server, "pooled", {"ids": asked, "lengths": lengths})["pooled"]
+    want = np.stack([[vectors[[0, 1]].mean(0), vectors[[2, 3, 4]].mean(0), vectors[0]],
+                     [vectors[5], np.zeros(DIM), vectors[[6, 7]].mean(0)]])
+    np.testing.assert_allclose(got, want, atol=3 * np.abs(vectors).max() / 127)  # int8 rows
+
+
+def test_gather_tables_take_onnx_indices(tables: tuple[ServerProcess, dict[str, np.ndarray]]) -> None:
+    server, data = tables
+    got = infer(server, "gathered", {"index": np.array([[0, -1], [ROWS - 1, 5]], dtype=np.int64)})["rows"]
+    np.testing.assert_array_equal(got, data["vectors"][[[0, ROWS - 1], [ROWS - 1, 5]]])
+
+
+@pytest.mark.parametrize("model, inputs, message", [
+    ("gathered", {"index": np.array([[0, ROWS]], dtype=np.int64)}, "holds index 5000, outside [-5000, 4999]"),
+    ("pooled", {"ids": np.zeros((1, 4), np.int64), "lengths": np.array([[1, -1, 0]], np.int32)}, "negative length"),
+    ("pooled", {"ids": np.zeros((1, 4), np.int64), "lengths": np.array([[3, 1, 1]], np.int32)},
+     "row 0 adds up to 5 ids, but 'ids' has 4 per row"),
+    ("items", {"feat_ids": np.zeros((1, FIELDS), np.int32)}, "INT64"),
+])
+def test_bad_ids_get_a_clear_400_and_the_model_keeps_serving(
+        tables: tuple[ServerProcess, dict[str, np.ndarray]], model: str, inputs: dict[str, np.ndarray],
+        message: str) -> None:
+    server, data = tables
+    with pytest.raises(InferenceServerException) as caught:
+        infer(server, model, inputs)
+    assert message in str(caught.value) and caught.value.status() == "400"
+    assert infer(server, "items", {"feat_ids": data["ids"][:FIELDS][None]})["embeddings"].shape == (1, FIELDS, DIM)
