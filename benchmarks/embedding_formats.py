@@ -93,7 +93,7 @@ def build_rocksdb(work: Path, ids: np.ndarray, vectors: np.ndarray) -> tuple[obj
     db.flush()
     db.compact_range(None, None)
 
-    read_options = ReadOptions(raw_mode=True)
+    read_options = ReadOptions()
     read_options.set_async_io(True)  # RocksDB reads a multi-get's blocks concurrently where it can
 
     def lookup(batch: np.ndarray) -> np.ndarray:

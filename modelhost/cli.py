@@ -201,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(modelhost torchserve --help)")
     commands.add_parser("tfserving", add_help=False,
                         help="serve as tensorflow_model_server, with its flags (modelhost tfserving --help)")
+    commands.add_parser("embeddings", add_help=False,
+                        help="build embedding tables, or extract them from an ONNX model (modelhost embeddings "
+                             "--help)")
     return parser
 
 
@@ -267,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         return tfserving_main(argv[1:])
     if argv[:1] == ["torchserve"]:
         return torchserve_main(argv[1:])
+    if argv[:1] == ["embeddings"]:
+        from modelhost.embeddings.command import main as embeddings_main
+
+        return embeddings_main(argv[1:])
     return run(modelhost_settings(argv, os.environ), unused_variables(os.environ))
 
 

@@ -12,7 +12,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-VERSION = 1
+from modelhost.embeddings.extract import extract
+
+VERSION = 2  # 2: deepfm_tiered (its tables written by modelhost/embeddings, whose code the tag does not hash)
 OPSET = 17
 IR_VERSION = 8
 
@@ -151,6 +153,8 @@ def write_example_repository(dest: Path) -> Path:
         version_dir.mkdir(parents=True, exist_ok=True)
         onnx.save_model(model, str(version_dir / "model.onnx"))
         (dest / name / "config.pbtxt").write_text(_config(name, inputs, outputs))
+    # The same DeepFM with its embedding table in the embedding store (an ensemble: table lookup, dense network).
+    extract(dest / "deepfm" / "1" / "model.onnx", dest, "deepfm_tiered", max_batch_size=MAX_BATCH_SIZE)
     return dest
 
 

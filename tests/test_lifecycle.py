@@ -156,7 +156,9 @@ def test_sigterm_idle_server_exits_zero(start_server, slow_repository: tuple[Pat
 
 def test_example_repository_is_served(example_server: ServerProcess) -> None:
     index = requests.post(example_server.base + "/v2/repository/index", timeout=10).json()
-    assert {(e["name"], e["state"]) for e in index} == {("rank", "READY"), ("deepfm", "READY"), ("tiny", "READY")}
+    assert {(e["name"], e["state"]) for e in index} == {
+        (name, "READY") for name in ("rank", "deepfm", "tiny", "deepfm_tiered", "deepfm_tiered_dense",
+                                     "deepfm_tiered_embedding")}
     metadata = requests.get(example_server.base + "/v2/models/tiny", timeout=10).json()
     assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 1, 2, 3]}]}

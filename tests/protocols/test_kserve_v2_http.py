@@ -162,7 +162,8 @@ def test_model_config_int64_fields_are_json_numbers(example_server: ServerProces
 
 def test_repository_index(client: httpclient.InferenceServerClient, example_server: ServerProcess) -> None:
     index = client.get_model_repository_index()
-    assert index == [{"name": m, "version": "1", "state": "READY"} for m in sorted(MODELS)]
+    tiered = ("deepfm_tiered", "deepfm_tiered_dense", "deepfm_tiered_embedding")  # DeepFM over the embedding store
+    assert index == [{"name": m, "version": "1", "state": "READY"} for m in sorted(MODELS + tiered)]
     ready_only = requests.post(f"{example_server.base}/v2/repository/index", json={"ready": True}, timeout=10)
     assert ready_only.status_code == 200
     assert ready_only.json() == index
