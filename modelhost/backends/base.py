@@ -55,6 +55,18 @@ class InstanceSettings:
     lender: CoreLender | None = None
 
 
+class RowUpdates(Protocol):
+    """A model's table of rows that takes updates while serving (an embedding table)."""
+
+    @property
+    def dim(self) -> int: ...
+
+    def update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
+        """Add or replace rows (ids [n] int64, vectors [n, dim] float32), durable when it returns; returns how
+        many were new. Raises ValueError for values the table cannot hold. Blocking (it syncs to disk)."""
+        ...
+
+
 class Model(abc.ABC):
     """One loaded instance. `infer` is never called concurrently on the same instance."""
 
@@ -84,6 +96,10 @@ class Model(abc.ABC):
 
     def process_id(self) -> int | None:
         """The process the instance runs in when it is not the server's (a worker process), if it runs now."""
+        return None
+
+    def row_updates(self) -> RowUpdates | None:
+        """The table this model serves that takes row updates while serving (an embedding table), if any."""
         return None
 
     def signature_name(self) -> str:

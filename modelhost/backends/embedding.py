@@ -23,7 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
+from modelhost.backends.base import (
+    Backend,
+    InstanceSettings,
+    Model,
+    ModelSignature,
+    RowUpdates,
+    config_signature,
+)
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.parameters import string_parameters
 from modelhost.config.pbtxt import ConfigError
@@ -137,6 +144,9 @@ class EmbeddingModel(Model):
 
     def signature(self) -> ModelSignature | None:
         return self._signature
+
+    def row_updates(self) -> RowUpdates | None:
+        return None if self._gather else self._handle  # a Gather table's rows are its indices: no ids to update
 
     def unload(self) -> None:
         shared_store().release(self._handle)

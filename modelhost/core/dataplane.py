@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from modelhost.config.pbtxt import config_to_json
 from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.core.model_record import for_clients
+from modelhost.core.row_updates import apply_rows, checked_rows
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
 from modelhost.core.worker_statistics import WorkerStatistics, merge
@@ -152,6 +153,20 @@ class DataPlane:
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
                                        self.limits.max_output_bytes, request.signature)
             return InferResponse(served.name, str(served.version), outputs, request.id), context
+        finally:
+            served.pins.release()
+
+
+    async def update_rows(self, request: InferRequest) -> tuple[str, int, int]:
+        """Add or replace rows of the model's table (inputs `ids` and `vectors`): (version, rows, new rows),
+        durable when it returns. Requests to the model go on meanwhile."""
+        served = self._manager.hold(request.model_name, request.model_version)
+        try:
+            table = served.scheduler.row_updates() if isinstance(served.scheduler, Scheduler) else None
+            ids, vectors = checked_rows(request.model_name, table, request.inputs)
+            assert table is not None
+            added = await apply_rows(table, ids, vectors)
+            return str(served.version), len(ids), added
         finally:
             served.pins.release()
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from modelhost.backends.base import Model
+from modelhost.backends.base import Model, RowUpdates
 from modelhost.core import compute_threads, instance_threads
 from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
@@ -182,6 +182,10 @@ class Scheduler:
 
     def queued(self) -> int:
         return self._queue.depth()
+
+    def row_updates(self) -> RowUpdates | None:
+        """The model's updatable table (its instances share one), if it has one."""
+        return self._instances[0][0].row_updates() if self._instances else None
 
     def instance_processes(self) -> list[int | None]:
         """Each instance's worker process (None: it runs in the server's process, or its worker restarts)."""

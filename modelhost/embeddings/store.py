@@ -125,11 +125,23 @@ class TableHandle:
     def table(self) -> EmbeddingTable:
         return self._store.current(self.key)
 
+    @property
+    def dim(self) -> int:
+        return self.table.dim
+
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         while True:
             try:
                 return self.table.lookup(ids)
             except TableClosed:  # swapped for a newer version after we found it: look again
+                continue
+
+    def update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
+        """The served version's `update` (a RowUpdates: what the data plane's update calls reach)."""
+        while True:
+            try:
+                return self.table.update(ids, vectors)
+            except TableClosed:
                 continue
 
 

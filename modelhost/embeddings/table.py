@@ -104,16 +104,31 @@ class EmbeddingTable:
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """float32 [*ids.shape, dim]: each id's vector, the default vector for an id the table does not hold.
         Raises TableClosed once the table is closing (a newer version replaced it)."""
+        self._enter()
+        try:
+            return self._lookup(ids)
+        finally:
+            self._leave()
+
+    def update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
+        """Add or replace rows: durable when this returns. Returns how many rows were new. Raises ValueError for
+        vectors of the wrong shape or values the table's dtype cannot hold, TableClosed as `lookup`."""
+        self._enter()
+        try:
+            return self._update(ids, vectors)
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
         with self._idle:
             if self._closing:
                 raise TableClosed(self.name)
             self._in_flight += 1
-        try:
-            return self._lookup(ids)
-        finally:
-            with self._idle:
-                self._in_flight -= 1
-                self._idle.notify_all()
+
+    def _leave(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
 
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         flat = ids.reshape(-1).astype(np.int64, copy=False)
@@ -156,9 +171,7 @@ class EmbeddingTable:
             changed = self._changed_since(rows, generation) if self._generation != generation else None
             pool.admit(self.table_id, rows, data[places], changed)
 
-    def update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
-        """Add or replace rows: durable when this returns. Returns how many rows were new. Raises ValueError for
-        vectors of the wrong shape or values the table's dtype cannot hold."""
+    def _update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
         ids = ids.reshape(-1).astype(np.int64, copy=False)
         encoded = self._codec.encode(vectors)
         if len(encoded) != len(ids):

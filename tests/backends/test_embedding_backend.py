@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -114,3 +116,62 @@ def test_bad_ids_get_a_clear_400_and_the_model_keeps_serving(
         infer(server, model, inputs)
     assert message in str(caught.value) and caught.value.status() == "400"
     assert infer(server, "items", {"feat_ids": data["ids"][:FIELDS][None]})["embeddings"].shape == (1, FIELDS, DIM)
+
+
+def update(server: ServerProcess, model: str, ids: np.ndarray, vectors: np.ndarray, binary: bool = True) -> Any:
+    """An update as a V2 inference request body: binary (built by tritonclient) or JSON."""
+    if not binary:
+        body = {"inputs": [{"name": "ids", "datatype": "INT64", "shape": list(ids.shape), "data": ids.tolist()},
+                           {"name": "vectors", "datatype": "FP32", "shape": list(vectors.shape),
+                            "data": vectors.reshape(-1).tolist()}]}
+        return requests.post(f"{server.base}/v2/models/{model}/embeddings/update", json=body, timeout=30)
+    tensors = [httpclient.InferInput("ids", list(ids.shape), "INT64"),
+               httpclient.InferInput("vectors", list(vectors.shape), "FP32")]
+    tensors[0].set_data_from_numpy(ids, binary_data=True)
+    tensors[1].set_data_from_numpy(vectors, binary_data=True)
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(tensors)
+    headers = {"Inference-Header-Content-Length": str(json_size), "Content-Type": "application/octet-stream"}
+    return requests.post(f"{server.base}/v2/models/{model}/embeddings/update", data=body, headers=headers,
+                         timeout=30)
+
+
+def test_rows_are_updated_while_serving_and_kept_across_a_restart(tmp_path: Path) -> None:
+    (tmp_path / "items" / "1").mkdir(parents=True)
+    (tmp_path / "items" / "config.pbtxt").write_text(ITEMS)
+    ids = np.arange(1000, dtype=np.int64) * 31
+    write_version(tmp_path / "items" / "1" / "table", ids, np.zeros((1000, DIM), np.float32), "float32")
+    asked = np.stack([np.concatenate([ids[:FIELDS - 1], [77]])])  # 77: not in the table yet
+    server = ServerProcess(tmp_path)
+    try:
+        server.wait_ready()
+        infer(server, "items", {"feat_ids": asked})  # cached now
+        changed = np.full((2, DIM), 3.0, np.float32)
+        answer = update(server, "items", np.array([ids[0], 77]), changed)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"model_name": "items", "model_version": "1", "rows": 2, "new_rows": 1}
+        answer = update(server, "items", np.array([ids[1]]), np.full((1, DIM), 4.0, np.float32), binary=False)
+        assert answer.status_code == 200, answer.text
+        got = infer(server, "items", {"feat_ids": asked})["embeddings"][0]
+        assert (got[0] == 3.0).all() and (got[1] == 4.0).all() and (got[-1] == 3.0).all() and (got[2] == 0).all()
+    finally:
+        server.stop()
+    again = ServerProcess(tmp_path)
+    try:
+        again.wait_ready()
+        got = infer(again, "items", {"feat_ids": asked})["embeddings"][0]
+        assert (got[0] == 3.0).all() and (got[1] == 4.0).all() and (got[-1] == 3.0).all()
+    finally:
+        again.stop()
+
+
+@pytest.mark.parametrize("model, ids, vectors, status, message", [
+    ("items", np.array([1, 2]), np.zeros((3, DIM), np.float32), 400, "must be FP32 [2, 16] (one row per id)"),
+    ("items", np.array([1]), np.full((1, DIM), np.nan, np.float32), 400, "NaN or infinite"),
+    ("items", np.array([1]), np.zeros((1, DIM + 1), np.float32), 400, "FP32 [1, 16]"),
+    ("gathered", np.array([1]), np.zeros((1, DIM), np.float32), 501, "has no table that takes row updates"),
+    ("nope", np.array([1]), np.zeros((1, DIM), np.float32), 404, "nope"),
+])
+def test_bad_updates_get_a_clear_error(tables: tuple[ServerProcess, dict[str, np.ndarray]], model: str,
+                                       ids: np.ndarray, vectors: np.ndarray, status: int, message: str) -> None:
+    answer = update(tables[0], model, ids.astype(np.int64), vectors)
+    assert answer.status_code == status and message in answer.json()["error"], answer.text

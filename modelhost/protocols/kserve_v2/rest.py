@@ -38,6 +38,15 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         headers = [(b"content-type", b"application/octet-stream"), (_HEADER_LENGTH, str(json_length).encode())]
         return HttpResponse(200, parts, headers)
 
+    async def update_rows(request: HttpRequest) -> HttpResponse:
+        # The body is a V2 inference request (JSON, or with the binary extension): inputs ids and vectors.
+        header_length = _header_length(request.headers.get(_HEADER_LENGTH))
+        model, version = request.params["model"], request.params.get("version", "")
+        update = decode_infer_request(request.body, header_length or None, model, version, dataplane.limits)
+        served_version, rows, added = await dataplane.update_rows(update)
+        return json_response({"model_name": model, "model_version": served_version, "rows": rows,
+                              "new_rows": added})
+
     def admit(params: dict[str, str]) -> None:
         dataplane.admit(params["model"], params.get("version", ""))
 
@@ -84,6 +93,7 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
 
     return [
         Route("POST", _MODEL + "/infer", infer, Api.INFERENCE, admit),
+        Route("POST", _MODEL + "/embeddings/update", update_rows, Api.MODEL_REPOSITORY),
         Route("GET", "/v2/health/live", live, Api.HEALTH),
         Route("GET", "/v2/health/ready", ready, Api.HEALTH),
         Route("GET", "/v2", server_metadata, Api.METADATA),
