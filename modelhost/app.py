@@ -93,7 +93,8 @@ class Server:
         # What clients may make this process log, and see: errors name files relative to these directories.
         client_log.configure(settings.client_log_lines_per_second)
         compute_threads.configure(settings.compute_priority)
-        configure_store(StoreSettings(settings.embedding_cache_bytes, settings.embedding_io_threads))
+        configure_store(StoreSettings(settings.embedding_cache_bytes, settings.embedding_io_threads,
+                                      settings.embedding_cache_policy))
         # A young-generation collection every 10,000 net container allocations, not Python's 700: a 500-row JSON
         # request holds a list per row while it decodes, which at 700 triggered a collection in every request
         # (0.2 ms each); what requests allocate is freed by refcounting when they end, so few collections remain.

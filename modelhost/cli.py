@@ -123,6 +123,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         f"together, e.g. 256MiB, 8GiB (default {d.embedding_cache_bytes // 1024**3}GiB)")
     add("--embedding-io-threads", type=int,
         help=f"threads reading embedding rows from disk at once (default {d.embedding_io_threads})")
+    add("--embedding-cache-policy", choices=("tinylfu", "clock"),
+        help=f"how the embedding cache picks rows to keep (default {d.embedding_cache_policy})")
     add("--max-archive-members", type=int,
         help=f"the most entries one model archive may hold (default {d.max_archive_members})")
     add("--s3-endpoint-url", help="S3 endpoint for s3:// repositories (default: AWS; boto3 also reads "

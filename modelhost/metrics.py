@@ -18,6 +18,7 @@ from modelhost.core.in_flight import InFlight
 from modelhost.core.model_cache import ModelCache
 from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram, ModelStatistics
+from modelhost.embeddings.store import EmbeddingStore, shared_store
 
 _LABELS = ("model", "version")
 
@@ -107,6 +108,57 @@ class CacheCollector:
             yield GaugeMetricFamily(name, documentation, value=value)
 
 
+class EmbeddingCollector:
+    """The embedding store's tables, labelled by table (the name of the model that opened it)."""
+
+    def __init__(self, store: Callable[[], EmbeddingStore]) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        tables = self._store().tables()
+        counters = {name: CounterMetricFamily(name, documentation, labels=["table"]) for name, documentation in (
+            ("modelhost_embedding_ids", "Ids looked up (each id of each request)"),
+            ("modelhost_embedding_missing_ids", "Distinct ids of a request the table does not hold (default vector)"),
+            ("modelhost_embedding_cache_hits", "Distinct rows of a request found in the RAM cache"),
+            ("modelhost_embedding_cache_misses", "Distinct rows of a request read from disk or the delta log"),
+            ("modelhost_embedding_cache_evictions", "Rows the cache dropped to take others"),
+            ("modelhost_embedding_disk_reads", "Reads of rows.bin (adjacent blocks are one read)"),
+            ("modelhost_embedding_disk_bytes", "Bytes read from rows.bin"),
+            ("modelhost_embedding_log_reads", "Rows read from the delta log (updated since the version)"),
+            ("modelhost_embedding_updated_rows", "Rows added or replaced while serving"),
+        )}
+        gauges = {name: GaugeMetricFamily(name, documentation, labels=["table"]) for name, documentation in (
+            ("modelhost_embedding_cache_hit_ratio", "Cache hits over hits and misses since the table opened"),
+            ("modelhost_embedding_cached_bytes", "Bytes of the table's rows in the RAM cache"),
+            ("modelhost_embedding_rows", "Rows the table holds"),
+        )}
+        latency = HistogramMetricFamily("modelhost_embedding_disk_read_seconds",
+                                        "Time one lookup's disk reads took together", labels=["table"])
+        for table in tables:
+            label = [table.name]
+            pool, counts = table.pool, table.counts
+            cache = pool.counts.get(table.table_id) if pool is not None else None
+            hits, misses = (cache.hits, cache.misses) if cache is not None else (0, counts.ids)
+            for name, value in (
+                ("modelhost_embedding_ids", counts.ids), ("modelhost_embedding_missing_ids", counts.missing_ids),
+                ("modelhost_embedding_cache_hits", hits), ("modelhost_embedding_cache_misses", misses),
+                ("modelhost_embedding_cache_evictions", cache.evictions if cache is not None else 0),
+                ("modelhost_embedding_disk_reads", table.disk.reads),
+                ("modelhost_embedding_disk_bytes", table.disk.bytes_read),
+                ("modelhost_embedding_log_reads", counts.log_reads),
+                ("modelhost_embedding_updated_rows", counts.updated_rows),
+            ):
+                counters[name].add_metric(label, value)
+            cached = pool.cached_rows(table.table_id) * pool.row_bytes if pool is not None else 0
+            gauges["modelhost_embedding_cache_hit_ratio"].add_metric(label, hits / (hits + misses) if hits else 0.0)
+            gauges["modelhost_embedding_cached_bytes"].add_metric(label, cached)
+            gauges["modelhost_embedding_rows"].add_metric(label, table.rows)
+            latency.add_metric(label, _cumulative(table.disk.latency), table.disk.latency.total)
+        yield from counters.values()
+        yield from gauges.values()
+        yield latency
+
+
 def _single_histogram(name: str, documentation: str, histogram: Histogram) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, documentation)
     family.add_metric([], _cumulative(histogram), histogram.total)
@@ -144,6 +196,7 @@ class MetricsExporter:
     ) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(ModelCollector(models, in_flight))
+        self._registry.register(EmbeddingCollector(shared_store))
         if cache is not None:
             self._registry.register(CacheCollector(cache))
 

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import Executor
 from pathlib import Path
 
 import numpy as np
 
+from modelhost.core.statistics import Histogram
 from modelhost.embeddings.table_files import BLOCK, TableMeta
 
 MAX_RUN_BLOCKS = 32  # adjacent blocks read at once, at most (128 KiB)
 _READS_PER_THREAD = 8  # a batch of fewer reads than this per thread stays on the calling thread
+READ_SECONDS_BOUNDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 class DiskRows:
@@ -41,6 +44,7 @@ class DiskRows:
             os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_RANDOM)
         self.reads = 0  # read calls made, for the metrics
         self.bytes_read = 0
+        self.latency = Histogram(READ_SECONDS_BOUNDS)  # seconds each batch's reads took together
 
     def read(self, rows: np.ndarray) -> np.ndarray:
         """The rows (row numbers, ascending, unique) as uint8 [n, row_bytes]."""
@@ -75,17 +79,19 @@ class DiskRows:
             for piece in range(start, end, MAX_RUN_BLOCKS):
                 runs.append((piece, int(blocks[piece]), min(MAX_RUN_BLOCKS, end - piece)))
         data = _buffer(len(blocks) * BLOCK)
-        self.reads += len(runs)
-        self.bytes_read += len(blocks) * BLOCK
+        started = time.monotonic()
         threads = min(self._threads, len(runs) // _READS_PER_THREAD)
         if threads <= 1 or self._executor is None:
             self._read_runs(runs, data)
-            return data
-        share = -(-len(runs) // threads)
-        futures = [self._executor.submit(self._read_runs, runs[i:i + share], data)
-                   for i in range(0, len(runs), share)]
-        for future in futures:
-            future.result()
+        else:
+            share = -(-len(runs) // threads)
+            futures = [self._executor.submit(self._read_runs, runs[i:i + share], data)
+                       for i in range(0, len(runs), share)]
+            for future in futures:
+                future.result()
+        self.latency.observe(time.monotonic() - started)
+        self.reads += len(runs)
+        self.bytes_read += len(blocks) * BLOCK
         return data
 
     def _read_runs(self, runs: list[tuple[int, int, int]], data: np.ndarray) -> None:

@@ -101,6 +101,11 @@ class EmbeddingTable:
     def direct_io(self) -> bool:
         return self._disk.direct
 
+    @property
+    def disk(self) -> DiskRows:
+        """The version's rows.bin reader (its reads, bytes and latency, for the metrics)."""
+        return self._disk
+
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """float32 [*ids.shape, dim]: each id's vector, the default vector for an id the table does not hold.
         Raises TableClosed once the table is closing (a newer version replaced it)."""

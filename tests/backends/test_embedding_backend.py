@@ -175,3 +175,19 @@ def test_bad_updates_get_a_clear_error(tables: tuple[ServerProcess, dict[str, np
                                        ids: np.ndarray, vectors: np.ndarray, status: int, message: str) -> None:
     answer = update(tables[0], model, ids.astype(np.int64), vectors)
     assert answer.status_code == status and message in answer.json()["error"], answer.text
+
+
+def test_each_table_has_its_metrics(tables: tuple[ServerProcess, dict[str, np.ndarray]]) -> None:
+    server, data = tables
+    asked = data["ids"][:FIELDS][None]
+    infer(server, "items", {"feat_ids": asked})
+    infer(server, "items", {"feat_ids": asked})  # all from the cache now
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("modelhost_embedding_") and 'table="items"' in line}
+    assert values['modelhost_embedding_cache_hits_total{table="items"}'] >= FIELDS
+    assert values['modelhost_embedding_disk_reads_total{table="items"}'] > 0
+    assert values['modelhost_embedding_rows{table="items"}'] >= ROWS
+    assert 0 < values['modelhost_embedding_cache_hit_ratio{table="items"}'] < 1
+    assert 0 < values['modelhost_embedding_cached_bytes{table="items"}'] <= 256 * 1024
+    assert values['modelhost_embedding_disk_read_seconds_count{table="items"}'] > 0
