@@ -32,7 +32,8 @@ from modelhost.core.repository_poll import RepositoryPoller
 from modelhost.core.spare_cores import FILE_NAME as SPARE_CORES_FILE
 from modelhost.core.spare_cores import SpareCores
 from modelhost.core.worker_statistics import WorkerStatistics
-from modelhost.embeddings.store import StoreSettings, configure_store
+from modelhost.embeddings.store import StoreSettings, configure_store, shared_store
+from modelhost.embeddings.watcher import TableWatcher
 from modelhost.errors import ModelhostError, hide_paths_under
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols import openapi
@@ -93,8 +94,10 @@ class Server:
         # What clients may make this process log, and see: errors name files relative to these directories.
         client_log.configure(settings.client_log_lines_per_second)
         compute_threads.configure(settings.compute_priority)
+        # Each process of --workers holds its own state of a table: only a lone process takes updates.
         configure_store(StoreSettings(settings.embedding_cache_bytes, settings.embedding_io_threads,
-                                      settings.embedding_cache_policy))
+                                      settings.embedding_cache_policy, updates=settings.workers == 1))
+        self.table_watcher = TableWatcher(shared_store(), settings.embedding_poll_seconds)
         # A young-generation collection every 10,000 net container allocations, not Python's 700: a 500-row JSON
         # request holds a list per row while it decodes, which at 700 triggered a collection in every request
         # (0.2 ms each); what requests allocate is freed by refcounting when they end, so few collections remain.
@@ -334,6 +337,8 @@ class Server:
             await front_end.start()
         if self.poller is not None:
             self.poller.start()
+        if self.settings.embedding_poll_seconds > 0:
+            self.table_watcher.start()
         if self.model_config_poller is not None and self.model_list is not None:
             apply = (self.poller or RepositoryPoller(self.manager, self.model_list, 1.0)).poll
             self.model_config_poller.start(self.model_list, apply)
@@ -357,6 +362,7 @@ class Server:
             self._loading.cancel()
         if self.poller is not None:
             await self.poller.stop()
+        await asyncio.to_thread(self.table_watcher.stop)
         if self.model_config_poller is not None:
             await self.model_config_poller.stop()
         for server in self.grpc_servers:  # (stopping since the signal, unless startup failed before it)

@@ -123,6 +123,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         f"together, e.g. 256MiB, 8GiB (default {d.embedding_cache_bytes // 1024**3}GiB)")
     add("--embedding-io-threads", type=int,
         help=f"threads reading embedding rows from disk at once (default {d.embedding_io_threads})")
+    add("--embedding-poll-seconds", type=float, help="how often served embedding tables are checked for a new "
+        f"version and for delta files (default {d.embedding_poll_seconds:g}; 0: never)")
     add("--embedding-cache-policy", choices=("tinylfu", "clock"),
         help=f"how the embedding cache picks rows to keep (default {d.embedding_cache_policy})")
     add("--max-archive-members", type=int,

@@ -96,6 +96,8 @@ class ServerSettings:
     time; each waits with the GIL released).
     embedding_cache_policy: `tinylfu` (CLOCK replacement with a frequency filter on admission: 9 % fewer disk
     reads than CLOCK alone under Zipf 1.0 traffic, benchmarks/embedding_cache_policy.py) or `clock`.
+    embedding_poll_seconds: how often served tables are checked for a new current version and for delta files
+    in their `deltas/` directory (2 s); 0: never.
     max_archive_members: the most entries (files, directories, links) one model archive may hold (10,000: a
     model with its code and variable shards has tens to hundreds; each entry costs a file and inode to unpack).
     invocation_timeout_seconds: how long one SageMaker invocation may take.
@@ -189,6 +191,7 @@ class ServerSettings:
     embedding_cache_bytes: int = GIB
     embedding_io_threads: int = 16
     embedding_cache_policy: str = "tinylfu"
+    embedding_poll_seconds: float = 2.0
     s3_endpoint_url: str | None = None
     invocation_timeout_seconds: float = 60.0
     handler_threads: int = 0
@@ -288,6 +291,9 @@ def check_settings(settings: ServerSettings) -> None:
                             f"got {settings.unpacked_cache_bytes}")
     if settings.handler_threads < 0:
         raise SettingsError(f"--handler-threads must be 0 (automatic) or more, got {settings.handler_threads}")
+    if settings.embedding_poll_seconds < 0:
+        raise SettingsError("--embedding-poll-seconds must be 0 (never) or more, "
+                            f"got {settings.embedding_poll_seconds}")
     if settings.embedding_cache_policy not in ("tinylfu", "clock"):
         raise SettingsError(f"--embedding-cache-policy must be tinylfu or clock, got "
                             f"'{settings.embedding_cache_policy}'")

@@ -17,6 +17,7 @@ import numpy as np
 
 from modelhost.embeddings.row_cache import SlotPool
 from modelhost.embeddings.table import EmbeddingTable, TableClosed
+from modelhost.errors import ErrorKind, ModelhostError
 
 DEFAULT_CACHE_BYTES = 1 << 30
 DEFAULT_IO_THREADS = 16
@@ -28,6 +29,7 @@ class StoreSettings:
     io_threads: int = DEFAULT_IO_THREADS  # --embedding-io-threads
     policy: str = "tinylfu"
     direct_io: bool = True
+    updates: bool = True  # False where several processes serve the same tables (--workers): each has its own state
 
 
 class EmbeddingStore:
@@ -138,6 +140,9 @@ class TableHandle:
 
     def update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
         """The served version's `update` (a RowUpdates: what the data plane's update calls reach)."""
+        if not self._store.settings.updates:
+            raise ModelhostError(ErrorKind.UNSUPPORTED, "embedding updates need a server of one process (--workers "
+                                 "1): each process of several holds its own state of the table")
         while True:
             try:
                 return self.table.update(ids, vectors)

@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from modelhost.embeddings.table_files import write_version
-from tests.server import ServerProcess
+from tests.server import ServerProcess, wait_for
 
 DIM, ROWS, FIELDS = 16, 5000, 39
 ITEMS = f"""
@@ -141,7 +141,7 @@ def test_rows_are_updated_while_serving_and_kept_across_a_restart(tmp_path: Path
     ids = np.arange(1000, dtype=np.int64) * 31
     write_version(tmp_path / "items" / "1" / "table", ids, np.zeros((1000, DIM), np.float32), "float32")
     asked = np.stack([np.concatenate([ids[:FIELDS - 1], [77]])])  # 77: not in the table yet
-    server = ServerProcess(tmp_path)
+    server = ServerProcess(tmp_path, "--embedding-poll-seconds", "0.2")
     try:
         server.wait_ready()
         infer(server, "items", {"feat_ids": asked})  # cached now
@@ -153,13 +153,19 @@ def test_rows_are_updated_while_serving_and_kept_across_a_restart(tmp_path: Path
         assert answer.status_code == 200, answer.text
         got = infer(server, "items", {"feat_ids": asked})["embeddings"][0]
         assert (got[0] == 3.0).all() and (got[1] == 4.0).all() and (got[-1] == 3.0).all() and (got[2] == 0).all()
+        deltas = tmp_path / "items" / "1" / "table" / "deltas"
+        deltas.mkdir()
+        np.savez(deltas / "first.npz", ids=ids[2:3], vectors=np.full((1, DIM), 5.0, np.float32))
+        wait_for(lambda: (infer(server, "items", {"feat_ids": asked})["embeddings"][0][2] == 5.0).all(), 30,
+                 "the delta file applied")
+        assert not (deltas / "first.npz").exists()
     finally:
         server.stop()
     again = ServerProcess(tmp_path)
     try:
         again.wait_ready()
         got = infer(again, "items", {"feat_ids": asked})["embeddings"][0]
-        assert (got[0] == 3.0).all() and (got[1] == 4.0).all() and (got[-1] == 3.0).all()
+        assert (got[0] == 3.0).all() and (got[1] == 4.0).all() and (got[-1] == 3.0).all() and (got[2] == 5.0).all()
     finally:
         again.stop()
 
