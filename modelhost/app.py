@@ -243,7 +243,7 @@ class Server:
         credentials = self.tls.grpc_credentials() if self.tls is not None and "grpc" not in s.tls_off else None
         reload = None if self.model_config_poller is None else self.model_config_poller.reload
         services = [kserve_v2_grpc.service(self.dataplane, self.control),
-                    *tfserving_grpc.services(self.tfserving, reload)]
+                    kserve_v2_grpc.embedding_service(self.dataplane), *tfserving_grpc.services(self.tfserving, reload)]
         return GrpcServer(services, s.host, s.grpc_port, options, self.in_flight, self.grpc_access, credentials)
 
     def _torchserve_grpc_servers(self) -> list[GrpcServer]:

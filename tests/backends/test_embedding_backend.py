@@ -197,3 +197,30 @@ def test_each_table_has_its_metrics(tables: tuple[ServerProcess, dict[str, np.nd
     assert 0 < values['modelhost_embedding_cache_hit_ratio{table="items"}'] < 1
     assert 0 < values['modelhost_embedding_cached_bytes{table="items"}'] <= 256 * 1024
     assert values['modelhost_embedding_disk_read_seconds_count{table="items"}'] > 0
+
+
+def test_rows_are_updated_over_grpc(tables: tuple[ServerProcess, dict[str, np.ndarray]]) -> None:
+    import grpc
+
+    from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
+
+    server, data = tables
+    ids = np.array([999_999_937, 999_999_941], dtype=np.int64)  # new ids: the module's reference rows stay
+    vectors = np.full((2, DIM), 9.0, np.float32)
+    request = pb.ModelInferRequest(model_name="items", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="ids", datatype="INT64", shape=[2]),
+        pb.ModelInferRequest.InferInputTensor(name="vectors", datatype="FP32", shape=[2, DIM])],
+        raw_input_contents=[ids.tobytes(), vectors.tobytes()])
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.unary_unary("/modelhost.EmbeddingService/Update",
+                                   request_serializer=pb.ModelInferRequest.SerializeToString,
+                                   response_deserializer=pb.EmbeddingUpdateResponse.FromString)
+        answer = call(request, timeout=30)
+        assert (answer.model_name, answer.model_version, answer.rows, answer.new_rows) == ("items", "1", 2, 2)
+        request.inputs[1].shape[:] = [1, DIM * 2]
+        with pytest.raises(grpc.RpcError) as caught:
+            call(request, timeout=30)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    asked = np.concatenate([ids, data["ids"][: FIELDS - 2]])[None]
+    got = infer(server, "items", {"feat_ids": asked})["embeddings"][0]
+    assert (got[:2] == 9.0).all()

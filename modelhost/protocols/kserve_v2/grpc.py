@@ -26,6 +26,7 @@ from modelhost.protocols.kserve_v2.grpc_codec import (
 )
 
 SERVICE_NAME = "inference.GRPCInferenceService"
+EMBEDDING_SERVICE_NAME = "modelhost.EmbeddingService"
 
 
 def service(dataplane: DataPlane, control: Control) -> Service:
@@ -89,3 +90,15 @@ def _stream_error(request: pb.ModelInferRequest, error: ModelhostError) -> pb.Mo
     # The id tells the client which of its requests failed (tritonclient reads only error_message).
     answer = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
     return pb.ModelStreamInferResponse(error_message=error.message, infer_response=answer)
+
+
+def embedding_service(dataplane: DataPlane) -> Service:
+    """`/modelhost.EmbeddingService/Update`: rows of an embedding model's table, as the HTTP route takes them
+    (a ModelInferRequest with inputs ids and vectors), durable when answered."""
+
+    async def update(request: pb.ModelInferRequest) -> pb.EmbeddingUpdateResponse:
+        version, rows, added = await dataplane.update_rows(decode_infer_request(request, dataplane.limits))
+        return pb.EmbeddingUpdateResponse(model_name=request.model_name, model_version=version, rows=rows,
+                                          new_rows=added)
+
+    return Service(EMBEDDING_SERVICE_NAME, [Unary("Update", pb.ModelInferRequest, update, Api.MODEL_REPOSITORY)])

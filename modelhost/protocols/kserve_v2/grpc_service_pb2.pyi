@@ -430,3 +430,15 @@ class RepositoryModelUnloadRequest(_message.Message):
 class RepositoryModelUnloadResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class EmbeddingUpdateResponse(_message.Message):
+    __slots__ = ("model_name", "model_version", "rows", "new_rows")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    NEW_ROWS_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    model_version: str
+    rows: int
+    new_rows: int
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., rows: _Optional[int] = ..., new_rows: _Optional[int] = ...) -> None: ...
