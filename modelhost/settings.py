@@ -91,7 +91,7 @@ class ServerSettings:
     unpacked_cache_bytes: model files a multi-model endpoint keeps on disk once their models leave memory, so that
     reloading an unchanged archive skips its download and unpacking; 0: a quarter of the disk space free where
     the server's work directory is, at start.
-    embedding_cache_bytes: RAM for the embedding tables' cached rows, all tables together (1 GiB).
+    embedding_cache_bytes: RAM for the embedding tables' cached rows, all tables together (1 GiB); 0: none.
     embedding_io_threads: threads reading embedding rows from disk at once (16: an SSD answers many reads at a
     time; each waits with the GIL released).
     embedding_cache_policy: `tinylfu` (CLOCK replacement with a frequency filter on admission: 9 % fewer disk
@@ -281,7 +281,7 @@ def check_settings(settings: ServerSettings) -> None:
         if not 0 <= port <= 65535:
             raise SettingsError(f"--{name.replace('_', '-')} must be a port 0-65535, got {port}")
     for name in ("model_cache_bytes", "max_unpacked_bytes", "max_archive_members", "invocation_timeout_seconds",
-                 "embedding_cache_bytes", "embedding_io_threads",
+                 "embedding_io_threads",
                  "http_max_body_bytes", "grpc_max_message_bytes", "grpc_keepalive_time_seconds",
                  "grpc_keepalive_timeout_seconds"):
         if getattr(settings, name) <= 0:
@@ -291,6 +291,9 @@ def check_settings(settings: ServerSettings) -> None:
                             f"got {settings.unpacked_cache_bytes}")
     if settings.handler_threads < 0:
         raise SettingsError(f"--handler-threads must be 0 (automatic) or more, got {settings.handler_threads}")
+    if settings.embedding_cache_bytes < 0:
+        raise SettingsError("--embedding-cache-bytes must be 0 (no cache) or more, "
+                            f"got {settings.embedding_cache_bytes}")
     if settings.embedding_poll_seconds < 0:
         raise SettingsError("--embedding-poll-seconds must be 0 (never) or more, "
                             f"got {settings.embedding_poll_seconds}")

@@ -8,7 +8,9 @@ size closes; a re-split empties the pools whose capacity changed. One size, the 
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,10 @@ from modelhost.embeddings.row_cache import SlotPool
 from modelhost.embeddings.table import EmbeddingTable, TableClosed
 from modelhost.errors import ErrorKind, ModelhostError
 
+log = logging.getLogger("modelhost.embeddings")
+
 DEFAULT_CACHE_BYTES = 1 << 30
+HOT_IDS = "hot_ids.npy"  # a table's ids, hottest first: its cache is filled from them when it opens
 DEFAULT_IO_THREADS = 16
 
 
@@ -48,11 +53,12 @@ class EmbeddingStore:
             held = self._tables.get(key)
             if held is not None:
                 self._tables[key] = (held[0], held[1] + 1)
-            else:
-                table = EmbeddingTable(name, key, self._next_id, self._executor, self.settings.direct_io)
-                self._next_id += 1
-                self._tables[key] = (table, 1)
-                self._split()
+                return TableHandle(self, key)
+            table = EmbeddingTable(name, key, self._next_id, self._executor, self.settings.direct_io)
+            self._next_id += 1
+            self._tables[key] = (table, 1)
+            self._split()
+        _warm(table)  # outside the lock: the store's other tables and its metrics are not held up
         return TableHandle(self, key)
 
     def current(self, key: Path) -> EmbeddingTable:
@@ -114,6 +120,25 @@ class EmbeddingStore:
                 if table.pool is not pool:
                     table.use_pool(pool)
         self._pools = pools
+
+
+def _warm(table: EmbeddingTable) -> None:
+    """Fill a newly opened table's cache from its hot-id list (`<table>/hot_ids.npy`, hottest first), if it has
+    one, so that its first requests find their rows in RAM."""
+    path = table.path / HOT_IDS
+    if not path.is_file():
+        return
+    started = time.monotonic()
+    try:
+        ids = np.load(path, mmap_mode="r", allow_pickle=False)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"it must hold integer ids [n], holds {ids.dtype} {list(ids.shape)}")
+        cached = table.warm(np.asarray(ids, dtype=np.int64))
+    except (OSError, ValueError) as exc:
+        log.warning("embedding table '%s': %s not used: %s", table.name, HOT_IDS, exc)
+        return
+    log.info("embedding table '%s': %d rows cached from %s in %.1f s", table.name, cached, HOT_IDS,
+             time.monotonic() - started)
 
 
 class TableHandle:

@@ -124,6 +124,18 @@ class EmbeddingTable:
         finally:
             self._leave()
 
+    def warm(self, ids: np.ndarray, chunk: int = 65_536) -> int:
+        """Fill the cache with the rows of `ids` (hottest first) until it is full; returns the rows cached."""
+        pool = self._pool
+        if pool is None or not pool.capacity:
+            return 0
+        start = 0
+        # Chunks no larger than the room left: a lookup caches its rows in row order, not in the list's.
+        while start < len(ids) and (room := pool.capacity - pool.cached_rows(self.table_id)) > 0:
+            self.lookup(ids[start:start + min(chunk, room)])
+            start += min(chunk, room)
+        return pool.cached_rows(self.table_id)
+
     def _enter(self) -> None:
         with self._idle:
             if self._closing:

@@ -67,3 +67,15 @@ def test_a_new_version_is_swapped_in_under_lookups(tmp_path: Path) -> None:
     np.testing.assert_array_equal(swapped.lookup(ids[:3]), np.ones((3, DIM)))
     assert set(seen) <= {0.0, 1.0}
     store.close()
+
+
+def test_a_hot_id_list_fills_the_cache_when_the_table_opens(tmp_path: Path) -> None:
+    ids = np.arange(1000) * 3
+    write_version(tmp_path / "t", ids, np.ones((1000, DIM), dtype=np.float32), "float32")
+    np.save(tmp_path / "t" / "hot_ids.npy", ids[::-1])  # hottest first: the last ids
+    store = EmbeddingStore(StoreSettings(cache_bytes=100 * DIM * 4, io_threads=2))
+    table = store.open(tmp_path / "t", "t").table
+    assert table.pool is not None and table.pool.cached_rows(table.table_id) == 100
+    missed = table.pool.get(table.table_id, np.array([999, 900, 0]), np.empty((3, DIM * 4), dtype=np.uint8))
+    assert missed.tolist() == [False, False, True]  # the hottest rows are in, the coldest not
+    store.close()
