@@ -71,13 +71,7 @@ class DiskRows:
     def _read_blocks(self, blocks: np.ndarray) -> np.ndarray:
         """Read `blocks` (ascending, unique) into the calling thread's buffer, one after another: uint8, valid until
         this thread's next read."""
-        breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
-        run_starts = np.concatenate(([0], breaks)).tolist()
-        run_ends = np.concatenate((breaks, [len(blocks)])).tolist()
-        runs: list[tuple[int, int, int]] = []  # (place in the buffer, first block, blocks)
-        for start, end in zip(run_starts, run_ends, strict=True):
-            for piece in range(start, end, MAX_RUN_BLOCKS):
-                runs.append((piece, int(blocks[piece]), min(MAX_RUN_BLOCKS, end - piece)))
+        runs = _runs(blocks)
         data = _buffer(len(blocks) * BLOCK)
         started = time.monotonic()
         threads = min(self._threads, len(runs) // _READS_PER_THREAD)
@@ -103,6 +97,16 @@ class DiskRows:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _runs(blocks: np.ndarray) -> list[tuple[int, int, int]]:
+    """(place in the buffer, first block, blocks) of each read: adjacent blocks together, MAX_RUN_BLOCKS at most."""
+    places = np.arange(len(blocks))
+    adjacent = np.concatenate(([False], np.diff(blocks) == 1))
+    segment_start = np.maximum.accumulate(np.where(adjacent, 0, places))
+    starts = np.flatnonzero(~adjacent | ((places - segment_start) % MAX_RUN_BLOCKS == 0))
+    counts = np.diff(np.append(starts, len(blocks)))
+    return list(zip(starts.tolist(), blocks[starts].tolist(), counts.tolist(), strict=True))
 
 
 _local = threading.local()
