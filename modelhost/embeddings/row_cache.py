@@ -93,7 +93,7 @@ class SlotPool:
         missed: np.ndarray = ~hit
         return missed
 
-    def admit(self, table: int, rows: np.ndarray, data: np.ndarray, unless_changed: set[int] | None = None) -> None:
+    def admit(self, table: int, rows: np.ndarray, data: np.ndarray, unless_changed: np.ndarray | None = None) -> None:
         """Offer rows read from disk (unique row numbers, their data [n, row_bytes]). Rows cached meanwhile (by a
         concurrent lookup) are skipped, as are those in `unless_changed` (updated since they were read)."""
         if not len(rows) or not self.capacity:
@@ -103,8 +103,8 @@ class SlotPool:
             if slot_map is None:  # the table was replaced while its rows were read
                 return
             fresh = slot_map[rows] < 0
-            if unless_changed:
-                fresh &= ~np.isin(rows, np.fromiter(unless_changed, dtype=np.int64, count=len(unless_changed)))
+            if unless_changed is not None and len(unless_changed):
+                fresh &= ~np.isin(rows, unless_changed)
             rows, data = rows[fresh], data[fresh]
             if len(rows) > self.capacity:
                 rows, data = rows[: self.capacity], data[: self.capacity]

@@ -61,7 +61,7 @@ class EmbeddingTable:
         self._disk = DiskRows(self.version / ROWS, self.meta, executor, direct_io)
         self._log = DeltaLog(self.version / DELTA, self._codec.row_bytes)
         self._added: dict[int, int] = {}  # id not in the version -> its row (from len(ids) on)
-        self._record: dict[int, tuple[int, int]] = {}  # row -> (its latest log record, the update's generation)
+        self._records = _RowRecords()  # each updated row's latest log record
         self._generation = 0
         self._update_lock = threading.Lock()
         # Held while updated rows are published and while a lookup caches what it read: an update between a
@@ -70,8 +70,7 @@ class EmbeddingTable:
         self._in_flight = 0
         self._closing = False
         self._idle = threading.Condition()
-        for number, feature_id in enumerate(self._log.replayed_ids.tolist()):
-            self._record[self._row_for(feature_id)] = (number, 0)
+        self._replay(self._log.replayed_ids)
         if pool is not None:
             self.use_pool(pool)
 
@@ -174,10 +173,9 @@ class EmbeddingTable:
         """Fill `data` for the rows the cache did not have: updated ones from the log, the rest from rows.bin."""
         places = np.flatnonzero(missed)
         rows = wanted[places]
-        records = self._records_of(rows) if self._record else None
-        from_log = records >= 0 if records is not None else np.zeros(len(rows), dtype=bool)
+        records = self._records.of(rows)
+        from_log = records >= 0
         if from_log.any():
-            assert records is not None
             data[places[from_log]] = self._log.read(records[from_log])
             self.counts.log_reads += int(from_log.sum())
         from_disk = ~from_log
@@ -185,7 +183,7 @@ class EmbeddingTable:
         if pool is None:
             return
         with self._publish_lock:  # an update between the read and now must not be undone by caching the old row
-            changed = self._changed_since(rows, generation) if self._generation != generation else None
+            changed = self._records.changed_since(rows, generation) if self._generation != generation else None
             pool.admit(self.table_id, rows, data[places], changed)
 
     def _update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
@@ -200,14 +198,12 @@ class EmbeddingTable:
             rows = self._rows_of(unique)
             new = rows < 0
             rows[new] = self.rows + np.arange(int(new.sum()))
-            records = np.arange(first, first + len(unique)).tolist()
+            records = np.arange(first, first + len(unique))
             for start in range(0, len(rows), _PUBLISH_ROWS):  # lookups wait for one slice at most
                 end = start + _PUBLISH_ROWS
                 with self._publish_lock:
                     self._generation += 1
-                    stamp = self._generation
-                    self._record.update(zip(rows[start:end].tolist(), ((r, stamp) for r in records[start:end]),
-                                            strict=True))
+                    self._records.set(rows[start:end], records[start:end], self._generation)
                     # A new id is found by lookups only once its record is in.
                     self._added.update((int(unique[i]), int(rows[i])) for i in np.flatnonzero(new[start:end]) + start)
                     if self._pool is not None:
@@ -230,23 +226,16 @@ class EmbeddingTable:
                 rows[index] = self._added.get(int(unique[index]), -1)
         return rows
 
-    def _row_for(self, feature_id: int) -> int:
-        """The row of an id, a new one for an id the table does not hold yet."""
-        place = int(np.searchsorted(self._ids, feature_id))
-        if place < len(self._ids) and self._ids[place] == feature_id:
-            return place
-        row = self._added.get(feature_id)
-        if row is None:
-            row = self._added[feature_id] = len(self._ids) + len(self._added)
-        return row
-
-    def _records_of(self, rows: np.ndarray) -> np.ndarray:
-        record = self._record
-        return np.array([record.get(row, (-1, 0))[0] for row in rows.tolist()], dtype=np.int64)
-
-    def _changed_since(self, rows: np.ndarray, generation: int) -> set[int]:
-        record = self._record
-        return {row for row in rows.tolist() if record.get(row, (0, 0))[1] > generation}
+    def _replay(self, logged: np.ndarray) -> None:
+        """Point each row the log holds at its last record (the log's order is the updates' order)."""
+        if not len(logged):
+            return
+        unique, last_from_end = np.unique(logged[::-1], return_index=True)
+        rows = self._rows_of(unique)
+        new = np.flatnonzero(rows < 0)
+        rows[new] = len(self._ids) + np.arange(len(new))
+        self._added.update(zip(unique[new].tolist(), rows[new].tolist(), strict=True))
+        self._records.set(rows, len(logged) - 1 - last_from_end, 0)
 
     def close(self) -> None:
         """Free the table's cache share and files once its lookups in progress finish."""
@@ -257,3 +246,38 @@ class EmbeddingTable:
             self._pool.forget(self.table_id)
         self._disk.close()
         self._log.close()
+
+
+class _RowRecords:
+    """Row -> its latest delta log record (-1: none) and the generation of the update that wrote it, as arrays
+    grown with the table's rows (12 bytes a row once a row is updated, whatever the number of updates)."""
+
+    def __init__(self) -> None:
+        self._record = np.empty(0, dtype=np.int64)
+        self._stamp = np.empty(0, dtype=np.int64)
+
+    def of(self, rows: np.ndarray) -> np.ndarray:
+        record = self._record  # one array throughout: a grow replaces it whole
+        found = np.full(len(rows), -1, dtype=np.int64)
+        inside = rows < len(record)
+        found[inside] = record[rows[inside]]
+        return found
+
+    def changed_since(self, rows: np.ndarray, generation: int) -> np.ndarray:
+        stamp = self._stamp
+        inside = rows[rows < len(stamp)]
+        changed: np.ndarray = inside[stamp[inside] > generation]
+        return changed
+
+    def set(self, rows: np.ndarray, records: np.ndarray, generation: int) -> None:
+        """Under the table's publish lock."""
+        needed = int(rows.max()) + 1 if len(rows) else 0
+        if needed > len(self._record):
+            size = max(needed, 2 * len(self._record))
+            record = np.full(size, -1, dtype=np.int64)
+            stamp = np.zeros(size, dtype=np.int64)
+            record[: len(self._record)] = self._record
+            stamp[: len(self._stamp)] = self._stamp
+            self._stamp, self._record = stamp, record
+        self._stamp[rows] = generation
+        self._record[rows] = records
