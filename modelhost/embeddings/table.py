@@ -250,7 +250,7 @@ class EmbeddingTable:
 
 class _RowRecords:
     """Row -> its latest delta log record (-1: none) and the generation of the update that wrote it, as arrays
-    grown with the table's rows (12 bytes a row once a row is updated, whatever the number of updates)."""
+    grown with the table's rows (16 bytes a row once any is updated, whatever the number of updates)."""
 
     def __init__(self) -> None:
         self._record = np.empty(0, dtype=np.int64)
