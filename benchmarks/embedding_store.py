@@ -56,6 +56,7 @@ from tests.server import ServerProcess  # noqa: E402
 CANDIDATES, SHARED, ITEM_FIELDS = 500, 13, 26
 FIELDS = SHARED + ITEM_FIELDS
 HIDDEN = 200
+TABLE_FILE = "table.bin"
 TRAFFIC = {"zipf1.0": 1.0, "zipf1.2": 1.2, "uniform": None}
 
 
@@ -82,8 +83,13 @@ def dense_model(dim: int, gather_from: np.ndarray | None = None) -> onnx.ModelPr
              numpy_helper.from_array(np.array([2], np.int64), "axis2"),
              numpy_helper.from_array(np.array(0.5, np.float32), "half")]
     nodes = []
-    if gather_from is not None:
-        inits.append(numpy_helper.from_array(np.asarray(gather_from), "table"))
+    if gather_from is not None:  # the table as external data: a protobuf message holds 2 GB at most
+        table = TensorProto(name="table", data_type=TensorProto.FLOAT, dims=list(gather_from.shape),
+                            data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", TABLE_FILE), ("offset", "0"), ("length", str(gather_from.nbytes))):
+            entry = table.external_data.add()
+            entry.key, entry.value = key, value
+        inits.append(table)
         nodes.append(helper.make_node("Gather", ["table", "feat_ids"], ["emb_raw"]))
         inputs = [helper.make_tensor_value_info("feat_ids", TensorProto.INT64, ["B", FIELDS])]
     else:
@@ -138,9 +144,10 @@ def write_repositories(work: Path, ids: np.ndarray, vectors: np.ndarray, dim: in
         ' input_map { key: "feat_vals" value: "feat_vals" } output_map { key: "prob" value: "prob" } }\n}\n')
     in_ram = work / "ram_repository"
     (in_ram / "ranker" / "1").mkdir(parents=True)
-    model = dense_model(dim, gather_from=vectors)
-    onnx.save_model(model, str(in_ram / "ranker" / "1" / "model.onnx"), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="table.bin", size_threshold=1 << 20)
+    onnx.save_model(dense_model(dim, gather_from=vectors), str(in_ram / "ranker" / "1" / "model.onnx"))
+    with open(in_ram / "ranker" / "1" / TABLE_FILE, "wb") as out:
+        for start in range(0, len(vectors), 1_000_000):
+            out.write(np.ascontiguousarray(vectors[start:start + 1_000_000]).tobytes())
     (in_ram / "ranker" / "config.pbtxt").write_text(f'platform: "onnxruntime_onnx"\nmax_batch_size: {CANDIDATES}\n')
     return tiered, in_ram
 
