@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,7 @@ def v2_body(inputs: dict[str, np.ndarray]) -> tuple[bytes, int]:
 class Load:
     """`c` threads, each a keep-alive connection sending bodies in turn until told to stop; latencies per phase."""
 
-    def __init__(self, port: int, path: str, bodies: list[tuple[bytes, int]], concurrency: int) -> None:
+    def __init__(self, port: int, path: str, bodies: list[Any], concurrency: int) -> None:
         self._port, self._path, self._bodies = port, path, bodies
         self._next = 0
         self._lock = threading.Lock()
@@ -191,11 +192,17 @@ class Load:
         for thread in self._threads:
             thread.join()
 
+    @property
+    def sent(self) -> int:
+        return self._next
+
     def _body(self) -> tuple[bytes, int]:
         with self._lock:
+            if self._next >= len(self._bodies):
+                raise RuntimeError("out of distinct requests: raise --requests")
             body = self._bodies[self._next % len(self._bodies)]
             self._next += 1
-            return body
+        return body if isinstance(body, tuple) else body()
 
     def _run(self) -> None:
         connection = http.client.HTTPConnection("127.0.0.1", self._port, timeout=120)
@@ -240,7 +247,7 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def cell(server: ServerProcess, bodies: list[tuple[bytes, int]], concurrency: int, warmup: float,
+def cell(server: ServerProcess, bodies: list[Any], concurrency: int, warmup: float,
          duration: float, updates: list[tuple[bytes, int]] | None = None) -> dict[str, Any]:
     before: dict[str, float] = {}
     with Load(server.port, "/v2/models/ranker/infer", bodies, concurrency) as load:
@@ -263,10 +270,12 @@ def cell(server: ServerProcess, bodies: list[tuple[bytes, int]], concurrency: in
               - before.get("modelhost_embedding_cache_misses_total", 0))
     latencies = sorted(load.latencies)
     if not latencies:
-        return {"rps": 0.0, "p50": float("nan"), "p99": float("nan"), "hit": float("nan"), "failures": load.failures}
+        return {"rps": 0.0, "p50": float("nan"), "p99": float("nan"), "hit": float("nan"), "failures": load.failures,
+                "sent": load.sent}
     return {"rps": len(latencies) / elapsed, "p50": statistics.median(latencies) * 1000,
             "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-            "hit": hits / (hits + misses) if hits + misses else float("nan"), "failures": load.failures}
+            "hit": hits / (hits + misses) if hits + misses else float("nan"), "failures": load.failures,
+            "sent": load.sent}
 
 
 def _paced(port: int, updates: list[tuple[bytes, int]], duration: float) -> None:
@@ -308,7 +317,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--traffic", default="zipf1.0,zipf1.2,uniform")
-    parser.add_argument("--requests", type=int, default=1200, help="distinct request bodies per traffic")
+    parser.add_argument("--requests", type=int, default=8000,
+                        help="distinct requests per traffic (more than a configuration sends: none is sent twice)")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--skip-ram", action="store_true", help="leave out the all-in-RAM ONNX server")
     args = parser.parse_args()
@@ -326,11 +336,13 @@ def main() -> int:
     rows_by_traffic, bodies, ram_bodies = {}, {}, {}
     for name in traffics:
         popularity = Popularity(args.rows, TRAFFIC[name], seed=7)
-        rows = [request_ids(popularity) for _ in range(args.requests)]
+        rows = [request_ids(popularity).astype(np.int32) for _ in range(args.requests)]
         rows_by_traffic[name] = rows
-        bodies[name] = [v2_body({"feat_ids": ids[r], "feat_vals": values}) for r in rows]
+        # Bodies are made as they are sent (0.2 ms each), from rows drawn ahead: enough that none is sent twice.
+        bodies[name] = [partial(lambda r: v2_body({"feat_ids": ids[r], "feat_vals": values}), r) for r in rows]
         # The ONNX model gathers row numbers: its users map ids to rows (a vocabulary) before they call it.
-        ram_bodies[name] = [v2_body({"feat_ids": r.astype(np.int64), "feat_vals": values}) for r in rows]
+        ram_bodies[name] = [partial(lambda r: v2_body({"feat_ids": r.astype(np.int64), "feat_vals": values}), r)
+                            for r in rows]
     rng = np.random.default_rng(3)
     updates = [v2_body({"ids": ids[rng.choice(args.rows, 1000, replace=False)],
                         "vectors": rng.standard_normal((1000, args.dim)).astype(np.float32) * 0.05})
@@ -351,17 +363,20 @@ def main() -> int:
             server = ServerProcess(repository, *flags)
             try:
                 server.wait_ready(timeout=600)
+                used = 0  # requests this server has been sent: the next cell's are new to it
                 for c in concurrency:
                     sent = ram_bodies if repository == in_ram else bodies
-                    result = cell(server, sent[traffic], c, args.warmup, args.duration)
+                    result = cell(server, sent[traffic][used:], c, args.warmup, args.duration)
+                    used += result["sent"]
                     results.append((label, traffic, c, result, rss_mb(server.process.pid)))
                     print(f"{label:14} {traffic:8} c={c:<2} {result['rps']:7.1f} req/s  p50 {result['p50']:8.2f} ms"
                           f"  p99 {result['p99']:8.2f} ms  hit {result['hit']:.3f}  RSS "
                           f"{results[-1][4]:7.0f} MB  failures {result['failures']}", flush=True)
                 if label == "tiered" and traffic == traffics[0]:
                     c = concurrency[-1]
-                    with_updates = cell(server, bodies[traffic], c, 5, args.duration, updates)
-                    without = cell(server, bodies[traffic], c, 5, args.duration)
+                    with_updates = cell(server, bodies[traffic][used:], c, 5, args.duration, updates)
+                    used += with_updates["sent"]
+                    without = cell(server, bodies[traffic][used:], c, 5, args.duration)
                     print(f"{label:14} {traffic:8} c={c:<2} with 10,000 updated rows/s: p99 "
                           f"{with_updates['p99']:.2f} ms, without (same warm cache): {without['p99']:.2f} ms, "
                           f"ratio {with_updates['p99'] / without['p99']:.2f}", flush=True)

@@ -22,6 +22,7 @@ from modelhost.embeddings.table_files import BLOCK, TableMeta
 
 MAX_RUN_BLOCKS = 32  # adjacent blocks read at once, at most (128 KiB)
 _READS_PER_THREAD = 8  # a batch of fewer reads than this per thread stays on the calling thread
+KEEP_BUFFER_BYTES = 16 << 20  # a thread's read buffer kept between batches, at most
 READ_SECONDS_BOUNDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -120,5 +121,6 @@ def _buffer(size: int) -> np.ndarray:
         raw = np.empty(max(size, 1 << 20) + BLOCK, dtype=np.uint8)
         skip = -raw.ctypes.data % BLOCK
         buffer = raw[skip:skip + max(size, 1 << 20)]
-        _local.buffer = buffer
+        if size <= KEEP_BUFFER_BYTES:  # a larger one (a request of uniform ids, nearly all misses) is not kept
+            _local.buffer = buffer
     return buffer[:size]

@@ -58,8 +58,8 @@ class SlotPool:
         return self.capacity * self.row_bytes
 
     def register(self, table: int, rows: int) -> None:
-        with self.lock:
-            self._maps[table] = np.full(rows, -1, dtype=np.int32)
+        with self.lock:  # a pool of no slots needs no map (4 bytes a row)
+            self._maps[table] = np.full(rows if self.capacity else 0, -1, dtype=np.int32)
             self.counts[table] = CacheCounts()
 
     def forget(self, table: int) -> None:
@@ -79,6 +79,10 @@ class SlotPool:
     def get(self, table: int, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Copy the cached ones of `rows` (row numbers) into `out` [len(rows), row_bytes]; returns a mask of
         the rows that were not cached."""
+        if not self.capacity:
+            with self.lock:
+                self.counts[table].misses += len(rows)
+            return np.ones(len(rows), dtype=bool)
         with self.lock:
             slots = self._maps[table][rows]
             hit = slots >= 0
@@ -137,7 +141,7 @@ class SlotPool:
         """The table now has `rows` rows (new ids were added)."""
         with self.lock:
             slot_map = self._maps.get(table)
-            if slot_map is not None and rows > len(slot_map):
+            if slot_map is not None and self.capacity and rows > len(slot_map):
                 self._maps[table] = np.concatenate((slot_map, np.full(rows - len(slot_map), -1, dtype=np.int32)))
 
     def _free_slots(self, wanted: int) -> np.ndarray:
