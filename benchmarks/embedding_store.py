@@ -179,6 +179,7 @@ class Load:
         self._stop = threading.Event()
         self.latencies: list[float] = []
         self.measuring = False
+        self.cycle = False  # send requests again once all were sent (where no cache could remember them)
         self.failures = 0
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
 
@@ -198,7 +199,7 @@ class Load:
 
     def _body(self) -> tuple[bytes, int]:
         with self._lock:
-            if self._next >= len(self._bodies):
+            if self._next >= len(self._bodies) and not self.cycle:
                 raise RuntimeError("out of distinct requests: raise --requests")
             body = self._bodies[self._next % len(self._bodies)]
             self._next += 1
@@ -248,9 +249,11 @@ def rss_mb(pid: int) -> float:
 
 
 def cell(server: ServerProcess, bodies: list[Any], concurrency: int, warmup: float,
-         duration: float, updates: list[tuple[bytes, int]] | None = None) -> dict[str, Any]:
+         duration: float, updates: list[tuple[bytes, int]] | None = None, cycle: bool = False) -> dict[str, Any]:
     before: dict[str, float] = {}
-    with Load(server.port, "/v2/models/ranker/infer", bodies, concurrency) as load:
+    load = Load(server.port, "/v2/models/ranker/infer", bodies, concurrency)
+    load.cycle = cycle
+    with load:
         time.sleep(warmup)
         before = metrics(server)
         load.measuring = True
@@ -320,7 +323,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=8000,
                         help="distinct requests per traffic (more than a configuration sends: none is sent twice)")
     parser.add_argument("--work", type=Path, default=None)
-    parser.add_argument("--skip-ram", action="store_true", help="leave out the all-in-RAM ONNX server")
+    parser.add_argument("--configurations", default="tiered,no,in", help="of tiered,no (no cache),in (in RAM)")
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     traffics = args.traffic.split(",")
@@ -353,10 +356,11 @@ def main() -> int:
     del in_ram_vectors
     results: list[tuple[str, str, int, dict[str, Any], float]] = []
     cache_bytes = int(args.rows * args.dim * 4 * args.cache)
-    configurations = [("tiered", tiered, ["--embedding-cache-bytes", str(cache_bytes)]),
-                      ("no cache", tiered, ["--embedding-cache-bytes", "0"])]
-    if not args.skip_ram:
-        configurations.append(("in RAM (ONNX)", in_ram, []))
+    configurations = [(label, repository, flags) for label, repository, flags in (
+        ("tiered", tiered, ["--embedding-cache-bytes", str(cache_bytes)]),
+        ("no cache", tiered, ["--embedding-cache-bytes", "0"]),
+        ("in RAM (ONNX)", in_ram, []),
+    ) if label.split(" ")[0].lower() in args.configurations.split(",")]
     for label, repository, flags in configurations:
         for traffic in (traffics if label == "tiered" else traffics[:1]):
             drop_page_cache()
@@ -366,8 +370,9 @@ def main() -> int:
                 used = 0  # requests this server has been sent: the next cell's are new to it
                 for c in concurrency:
                     sent = ram_bodies if repository == in_ram else bodies
-                    result = cell(server, sent[traffic][used:], c, args.warmup, args.duration)
-                    used += result["sent"]
+                    result = cell(server, sent[traffic][used:], c, args.warmup, args.duration,
+                                  cycle=repository == in_ram)
+                    used = 0 if repository == in_ram else used + result["sent"]
                     results.append((label, traffic, c, result, rss_mb(server.process.pid)))
                     print(f"{label:14} {traffic:8} c={c:<2} {result['rps']:7.1f} req/s  p50 {result['p50']:8.2f} ms"
                           f"  p99 {result['p99']:8.2f} ms  hit {result['hit']:.3f}  RSS "
