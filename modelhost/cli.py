@@ -125,6 +125,9 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help=f"threads reading embedding rows from disk at once (default {d.embedding_io_threads})")
     add("--embedding-poll-seconds", type=float, help="how often served embedding tables are checked for a new "
         f"version and for delta files (default {d.embedding_poll_seconds:g}; 0: never)")
+    add("--embedding-updates", action=argparse.BooleanOptionalAction,
+        help="let clients update embedding rows over HTTP and gRPC (default: off; restrict the model-repository "
+             "API group when on)")
     add("--embedding-cache-policy", choices=("tinylfu", "clock"),
         help=f"how the embedding cache picks rows to keep (default {d.embedding_cache_policy})")
     add("--max-archive-members", type=int,

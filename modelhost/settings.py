@@ -98,6 +98,8 @@ class ServerSettings:
     reads than CLOCK alone under Zipf 1.0 traffic, benchmarks/embedding_cache_policy.py) or `clock`.
     embedding_poll_seconds: how often served tables are checked for a new current version and for delta files
     in their `deltas/` directory (2 s); 0: never.
+    embedding_updates: whether clients may update embedding rows over HTTP and gRPC (off: a client that can write
+    rows can change every answer; delta files and new versions, the operator's files, are taken either way).
     max_archive_members: the most entries (files, directories, links) one model archive may hold (10,000: a
     model with its code and variable shards has tens to hundreds; each entry costs a file and inode to unpack).
     invocation_timeout_seconds: how long one SageMaker invocation may take.
@@ -192,6 +194,7 @@ class ServerSettings:
     embedding_io_threads: int = 16
     embedding_cache_policy: str = "tinylfu"
     embedding_poll_seconds: float = 2.0
+    embedding_updates: bool = False
     s3_endpoint_url: str | None = None
     invocation_timeout_seconds: float = 60.0
     handler_threads: int = 0

@@ -12,7 +12,7 @@ from modelhost.core.row_updates import apply_rows, checked_rows
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
 from modelhost.core.worker_statistics import WorkerStatistics, merge
-from modelhost.errors import ModelhostError, invalid
+from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
 
 T = TypeVar("T")
@@ -25,9 +25,12 @@ EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "
 
 class DataPlane:
     def __init__(self, manager: ModelManager, version: str, strict_readiness: bool,
-                 limits: RequestLimits = DEFAULT_LIMITS) -> None:
+                 limits: RequestLimits = DEFAULT_LIMITS, row_updates: bool = False) -> None:
+        """`row_updates`: whether clients may update models' tables (embedding rows; off unless the operator
+        turns them on: a client that can write rows can change every answer)."""
         # Front-ends pass `limits` to their codecs, which check each tensor before allocating it.
         self.limits = limits
+        self._row_updates = row_updates
         self._manager = manager
         self._version = version
         self._strict_readiness = strict_readiness
@@ -160,6 +163,9 @@ class DataPlane:
     async def update_rows(self, request: InferRequest) -> tuple[str, int, int]:
         """Add or replace rows of the model's table (inputs `ids` and `vectors`): (version, rows, new rows),
         durable when it returns. Requests to the model go on meanwhile."""
+        if not self._row_updates:
+            raise ModelhostError(ErrorKind.UNSUPPORTED, "embedding row updates from clients are off: the server "
+                                 "takes them when started with --embedding-updates")
         served = self._manager.hold(request.model_name, request.model_version)
         try:
             table = served.scheduler.row_updates() if isinstance(served.scheduler, Scheduler) else None

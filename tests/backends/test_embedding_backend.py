@@ -54,7 +54,7 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(config)
         write_version(root / name / "1" / "table", keys, vectors, dtype)
-    server = ServerProcess(root, "--embedding-cache-bytes", "256KiB")
+    server = ServerProcess(root, "--embedding-cache-bytes", "256KiB", "--embedding-updates")
     server.wait_ready()
     yield server, {"ids": ids, "vectors": vectors}
     server.stop()
@@ -141,7 +141,7 @@ def test_rows_are_updated_while_serving_and_kept_across_a_restart(tmp_path: Path
     ids = np.arange(1000, dtype=np.int64) * 31
     write_version(tmp_path / "items" / "1" / "table", ids, np.zeros((1000, DIM), np.float32), "float32")
     asked = np.stack([np.concatenate([ids[:FIELDS - 1], [77]])])  # 77: not in the table yet
-    server = ServerProcess(tmp_path, "--embedding-poll-seconds", "0.2")
+    server = ServerProcess(tmp_path, "--embedding-poll-seconds", "0.2", "--embedding-updates")
     try:
         server.wait_ready()
         infer(server, "items", {"feat_ids": asked})  # cached now
@@ -166,6 +166,9 @@ def test_rows_are_updated_while_serving_and_kept_across_a_restart(tmp_path: Path
         again.wait_ready()
         got = infer(again, "items", {"feat_ids": asked})["embeddings"][0]
         assert (got[0] == 3.0).all() and (got[1] == 4.0).all() and (got[-1] == 3.0).all() and (got[2] == 5.0).all()
+        # Started without --embedding-updates: clients cannot write rows (delta files still apply).
+        refused = update(again, "items", np.array([ids[0]]), np.zeros((1, DIM), np.float32))
+        assert refused.status_code == 501 and "--embedding-updates" in refused.json()["error"]
     finally:
         again.stop()
 
