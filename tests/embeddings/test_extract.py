@@ -76,3 +76,27 @@ def test_build_writes_a_table_from_numpy_arrays(tmp_path: Path) -> None:
     bad = command("build", str(tmp_path / "other"), "--ids", str(tmp_path / "ids.npy"), "--vectors",
                   str(tmp_path / "ids.npy"))
     assert bad.returncode == 1 and "vectors must be [1000, dim]" in bad.stderr
+
+
+def test_build_reads_parquet_files_of_id_and_vector_rows(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(5)
+    ids = rng.choice(1 << 50, 3000, replace=False)
+    vectors = rng.standard_normal((3000, 8)).astype(np.float32)
+    for part, rows in enumerate((slice(0, 1000), slice(1000, 3000))):  # two files, several row groups
+        table = pa.table({"feature": ids[rows], "embedding": [list(v) for v in vectors[rows]]})
+        pq.write_table(table, tmp_path / f"part-{part}.parquet", row_group_size=700)
+    made = command("build", str(tmp_path / "table"), "--parquet", str(tmp_path / "part-0.parquet"),
+                   str(tmp_path / "part-1.parquet"), "--id-column", "feature", "--vector-column", "embedding")
+    assert made.returncode == 0, made.stderr
+    from concurrent.futures import ThreadPoolExecutor
+
+    from modelhost.embeddings.row_cache import SlotPool
+    from modelhost.embeddings.table import EmbeddingTable
+    with ThreadPoolExecutor(2) as pool:
+        table = EmbeddingTable("t", tmp_path / "table", 0, pool, pool=SlotPool(32, 100))
+        np.testing.assert_array_equal(table.lookup(ids[[0, 1500, 2999]]), vectors[[0, 1500, 2999]])
+        table.close()
+    bad = command("build", str(tmp_path / "other"), "--parquet", str(tmp_path / "part-0.parquet"))
+    assert bad.returncode == 1 and "has no column 'id' (its columns: feature, embedding)" in bad.stderr
