@@ -111,7 +111,10 @@ class EmbeddingStore:
         pools: dict[int, SlotPool] = {}
         for row_bytes, tables in by_size.items():
             share = sum(table.meta.file_bytes() for table in tables) / total
-            capacity = int(self.settings.cache_bytes * share) // row_bytes
+            # No more slots than the tables have rows (and a little room for rows added while serving): a budget
+            # far above the tables would only hold empty slots and their bookkeeping.
+            rows = sum(table.rows for table in tables)
+            capacity = min(int(self.settings.cache_bytes * share) // row_bytes, rows + rows // 8)
             pool = self._pools.get(row_bytes)
             if pool is None or pool.capacity != capacity:
                 pool = SlotPool(row_bytes, capacity, self.settings.policy)

@@ -79,3 +79,11 @@ def test_a_hot_id_list_fills_the_cache_when_the_table_opens(tmp_path: Path) -> N
     missed = table.pool.get(table.table_id, np.array([999, 900, 0]), np.empty((3, DIM * 4), dtype=np.uint8))
     assert missed.tolist() == [False, False, True]  # the hottest rows are in, the coldest not
     store.close()
+
+
+def test_a_budget_larger_than_the_tables_holds_no_more_slots_than_they_have_rows(tmp_path: Path) -> None:
+    write_version(tmp_path / "t", np.arange(800), np.ones((800, DIM), dtype=np.float32), "float32")
+    store = EmbeddingStore(StoreSettings(cache_bytes=1 << 30, io_threads=1))
+    table = store.open(tmp_path / "t", "t").table
+    assert table.pool is not None and table.pool.capacity == 900  # 800 rows, and an eighth more for new ones
+    store.close()
