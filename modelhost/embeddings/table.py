@@ -158,9 +158,12 @@ class EmbeddingTable:
         missed = pool.get(self.table_id, wanted, data) if pool is not None else np.ones(len(wanted), dtype=bool)
         if missed.any():
             self._read_missed(wanted, data, missed, generation, pool)
-        vectors = np.empty((len(unique), self.meta.dim), dtype=np.float32)
-        vectors[known] = self._codec.decode(data)
-        vectors[~known] = self._default
+        if len(wanted) == len(unique):  # every id held (the usual case): no second copy of the vectors
+            vectors = self._codec.decode(data)
+        else:
+            vectors = np.empty((len(unique), self.meta.dim), dtype=np.float32)
+            vectors[known] = self._codec.decode(data)
+            vectors[~known] = self._default
         counts = self.counts
         counts.lookups += 1
         counts.ids += len(flat)

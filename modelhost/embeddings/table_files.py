@@ -17,6 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -182,14 +183,14 @@ def make_current(table: Path, version: Path) -> None:
             entry.rmdir()
 
 
-def _write_rows(out: object, meta: TableMeta, first: int, rows: np.ndarray) -> None:
+def _write_rows(out: BinaryIO, meta: TableMeta, first: int, rows: np.ndarray) -> None:
     """Rows `first`.. at their places in rows.bin (written in order: each block is written whole)."""
     per_block = meta.rows_per_block
     row_bytes = meta.codec.row_bytes
     if per_block == 0:
         padded = np.zeros((len(rows), meta.row_stride_blocks * BLOCK), dtype=np.uint8)
         padded[:, :row_bytes] = rows
-        out.write(padded.tobytes())  # type: ignore[attr-defined]
+        out.write(padded.tobytes())
         return
     assert first % per_block == 0, "a chunk starts a block"
     blocks = -(-len(rows) // per_block)
@@ -197,7 +198,7 @@ def _write_rows(out: object, meta: TableMeta, first: int, rows: np.ndarray) -> N
     padded[: len(rows)] = rows
     data = np.zeros((blocks, BLOCK), dtype=np.uint8)
     data[:, : per_block * row_bytes] = padded.reshape(blocks, per_block * row_bytes)
-    out.write(data.tobytes())  # type: ignore[attr-defined]
+    out.write(data.tobytes())
 
 
 def _gather(vectors: np.ndarray, indices: np.ndarray) -> np.ndarray:
