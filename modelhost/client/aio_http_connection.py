@@ -1,0 +1,126 @@
+"""asyncio HTTP/1.1 keep-alive connections to one server, pooled: the async client's transport.
+
+Each connection carries one request at a time; concurrent calls take their own connections. A call that
+reaches its deadline closes its connection, so a server that has not run the request yet drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import httptools
+
+from modelhost.client.errors import ClientError, DeadlineExceeded
+from modelhost.client.http_answer import AnswerReader, HttpAnswer
+
+_MAX_IDLE = 256
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._reader: AnswerReader | None = None
+        self._waiter: asyncio.Future[HttpAnswer] | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        reader, waiter = self._reader, self._waiter
+        if reader is None or waiter is None or waiter.done():
+            self.close()  # nothing was asked: the connection is out of step
+            return
+        try:
+            reader.feed(data)
+        except httptools.HttpParserError as exc:
+            waiter.set_exception(ClientError(0, f"the server's answer is not valid HTTP: {exc}"))
+            return
+        if reader.done:
+            waiter.set_result(reader.answer())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            reason = f": {exc}" if exc else ""
+            waiter.set_exception(ClientError(0, f"the server closed the connection before answering{reason}",
+                                             transient=True))
+
+    async def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None) -> HttpAnswer:
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        self._reader = AnswerReader()
+        self._waiter = waiter = loop.create_future()
+        self.transport.writelines(parts)
+        timer = None
+        if deadline is not None:
+            timer = loop.call_at(loop.time() + deadline - time.monotonic(), _expire, waiter)
+        try:
+            answer: HttpAnswer = await waiter
+            return answer
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._reader = self._waiter = None
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _expire(waiter: asyncio.Future[HttpAnswer]) -> None:
+    if not waiter.done():
+        waiter.set_exception(DeadlineExceeded("the call's deadline passed before the server answered"))
+
+
+class AioHttpPool:
+    """Idle connections to one server for one event loop, most recently used first."""
+
+    def __init__(self, host: str, port: int, connect_timeout: float = 10.0) -> None:
+        self.host, self.port = host, port
+        self.authority = f"{host}:{port}"
+        self._connect_timeout = connect_timeout
+        self._idle: list[_Connection] = []
+
+    async def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None) -> HttpAnswer:
+        connection = await self._take(deadline)
+        try:
+            answer = await connection.exchange(parts, deadline)
+        except BaseException:
+            connection.close()  # a cancelled or late call's connection closes: the server drops its request
+            raise
+        if answer.keep_alive and not connection.closed and len(self._idle) < _MAX_IDLE:
+            self._idle.append(connection)
+        else:
+            connection.close()
+        return answer
+
+    async def _take(self, deadline: float | None) -> _Connection:
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed:
+                return connection
+        timeout = self._connect_timeout
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+            if timeout <= 0:
+                raise DeadlineExceeded("the call's deadline passed")
+        loop = asyncio.get_running_loop()
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(_Connection, self.host, self.port), timeout)
+        except asyncio.TimeoutError:
+            raise ClientError(0, f"connecting to {self.authority} timed out", sent=False, transient=True) from None
+        except OSError as exc:
+            raise ClientError(0, f"cannot connect to {self.authority}: {exc.strerror or exc}", sent=False,
+                              transient=True) from None
+        return connection
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()

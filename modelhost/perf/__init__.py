@@ -1,0 +1,1 @@
+"""`modelhost perf`: a load generator for KServe V2 servers, and its reports."""
