@@ -211,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("embeddings", add_help=False,
                         help="build embedding tables, or extract them from an ONNX model (modelhost embeddings "
                              "--help)")
+    commands.add_parser("perf", add_help=False,
+                        help="load a model on any KServe V2 server: latency and throughput by load, with a report "
+                             "(modelhost perf --help)")
     return parser
 
 
@@ -281,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         from modelhost.embeddings.command import main as embeddings_main
 
         return embeddings_main(argv[1:])
+    if argv[:1] == ["perf"]:
+        from modelhost.perf.command import main as perf_main
+
+        return perf_main(argv[1:])
     return run(modelhost_settings(argv, os.environ), unused_variables(os.environ))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import httptools
 
@@ -26,8 +27,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio's classes
 
     def data_received(self, data: bytes) -> None:
         reader, waiter = self._reader, self._waiter

@@ -1,0 +1,146 @@
+"""A sweep: one step per load level, each a warm-up and a measured window, with the server's statistics read
+around the window. With `processes="auto"` a step whose generator process was busy most of the window is
+run again from twice as many processes: the generator must not be what limits the numbers."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
+
+import numpy as np
+
+from modelhost.client import Client, ClientError
+from modelhost.perf import server_stats
+from modelhost.perf.load import Samples, StepPlan
+from modelhost.perf.report import StepResult, percentiles
+from modelhost.perf.workers import LocalLoad, ProcessLoad
+
+BUSY = 0.8  # a generator process busy this share of the window may be the bottleneck
+START_MARGIN_S = 0.2  # processes are told to start this far ahead, so that all start together
+
+
+class LoadSource(Protocol):
+    def start(self, plan: StepPlan) -> Any: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    model: str
+    url: str
+    protocol: str
+    mode: str  # "concurrency" or "rate"
+    loads: Sequence[float]
+    warmup_s: float = 1.0
+    duration_s: float = 5.0
+    timeout_s: float | None = None
+    split: int | None = 1
+    processes: int | str = 1  # or "auto"
+    max_processes: int = 8
+    binary: bool = True
+
+
+def run_sweep(sweep: Sweep, requests: Sequence[dict[str, np.ndarray]], out: TextIO | None = sys.stderr,
+              ) -> tuple[list[StepResult], dict[str, Any]]:
+    """Every step's result, and what the sweep learned about itself (processes used, generator busy share)."""
+    processes = 1 if sweep.processes == "auto" else int(sweep.processes)
+    options = {"binary": sweep.binary}
+    source = _source(processes, sweep.url, requests, options)
+    results: list[StepResult] = []
+    busy_by_step: list[float] = []
+    try:
+        with Client(sweep.url) as stats_client:
+            for index, load in enumerate(sweep.loads):
+                while True:
+                    step, busy = _step(sweep, source, stats_client, load, index, processes, out)
+                    if sweep.processes != "auto" or busy < BUSY or processes >= sweep.max_processes:
+                        break
+                    source.close()
+                    processes = min(processes * 2, sweep.max_processes)
+                    _say(out, f"the generator was busy {busy:.0%} of the window: again from {processes} processes")
+                    source = _source(processes, sweep.url, requests, options)
+                results.append(step)
+                busy_by_step.append(busy)
+                _say(out, _summary(step))
+    finally:
+        source.close()
+    return results, {"processes": processes, "generator_busy": busy_by_step}
+
+
+def _source(processes: int, url: str, requests: Sequence[dict[str, np.ndarray]],
+            options: dict[str, Any]) -> LoadSource:
+    if processes <= 1:
+        return LocalLoad(url, requests, options)
+    return ProcessLoad(processes, url, requests, options)
+
+
+def _step(sweep: Sweep, source: LoadSource, stats_client: Client, load: float, index: int, processes: int,
+          out: TextIO | None) -> tuple[StepResult, float]:
+    start_at = time.time() + START_MARGIN_S
+    plan = StepPlan(sweep.model, sweep.mode, load, start_at, sweep.warmup_s, sweep.duration_s, seed=index,
+                    timeout_s=sweep.timeout_s, split=sweep.split)
+    pending = source.start(plan)
+    window_start = start_at + sweep.warmup_s
+    window_end = window_start + sweep.duration_s
+    _progress(out, sweep, index, load, start_at, window_start)
+    before = _statistics(stats_client, sweep.model)
+    _progress(out, sweep, index, load, start_at, window_end)
+    after = _statistics(stats_client, sweep.model)
+    parts: list[Samples] = pending.result(timeout=sweep.duration_s + sweep.warmup_s + 600)
+    latencies = [latency for samples in parts for latency in samples.latencies_s]
+    errors = sum(samples.errors for samples in parts)
+    messages = tuple(dict.fromkeys(message for samples in parts for message in samples.error_samples))[:5]
+    busy = max(samples.cpu_s for samples in parts) / sweep.duration_s
+    result = StepResult(
+        mode=sweep.mode, load=float(load), protocol=sweep.protocol, duration_s=sweep.duration_s,
+        requests=len(latencies), errors=errors, throughput=len(latencies) / sweep.duration_s,
+        latency_ms=percentiles(latencies), server_us=server_stats.per_request(before, after), error_samples=messages,
+    )
+    return result, busy
+
+
+def _statistics(client: Client, model: str) -> dict[str, tuple[int, int]]:
+    try:
+        return server_stats.totals(client.statistics(model))
+    except ClientError:
+        return {}  # a server without the statistics extension: no breakdown
+
+
+def _progress(out: TextIO | None, sweep: Sweep, index: int, load: float, start_at: float, until: float) -> None:
+    """Wait until the wall-clock instant `until`, drawing a progress bar of the step's window."""
+    total = sweep.warmup_s + sweep.duration_s
+    label = f"step {index + 1}/{len(sweep.loads)} {sweep.mode} {load:g}"
+    while True:
+        left = until - time.time()
+        if out is not None and out.isatty():
+            done = min(max(time.time() - start_at, 0.0) / total, 1.0)
+            bar = "#" * int(done * 30)
+            out.write(f"\r{label} [{bar:<30}] {done * total:5.1f}/{total:g} s")
+            out.flush()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.25))
+
+
+def _say(out: TextIO | None, line: str) -> None:
+    if out is not None:
+        out.write(("\r\x1b[K" if out.isatty() else "") + line + "\n")
+        out.flush()
+
+
+def _summary(step: StepResult) -> str:
+    latency = step.latency_ms
+    text = (f"{step.mode} {step.load:g}: {step.throughput:.1f} infer/s, p50 {latency['p50']:.2f} ms, "
+            f"p90 {latency['p90']:.2f}, p95 {latency['p95']:.2f}, p99 {latency['p99']:.2f} ms")
+    if step.errors:
+        text += f", {step.errors} errors ({step.error_samples[0] if step.error_samples else ''})"
+    if "queue" in step.server_us:
+        server = step.server_us
+        text += (f"; server: queue {server['queue']:.0f} µs, compute input {server['compute_input']:.0f}, "
+                 f"infer {server['compute_infer']:.0f}, output {server['compute_output']:.0f} µs")
+    return text
+
+
