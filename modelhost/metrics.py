@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from modelhost.core.in_flight import InFlight
+from modelhost.core.latency_target import LatencyTarget
 from modelhost.core.model_cache import ModelCache
 from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram, ModelStatistics
@@ -67,10 +68,41 @@ class ModelCollector:
                          models, lambda s: s.latency)
         yield _histogram("modelhost_batch_size", "Rows per model execution (dynamic batch size)", models,
                          lambda s: s.batch_size)
+        yield from _target_metrics(models)
         in_progress = Metric("modelhost_requests_in_progress", "Requests received on the inference ports and not "
                              "yet answered", "gauge")
         in_progress.add_sample("modelhost_requests_in_progress", {}, self._in_flight.requests)
         yield in_progress
+
+
+# name, type, help, value read from a model's latency target (core/latency_target.py)
+_TARGET_METRICS: tuple[tuple[str, str, str, Callable[[LatencyTarget], float]], ...] = (
+    ("modelhost_target_p99_seconds", "gauge", "The model's p99 latency target", lambda t: t.target_s),
+    ("modelhost_target_observed_p99_seconds", "gauge", "p99 latency the target last measured (server's share)",
+     lambda t: t.observed_p99_s),
+    ("modelhost_target_batch_size", "gauge", "Largest batch the target lets the scheduler form now",
+     lambda t: t.limits.max_batch_size),
+    ("modelhost_target_queue_delay_seconds", "gauge", "Queue delay the target sets now",
+     lambda t: t.limits.max_queue_delay_s),
+    ("modelhost_target_adapting", "gauge", "1 while the target adjusts batch size and delay, 0 when frozen",
+     lambda t: float(t.adapt)),
+    ("modelhost_target_refused", "unknown", "Requests refused on arrival: they would have missed the target",
+     lambda t: t.refused),
+    ("modelhost_target_late", "unknown", "Queued requests refused once they could no longer make the target",
+     lambda t: t.late),
+)
+
+
+def _target_metrics(models: list[ServedModel]) -> Iterator[Metric]:
+    targeted = [(model, target) for model in models
+                if (target := getattr(model.scheduler, "target", None)) is not None]
+    if not targeted:
+        return
+    for name, kind, documentation, read in _TARGET_METRICS:
+        family = Metric(name, documentation, kind)
+        for model, target in targeted:
+            family.add_sample(name, _labels(model), read(target))
+        yield family
 
 
 class CacheCollector:

@@ -26,6 +26,7 @@ from modelhost.core import spare_cores
 from modelhost.core.ensemble import Acquire, EnsemblePlan, EnsembleScheduler
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.in_flight import InFlight
+from modelhost.core.latency_target import LatencyTarget
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
@@ -197,6 +198,7 @@ def load_version(
         instances += _load_instances(backend, path, config, range(1, count), threads, lender,
                                      parallel=instances[0].runs_async)
         policy = SchedulingPolicy.from_config(config)
+        target = LatencyTarget.from_config(config, count)
         _warm_up(source, version, config, instances, warmup_reader)
     except BaseException:
         for instance in instances:
@@ -204,7 +206,8 @@ def load_version(
         raise
     label = f"{source.name}:{version}"
     statistics = ModelStatistics()
-    scheduler = Scheduler(label, instances, policy, statistics, in_flight, spare=lender, threads_per_instance=threads)
+    scheduler = Scheduler(label, instances, policy, statistics, in_flight, spare=lender, threads_per_instance=threads,
+                          target=target)
     served = Signature.from_config(config)
     named = named_signatures(served, instances[0].signature_name(), signature.method, dict(instances[0].signatures()))
     return ServedModel(source.name, version, config, served, scheduler, statistics, named=named)

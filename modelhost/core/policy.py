@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from modelhost.config.model_config_pb2 import ModelConfig, ModelQueuePolicy
 from modelhost.config.parameters import natural_parameter, string_parameters
 from modelhost.config.pbtxt import ConfigError
+from modelhost.core.latency_target import TARGET_PARAMETER
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +43,9 @@ class SchedulingPolicy:
             raise ConfigError(f"parameter {SPLIT_PARAMETER} needs a batch dimension (max_batch_size > 0)")
         inline_us = natural_parameter(string_parameters(config), (INLINE_PARAMETER,), None)
         inline_ns = None if inline_us is None else 1000 * inline_us
-        if config.WhichOneof("scheduling_choice") != "dynamic_batching":
+        # A latency target forms batches as a dynamic batcher of its own settings would (core/latency_target.py).
+        targeted = TARGET_PARAMETER in string_parameters(config) and config.max_batch_size > 0
+        if config.WhichOneof("scheduling_choice") != "dynamic_batching" and not targeted:
             # Without a dynamic batcher requests run one by one; a request may still bring its own timeout.
             level = LevelPolicy(allow_timeout_override=True)
             return cls(False, config.max_batch_size, (), 0.0, False, (level,), 0, split, inline_ns)

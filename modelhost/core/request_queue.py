@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from modelhost.core.clock import MONOTONIC, Clock
+from modelhost.core.latency_target import BatchLimits
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.errors import ErrorKind, ModelhostError
 
@@ -39,9 +40,13 @@ class Pending:
 
 
 class RequestQueue:
-    def __init__(self, policy: SchedulingPolicy, clock: Clock = MONOTONIC) -> None:
+    def __init__(self, policy: SchedulingPolicy, clock: Clock = MONOTONIC, limits: BatchLimits | None = None) -> None:
+        """`limits`: the batch size and queue delay batches form with, when something other than the policy sets
+        them (a latency target); the policy's otherwise."""
         self._policy = policy
         self._clock = clock
+        self.limits = limits or BatchLimits(policy.max_batch_size, policy.max_queue_delay_s)
+        self.rows = 0  # rows of the requests waiting
         self._cond = threading.Condition()
         self._levels: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
         self._delayed: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
@@ -58,6 +63,7 @@ class RequestQueue:
                 raise self._full(pending.level, model)
             pending.enqueued = self._clock.now()
             queue.append(pending)
+            self.rows += pending.rows
             self._cond.notify()
 
     def check_room(self, level: int, model: str) -> None:
@@ -83,6 +89,7 @@ class RequestQueue:
             queue = (self._delayed if pending.delayed else self._levels)[pending.level]
             queue.remove(pending)
             pending.taken = True
+            self.rows -= pending.rows
             return True
 
     def delay(self, pending: Pending) -> None:
@@ -118,7 +125,7 @@ class RequestQueue:
                     self._cond.wait()
                     continue
                 batch, complete = self._form(head)
-                wait = head.enqueued + self._policy.max_queue_delay_s - self._clock.now()
+                wait = head.enqueued + self.limits.max_queue_delay_s - self._clock.now()
                 if complete or wait <= 0 or self._closed:
                     for pending in batch:
                         self._remove(pending)
@@ -146,13 +153,15 @@ class RequestQueue:
         batch: list[Pending] = []
         sizes: list[int] = []
         rows = 0
+        # A request of more rows than a target's smaller batch size still runs (alone).
+        max_rows = max(self.limits.max_batch_size, head.rows)
         for pending in self._ordered():
-            if pending.key != head.key or rows + pending.rows > policy.max_batch_size:
+            if pending.key != head.key or rows + pending.rows > max_rows:
                 continue
             batch.append(pending)
             rows += pending.rows
             sizes.append(rows)
-            if rows == policy.max_batch_size:
+            if rows == max_rows:
                 return batch, True
         for preferred in policy.preferred_batch_sizes:
             if preferred in sizes:
@@ -163,3 +172,4 @@ class RequestQueue:
         queue = (self._delayed if pending.delayed else self._levels)[pending.level]
         queue.remove(pending)
         pending.taken = True
+        self.rows -= pending.rows

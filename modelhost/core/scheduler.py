@@ -40,6 +40,7 @@ from modelhost.backends.base import Model, RowUpdates
 from modelhost.core import compute_threads, instance_threads
 from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
+from modelhost.core.latency_target import LatencyTarget
 from modelhost.core.loop_gate import LoopGate
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.request_queue import Pending, RequestQueue
@@ -55,15 +56,17 @@ class Scheduler:
     def __init__(
         self, label: str, instances: Sequence[Model], policy: SchedulingPolicy, statistics: ModelStatistics,
         in_flight: InFlight | None = None, clock: Clock = MONOTONIC, spare: SpareCores | None = None,
-        threads_per_instance: int = 1,
+        threads_per_instance: int = 1, target: LatencyTarget | None = None,
     ) -> None:
         """`spare`: where an instance thread counts the cores it computes on (`threads_per_instance`) while it runs
-        a batch, so that other executions know them busy (core/spare_cores.py)."""
+        a batch, so that other executions know them busy (core/spare_cores.py). `target`: the model's latency
+        target, which admits requests, refuses late ones and sets the batch size and queue delay."""
         self._label = label
         self._policy = policy
         self._statistics = statistics
         self._clock = clock
-        self._queue = RequestQueue(policy, clock)
+        self.target = target
+        self._queue = RequestQueue(policy, clock, target.limits if target is not None else None)
         self._inflight = 0
         self._sequence = 0
         self._next_to_settle = 0
@@ -111,6 +114,8 @@ class Scheduler:
             result = self._run_on_loop(inputs, outputs, rows, size, entry)
             if result is not None:
                 return result
+        if self.target is not None:
+            self._admit(rows)
         split = self._policy.split_size if batchable else 0
         if not split or rows <= split:
             return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable), timeout)
@@ -162,8 +167,25 @@ class Scheduler:
             if self._queue.withdraw(pending):
                 self._finish(pending, None, None)
 
+    def _admit(self, rows: int) -> None:
+        assert self.target is not None
+        busy = sum(lock.locked() for _, lock in self._instances)
+        miss = self.target.admission(rows, self._queue.rows, busy)
+        if miss is not None:
+            target_ms = self.target.target_s * 1000
+            raise ModelhostError(
+                ErrorKind.OVERLOADED,
+                f"model {self._label}: with {self._queue.rows} rows queued ahead, a request of {rows} rows would "
+                f"be answered about {miss * 1000:.0f} ms past the model's p99 target of {target_ms:g} ms; "
+                "retry later", retry_after=miss,
+            )
+
     async def _wait(self, pending: Pending, timeout: float) -> Outputs:
-        timer = self._clock.call_later(timeout, self._expire, pending) if timeout else None
+        late = self.target.late_after() if self.target is not None else 0.0
+        if late and not (timeout and timeout <= late):
+            timer: Any = self._clock.call_later(late, self._refuse_late, pending)
+        else:
+            timer = self._clock.call_later(timeout, self._expire, pending) if timeout else None
         try:
             outputs: Outputs = await pending.future
             return outputs
@@ -237,6 +259,7 @@ class Scheduler:
                 result = await asyncio.shield(call)
                 if result is not None:
                     self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, result[1], 0))
+                    self._learn_alone(rows, result[1])
                     return result[0]
                 return None
         return None
@@ -268,8 +291,15 @@ class Scheduler:
                     lock.release()
                 self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
                 self._gate.learn(size, elapsed, on_loop=True)
+                self._learn_alone(rows, elapsed)
                 return result
         return None
+
+    def _learn_alone(self, rows: int, elapsed_ns: int) -> None:
+        """A request that ran at once, without queueing: its execution was its latency."""
+        if self.target is not None:
+            self.target.executed(rows, elapsed_ns / 1e9)
+            self.target.completed(elapsed_ns / 1e9)
 
     def _level(self, priority: int) -> int:
         if priority == 0:
@@ -288,6 +318,19 @@ class Scheduler:
             requested = timeout_us / 1e6
             timeout = min(timeout, requested) if timeout else requested
         return timeout
+
+    def _refuse_late(self, pending: Pending) -> None:
+        assert self.target is not None
+        if self._queue.withdraw(pending):
+            self.target.late += 1
+            waited = self._clock.now() - pending.enqueued
+            error = ModelhostError(
+                ErrorKind.OVERLOADED,
+                f"model {self._label}: the request waited {waited * 1000:.0f} ms in the queue, too long to be "
+                f"answered within the model's p99 target of {self.target.target_s * 1000:g} ms; retry later",
+                retry_after=waited,
+            )
+            self._finish(pending, None, error)
 
     def _expire(self, pending: Pending) -> None:
         if self._policy.levels[pending.level].delay_on_timeout:
@@ -344,6 +387,11 @@ class Scheduler:
         if timing is not None:
             rows = sum(p.rows for p in batch)
             self._statistics.record_execution(rows, len(batch), timing)
+            if self.target is not None:
+                self.target.executed(rows, (timing.input_ns + timing.infer_ns + timing.output_ns) / 1e9)
+                now = self._clock.now()
+                for pending in batch:
+                    self.target.completed(now - pending.enqueued)
             self._gate.learn(sum(_elements(p.inputs) for p in batch), timing.infer_ns, on_loop=False)
             if len(batch) == 1 and batch[0].measures_handoff:
                 round_trip_ns = int((self._clock.now() - batch[0].enqueued) * 1e9)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
-from modelhost.client import AsyncClient, Client, ClientError, DeadlineExceeded
+from modelhost.client import AsyncClient, Client, ClientError, DeadlineExceeded, RetryPolicy
 from tests.onnx_models import scale_model, slow_loop_config, slow_loop_model, write_model
 from tests.server import ServerProcess
 
@@ -118,7 +118,7 @@ def test_threads_share_one_client(example_server: ServerProcess) -> None:
             np.testing.assert_array_equal(answer, client.infer("rank", {"features": x})["score"])
 
 
-# --------------------------------------------------------------------------- a server of its own: slow and scaled models
+# --------------------------------------------------------------------------- a server of its own: slow models
 
 
 @dataclass
@@ -142,6 +142,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     write_model(repo, "slow", slow_loop_model(S, batched=True), slow_loop_config(S, max_batch_size=4,
                                                                                   extra="dynamic_batching { }"))
     write_model(repo, "scale", scale_model(3.0), SCALE_CONFIG)
+    target = 'parameters { key: "target_p99_ms" value: { string_value: "100" } }'
+    write_model(repo, "targeted", slow_loop_model(S, batched=True), slow_loop_config(S, max_batch_size=1,
+                                                                                      extra=target))
     server = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*").wait_ready()
     try:
         with Client(server.url) as client:
@@ -229,3 +232,33 @@ def _pbtxt_to_json(text: str) -> dict[str, Any]:
     from modelhost.config.model_config_pb2 import ModelConfig
 
     return json_format.MessageToDict(text_format.Parse(text, ModelConfig()), preserving_proto_field_name=True)
+
+
+def test_a_latency_target_refuses_what_it_cannot_answer_in_time_and_the_client_retries(served: Served) -> None:
+    import requests
+
+    iterations = max(served.block_iterations // 20, 100)  # ~30 ms an execution against a 100 ms target
+    x = np.zeros((1, S, S), np.float32)
+    inputs = {"X": x, "ITERATIONS": np.array([[iterations]], np.int64)}
+    once = Client(served.server.url, retry=RetryPolicy(attempts=1))
+    for _ in range(5):
+        once.infer("targeted", inputs)  # the target learns the model's execution time
+    with ThreadPoolExecutor(12) as pool:
+        outcomes = list(pool.map(lambda _: _outcome(once, inputs), range(12)))
+    refused = [o for o in outcomes if isinstance(o, ClientError)]
+    assert refused and len(refused) < 12, outcomes
+    assert all(e.status == 503 and e.retry_after is not None and "p99 target of 100 ms" in e.message
+               for e in refused)
+    metrics = requests.get(f"http://127.0.0.1:{served.server.metrics_port}/metrics", timeout=10).text
+    assert 'modelhost_target_p99_seconds{model="targeted",version="1"} 0.1' in metrics
+    assert 'modelhost_target_refused{model="targeted",version="1"}' in metrics
+    with Client(served.server.url, retry=RetryPolicy(attempts=10)) as retrying, ThreadPoolExecutor(12) as pool:
+        assert all(isinstance(o, dict) for o in pool.map(lambda _: _outcome(retrying, inputs), range(12)))
+    once.close()
+
+
+def _outcome(client: Client, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | ClientError:
+    try:
+        return client.infer("targeted", inputs)
+    except ClientError as exc:
+        return exc

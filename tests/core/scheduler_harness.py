@@ -16,6 +16,7 @@ import numpy as np
 from modelhost.config.pbtxt import parse_config
 from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
+from modelhost.core.latency_target import LatencyTarget
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.statistics import ModelStatistics
@@ -57,7 +58,10 @@ class Harness:
         self.in_flight = InFlight()
         if "inline_max_microseconds" not in config:
             config += " " + THREADS_ONLY
-        self.scheduler = Scheduler("m:1", instances, policy_of(config), self.statistics, self.in_flight, clock)
+        parsed = parse_config(config)
+        target = LatencyTarget.from_config(parsed, len(instances), clock)
+        self.scheduler = Scheduler("m:1", instances, SchedulingPolicy.from_config(parsed), self.statistics,
+                                   self.in_flight, clock, target=target)
 
     async def call(self, tag: int, rows: int = 1, width: int = WIDTH, dtype: Any = np.float32,
                    **kwargs: Any) -> np.ndarray:
