@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("perf", add_help=False,
                         help="load a model on any KServe V2 server: latency and throughput by load, with a report "
                              "(modelhost perf --help)")
+    commands.add_parser("tune", add_help=False,
+                        help="find a model's configuration that serves the most within a p99 budget, on a running "
+                             "server (modelhost tune --help)")
     return parser
 
 
@@ -288,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         from modelhost.perf.command import main as perf_main
 
         return perf_main(argv[1:])
+    if argv[:1] == ["tune"]:
+        from modelhost.tune.command import main as tune_main
+
+        return tune_main(argv[1:])
     return run(modelhost_settings(argv, os.environ), unused_variables(os.environ))
 
 

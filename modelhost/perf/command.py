@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         mode, loads = _loads(args)
-        shapes = dict(_shape(text) for text in args.shape)
+        shapes = dict(request_inputs.parse_shape(text) for text in args.shape)
         processes: int | str = "auto" if args.processes == "auto" else _positive(args.processes, "--processes")
     except ValueError as exc:
         parser.error(str(exc))
@@ -69,12 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Client(address) as client:
             metadata = client.model_metadata(args.model_name, args.model_version)
             config = client.model_config(args.model_name, args.model_version)
-        specs = request_inputs.request_shapes(metadata, int(config.get("max_batch_size", 0) or 0),
-                                              args.batch_size, shapes)
-        if args.input_data in ("random", "zero"):
-            requests = request_inputs.synthetic_requests(specs, args.input_data)
-        else:
-            requests = request_inputs.file_requests(Path(args.input_data), specs)
+        requests = request_inputs.model_requests(metadata, config, args.batch_size, shapes, args.input_data)
     except ClientError as exc:
         print(f"modelhost perf: {address}: {exc}", file=sys.stderr)
         return 1
@@ -142,14 +137,3 @@ def _positive(text: str, name: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"{name} takes a whole number of at least 1 or 'auto', got {text!r}")
     return int(text)
-
-
-def _shape(text: str) -> tuple[str, list[int]]:
-    name, _, dims = text.rpartition(":")
-    try:
-        values = [int(d) for d in dims.split(",")]
-    except ValueError:
-        values = []
-    if not name or not values or any(v < 0 for v in values):
-        raise ValueError(f"--shape takes NAME:D1,D2,... with non-negative dims, got {text!r}")
-    return name, values

@@ -113,6 +113,16 @@ def file_requests(path: Path, shapes: Mapping[str, tuple[str, tuple[int, ...]]])
     return requests
 
 
+def model_requests(metadata: Mapping[str, Any], config: Mapping[str, Any], batch_size: int,
+                   shapes: Mapping[str, Sequence[int]], input_data: str) -> list[Request]:
+    """The requests to send a model described by its V2 metadata and config: `input_data` is "random", "zero"
+    or a file (file_requests)."""
+    specs = request_shapes(metadata, int(config.get("max_batch_size", 0) or 0), batch_size, shapes)
+    if input_data in ("random", "zero"):
+        return synthetic_requests(specs, input_data)
+    return file_requests(Path(input_data), specs)
+
+
 def _perf_analyzer_entry(entry: Any, shapes: Mapping[str, tuple[str, tuple[int, ...]]], where: str) -> Request:
     if not isinstance(entry, dict):
         raise InputError(f"{where} must be an object of input name -> data")
@@ -142,3 +152,15 @@ def _check_names(request: Request, shapes: Mapping[str, Any], where: str) -> Non
     missing = sorted(set(shapes) - set(request))
     if missing:
         raise InputError(f"{where} lacks input(s) {', '.join(missing)}")
+
+
+def parse_shape(text: str) -> tuple[str, list[int]]:
+    """--shape NAME:D1,D2 as (name, dims); ValueError naming the flag otherwise."""
+    name, _, dims = text.rpartition(":")
+    try:
+        values = [int(d) for d in dims.split(",")]
+    except ValueError:
+        values = []
+    if not name or not values or any(v < 0 for v in values):
+        raise ValueError(f"--shape takes NAME:D1,D2,... with non-negative dims, got {text!r}")
+    return name, values

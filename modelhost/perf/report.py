@@ -166,17 +166,17 @@ def write_html(path: Path, steps: Sequence[StepResult], meta: Mapping[str, Any],
                title: str = DEFAULT_TITLE) -> None:
     """Write one self-contained page (no scripts, no external resources): the title, meta, the PNG embedded as a
     data: URI, the steps and their error samples. Every text from the caller is html-escaped."""
-    meta_rows = [[str(key), _text(value)] for key, value in meta.items()]
-    step_rows = [[_text(value) for value in _cells(step).values()] for step in steps]
+    meta_rows = [[str(key), cell_text(value)] for key, value in meta.items()]
+    step_rows = [[cell_text(value) for value in _cells(step).values()] for step in steps]
     error_rows = [[f"{step.protocol} {step.mode} {step.load:g}", sample] for step in steps
                   for sample in step.error_samples]
-    errors = "<h2>Errors</h2>\n" + _table(error_rows, ("step", "error")) if error_rows else ""
-    page = _PAGE.format(title=html.escape(title), meta=_table(meta_rows),
-                        png=base64.b64encode(png).decode("ascii"), steps=_table(step_rows, COLUMNS), errors=errors)
+    errors = "<h2>Errors</h2>\n" + html_table(error_rows, ("step", "error")) if error_rows else ""
+    page = _PAGE.format(title=html.escape(title), meta=html_table(meta_rows),
+                        png=base64.b64encode(png).decode("ascii"), steps=html_table(step_rows, COLUMNS), errors=errors)
     path.write_text(page, encoding="utf-8")
 
 
-def _text(value: object) -> str:
+def cell_text(value: object) -> str:
     # A cell's text: floats to 6 significant digits (the CSV and JSON keep them whole), None empty, others as JSON.
     if value is None:
         return ""
@@ -187,7 +187,7 @@ def _text(value: object) -> str:
     return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str).decode()
 
 
-def _table(rows: Sequence[Sequence[str]], header: Sequence[str] = ()) -> str:
+def html_table(rows: Sequence[Sequence[str]], header: Sequence[str] = ()) -> str:
     lines = ["<table>"]
     if header:
         lines.append("<tr>" + "".join(f"<th>{html.escape(cell)}</th>" for cell in header) + "</tr>")

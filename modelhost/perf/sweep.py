@@ -1,6 +1,7 @@
 """A sweep: one step per load level, each a warm-up and a measured window, with the server's statistics read
 around the window. With `processes="auto"` a step whose generator process was busy most of the window is
-run again from twice as many processes: the generator must not be what limits the numbers."""
+run again from twice as many processes: the generator must not be what limits the numbers. `Loader` runs
+steps one at a time for callers that choose the next load from the last (the tuner)."""
 
 from __future__ import annotations
 
@@ -43,31 +44,56 @@ class Sweep:
     binary: bool = True
 
 
+class Loader:
+    """A sweep's load generator and statistics client, kept between steps: `measure` one load level at a time.
+    With `processes="auto"`, a step whose generator process was busy most of its window runs again from twice
+    as many processes."""
+
+    def __init__(self, sweep: Sweep, requests: Sequence[dict[str, np.ndarray]], out: TextIO | None = sys.stderr,
+                 ) -> None:
+        self.sweep = sweep
+        self.processes = 1 if sweep.processes == "auto" else int(sweep.processes)
+        self.busy_by_step: list[float] = []
+        self.split = sweep.split
+        self._requests = requests
+        self._out = out
+        self._options = {"binary": sweep.binary}
+        self._source = _source(self.processes, sweep.url, requests, self._options)
+        self._stats = Client(sweep.url)
+
+    def measure(self, load: float, label: str) -> StepResult:
+        """One step at `load`, its requests cut into `split` parts (the sweep's, unless changed)."""
+        while True:
+            step, busy = _step(self.sweep, self._source, self._stats, load, label, self._out, self.split)
+            if self.sweep.processes != "auto" or busy < BUSY or self.processes >= self.sweep.max_processes:
+                break
+            self._source.close()
+            self.processes = min(self.processes * 2, self.sweep.max_processes)
+            _say(self._out, f"the generator was busy {busy:.0%} of the window: again from {self.processes} processes")
+            self._source = _source(self.processes, self.sweep.url, self._requests, self._options)
+        self.busy_by_step.append(busy)
+        _say(self._out, _summary(step))
+        return step
+
+    def close(self) -> None:
+        self._source.close()
+        self._stats.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def run_sweep(sweep: Sweep, requests: Sequence[dict[str, np.ndarray]], out: TextIO | None = sys.stderr,
               ) -> tuple[list[StepResult], dict[str, Any]]:
     """Every step's result, and what the sweep learned about itself (processes used, generator busy share)."""
-    processes = 1 if sweep.processes == "auto" else int(sweep.processes)
-    options = {"binary": sweep.binary}
-    source = _source(processes, sweep.url, requests, options)
-    results: list[StepResult] = []
-    busy_by_step: list[float] = []
-    try:
-        with Client(sweep.url) as stats_client:
-            for index, load in enumerate(sweep.loads):
-                while True:
-                    step, busy = _step(sweep, source, stats_client, load, index, processes, out)
-                    if sweep.processes != "auto" or busy < BUSY or processes >= sweep.max_processes:
-                        break
-                    source.close()
-                    processes = min(processes * 2, sweep.max_processes)
-                    _say(out, f"the generator was busy {busy:.0%} of the window: again from {processes} processes")
-                    source = _source(processes, sweep.url, requests, options)
-                results.append(step)
-                busy_by_step.append(busy)
-                _say(out, _summary(step))
-    finally:
-        source.close()
-    return results, {"processes": processes, "generator_busy": busy_by_step}
+    with Loader(sweep, requests, out) as loader:
+        total = len(sweep.loads)
+        results = [loader.measure(load, f"step {index + 1}/{total} {sweep.mode} {load:g}")
+                   for index, load in enumerate(sweep.loads)]
+        return results, {"processes": loader.processes, "generator_busy": loader.busy_by_step}
 
 
 def _source(processes: int, url: str, requests: Sequence[dict[str, np.ndarray]],
@@ -77,17 +103,17 @@ def _source(processes: int, url: str, requests: Sequence[dict[str, np.ndarray]],
     return ProcessLoad(processes, url, requests, options)
 
 
-def _step(sweep: Sweep, source: LoadSource, stats_client: Client, load: float, index: int, processes: int,
-          out: TextIO | None) -> tuple[StepResult, float]:
+def _step(sweep: Sweep, source: LoadSource, stats_client: Client, load: float, label: str, out: TextIO | None,
+          split: int | None) -> tuple[StepResult, float]:
     start_at = time.time() + START_MARGIN_S
-    plan = StepPlan(sweep.model, sweep.mode, load, start_at, sweep.warmup_s, sweep.duration_s, seed=index,
-                    timeout_s=sweep.timeout_s, split=sweep.split)
+    plan = StepPlan(sweep.model, sweep.mode, load, start_at, sweep.warmup_s, sweep.duration_s,
+                    seed=int(load * 1000) % 100_003, timeout_s=sweep.timeout_s, split=split)
     pending = source.start(plan)
     window_start = start_at + sweep.warmup_s
     window_end = window_start + sweep.duration_s
-    _progress(out, sweep, index, load, start_at, window_start)
+    _progress(out, sweep, label, start_at, window_start)
     before = _statistics(stats_client, sweep.model)
-    _progress(out, sweep, index, load, start_at, window_end)
+    _progress(out, sweep, label, start_at, window_end)
     after = _statistics(stats_client, sweep.model)
     parts: list[Samples] = pending.result(timeout=sweep.duration_s + sweep.warmup_s + 600)
     latencies = [latency for samples in parts for latency in samples.latencies_s]
@@ -109,10 +135,9 @@ def _statistics(client: Client, model: str) -> dict[str, tuple[int, int]]:
         return {}  # a server without the statistics extension: no breakdown
 
 
-def _progress(out: TextIO | None, sweep: Sweep, index: int, load: float, start_at: float, until: float) -> None:
+def _progress(out: TextIO | None, sweep: Sweep, label: str, start_at: float, until: float) -> None:
     """Wait until the wall-clock instant `until`, drawing a progress bar of the step's window."""
     total = sweep.warmup_s + sweep.duration_s
-    label = f"step {index + 1}/{len(sweep.loads)} {sweep.mode} {load:g}"
     while True:
         left = until - time.time()
         if out is not None and out.isatty():

@@ -1,0 +1,1 @@
+"""`modelhost tune`: search a model's serving configuration for the most throughput within a p99 budget."""
