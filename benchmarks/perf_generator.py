@@ -21,11 +21,17 @@ Rounds are the outer loop, so a point's rounds are spread over the run; tables s
 (ratios are ratios of medians, with the per-round ratios' range beside them). Every answer format is
 checked against onnxruntime before the first round; `modelhost perf` checks no answers, but a run with any
 failed request raises. A cell that fails prints n/a with the reason in a footnote.
+CPU per request, to tell a generator's cost from the server's: the requests a cell served are the server's
+statistics-extension success count over the cell (warm-up included); the server's CPU is its process's over
+the cell; wrk's and perf_analyzer's is their processes' (getrusage of children: warm-up and start-up
+included, which is small next to seconds of load); `modelhost perf`'s is the busy share it reports over its
+measured window (its own start-up and report are Python and would swamp it), that of its busiest process
+times the processes (they share the load evenly), per request.
 
 The generators share the machine's cores with the server (2 here): a Python generator's CPU is CPU the
 server does not get, which is part of what the ceiling measures. Needs wrk (Debian package) and
 perf_analyzer (libb64-0d; benchmarks/peers/perf_analyzer.py installs the rest on first use). The defaults
-(5 s, 3 rounds, both parts) take about 10 minutes on 2 cores.
+(5 s, 3 rounds, both parts) take about 7 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +59,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import side_by_side  # noqa: E402
 from benchmarks.peers import perf_analyzer  # noqa: E402
 from benchmarks.side_by_side import WARMUP_S, Footnotes, V2Api, Workload  # noqa: E402
+from modelhost.client import Client  # noqa: E402
+from modelhost.perf import server_stats  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
 
 PARTS = ("ceiling", "agreement")
@@ -62,7 +72,7 @@ AGREEMENT_POINTS = tuple((model, protocol, c) for model, levels in (("rank", (1,
                          for protocol in ("http", "grpc") for c in levels)
 AGREEMENT = 0.10  # |modelhost perf / perf_analyzer - 1| on req/s within this counts as agreeing
 PERF_TIMEOUT_S = 120  # beyond its windows: interpreter start, spawning workers, writing the report
-Result = dict[str, Any]  # rps, p50, p99 (ms); modelhost perf's also processes and busy
+Result = dict[str, Any]  # rps, p50, p99 (ms), server_cpu_ms, generator_cpu_ms; modelhost perf's also processes, busy
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,37 @@ class Setup:
     analyzer_data: dict[str, perf_analyzer.InputData]  # model -> perf_analyzer --input-data, with answers
     workdir: Path
     seconds: int
+    stats: Client  # the server's statistics extension: requests served per model
+
+
+def served(setup: Setup, model: str) -> int:
+    return server_stats.totals(setup.stats.statistics(model))["success"][0]
+
+
+def process_cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds, all threads, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # counts a child once it has been waited for
+    return usage.ru_utime + usage.ru_stime
+
+
+def with_cpu(setup: Setup, model: str, measure: Callable[[], Result]) -> Result:
+    """measure(), with the server's and the generator's CPU ms per request served over it."""
+    count, server_cpu, generator_cpu = served(setup, model), process_cpu_s(setup.server.process.pid), children_cpu_s()
+    result = measure()
+    requests = served(setup, model) - count
+    if requests <= 0:
+        raise RuntimeError("the server counted no successful requests")
+    result["server_cpu_ms"] = 1e3 * (process_cpu_s(setup.server.process.pid) - server_cpu) / requests
+    if "busy" in result:  # modelhost perf: its measured window only; busy is its busiest process's share
+        result["generator_cpu_ms"] = 1e3 * result["busy"] * result["processes"] / result["rps"]
+    else:
+        result["generator_cpu_ms"] = 1e3 * (children_cpu_s() - generator_cpu) / requests
+    return result
 
 
 def batch_size(workload: Workload) -> int:
@@ -137,8 +178,8 @@ def run_rounds(setup: Setup, parts: Sequence[str], rounds: int, c: int) -> dict[
     """Every cell of every round, in order; cells[key] holds one (result or None, why) per round."""
     cells: dict[tuple[str, ...], list[Any]] = {}
 
-    def run(key: tuple[str, ...], label: str, measure: Callable[..., Result], *args: Any) -> None:
-        result, why = side_by_side.attempt(measure, setup, *args)
+    def run(key: tuple[str, ...], label: str, model: str, measure: Callable[..., Result], *args: Any) -> None:
+        result, why = side_by_side.attempt(with_cpu, setup, model, lambda: measure(setup, *args))
         cells.setdefault(key, []).append((result, why))
         print(f"{label}: {describe(result, why)}", flush=True)
 
@@ -146,7 +187,7 @@ def run_rounds(setup: Setup, parts: Sequence[str], rounds: int, c: int) -> dict[
         if "ceiling" in parts:
             for generator in rotated(CEILING_GENERATORS, round_index):
                 run(("ceiling", generator), f"round {round_index} ceiling tiny http c={c} {generator}",
-                    ceiling_cell, generator, c)
+                    "tiny", ceiling_cell, generator, c)
         if "agreement" in parts:
             for point_index, (model, protocol, level) in enumerate(AGREEMENT_POINTS):
                 order = ["perf", "perf_analyzer"]
@@ -156,9 +197,9 @@ def run_rounds(setup: Setup, parts: Sequence[str], rounds: int, c: int) -> dict[
                     label = f"round {round_index} {model} {protocol} c={level} {generator}"
                     key = ("agreement", model, protocol, str(level), generator)
                     if generator == "perf":
-                        run(key, label, modelhost_perf, model, protocol, level, "1")
+                        run(key, label, model, modelhost_perf, model, protocol, level, "1")
                     else:
-                        run(key, label, analyzer, model, protocol, level)
+                        run(key, label, model, analyzer, model, protocol, level)
     return cells
 
 
@@ -166,7 +207,8 @@ def describe(result: Result | None, why: str) -> str:
     if result is None:
         return f"n/a ({why})"
     extra = f", {result['processes']} process(es) busy {result['busy']:.0%}" if "busy" in result else ""
-    return f"{result['rps']:.0f} req/s p50 {result['p50']:.2f} ms p99 {result['p99']:.2f} ms{extra}"
+    return (f"{result['rps']:.0f} req/s p50 {result['p50']:.2f} ms p99 {result['p99']:.2f} ms; CPU ms/request: "
+            f"generator {result['generator_cpu_ms']:.3f}, server {result['server_cpu_ms']:.3f}{extra}")
 
 
 def median_of(runs: list[Any], notes: Footnotes) -> tuple[Result | None, str]:
@@ -176,7 +218,7 @@ def median_of(runs: list[Any], notes: Footnotes) -> tuple[Result | None, str]:
     mark = notes.mark(f"{len(runs) - len(done)} of {len(runs)} rounds failed: {failures}" if failures else "")
     if not done:
         return None, mark
-    keys = [key for key in ("rps", "p50", "p99", "busy") if key in done[0]]
+    keys = [key for key in ("rps", "p50", "p99", "busy", "generator_cpu_ms", "server_cpu_ms") if key in done[0]]
     medians: Result = {key: statistics.median(result[key] for result in done) for key in keys}
     medians["per_round_rps"] = [result["rps"] for result in done]
     if "processes" in done[0]:
@@ -186,22 +228,22 @@ def median_of(runs: list[Any], notes: Footnotes) -> tuple[Result | None, str]:
 
 def ceiling_table(cells: dict[tuple[str, ...], list[Any]], c: int, notes: Footnotes) -> tuple[str, list[Result]]:
     lines = [f"Ceiling: tiny over HTTP, concurrency {c} (closed loop), medians over rounds", "",
-             "| generator | processes | req/s | / wrk | p50 ms | p99 ms | generator busy |",
-             "|---|---|---|---|---|---|---|"]
+             "| generator | processes | req/s | / wrk | p50 ms | p99 ms | generator busy | CPU ms/request: "
+             "generator | server |", "|---|---|---|---|---|---|---|---|---|"]
     reference, _ = median_of(cells.get(("ceiling", "wrk"), []), Footnotes())
     rows = []
     for generator in CEILING_GENERATORS:
         medians, mark = median_of(cells.get(("ceiling", generator), []), notes)
         label = GENERATOR_LABELS[generator] + mark
         if medians is None:
-            lines.append(f"| {label} | n/a | n/a | n/a | n/a | n/a | n/a |")
+            lines.append(f"| {label} |" + " n/a |" * 8)
             continue
         ratio = medians["rps"] / reference["rps"] if reference else None
         processes = "/".join(str(p) for p in medians.get("processes", [])) or "-"
         busy = f"{medians['busy']:.0%}" if "busy" in medians else "-"
         lines.append(f"| {label} | {processes} | {medians['rps']:.0f} | "
                      f"{'n/a' if ratio is None else f'{ratio:.2f}'} | {medians['p50']:.2f} | {medians['p99']:.2f} | "
-                     f"{busy} |")
+                     f"{busy} | {medians['generator_cpu_ms']:.3f} | {medians['server_cpu_ms']:.3f} |")
         rows.append({"generator": generator, **medians, "ratio_to_wrk": ratio})
     return "\n".join(lines), rows
 
@@ -209,8 +251,8 @@ def ceiling_table(cells: dict[tuple[str, ...], list[Any]], c: int, notes: Footno
 def agreement_table(cells: dict[tuple[str, ...], list[Any]], notes: Footnotes) -> tuple[str, list[Result]]:
     lines = ["Agreement: modelhost perf --processes 1 (mh) against perf_analyzer (pa), medians over rounds", "",
              "| model | protocol | c | pa req/s | mh req/s | mh / pa | per round | pa p50 ms | mh p50 ms "
-             "| pa p99 ms | mh p99 ms | mh busy | within 10 % |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| pa p99 ms | mh p99 ms | pa CPU ms/req | mh CPU ms/req | server CPU ms/req pa, mh | within 10 % |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for model, protocol, c in AGREEMENT_POINTS:
         key = ("agreement", model, protocol, str(c))
@@ -220,14 +262,16 @@ def agreement_table(cells: dict[tuple[str, ...], list[Any]], notes: Footnotes) -
         if ours is None or theirs is None:
             pa = f"{theirs['rps']:.0f}" if theirs else "n/a"
             mh = f"{ours['rps']:.0f}" if ours else "n/a"
-            lines.append(f"{head} {pa}{their_mark} | {mh}{our_mark} | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a |")
+            lines.append(f"{head} {pa}{their_mark} | {mh}{our_mark} |" + " n/a |" * 10)
             continue
         ratio = ours["rps"] / theirs["rps"]
         paired = [a / b for a, b in zip(ours["per_round_rps"], theirs["per_round_rps"])]
         agrees = abs(ratio - 1) <= AGREEMENT
         lines.append(f"{head} {theirs['rps']:.1f}{their_mark} | {ours['rps']:.1f}{our_mark} | {ratio:.3f} | "
                      f"{min(paired):.2f}-{max(paired):.2f} | {theirs['p50']:.2f} | {ours['p50']:.2f} | "
-                     f"{theirs['p99']:.2f} | {ours['p99']:.2f} | {ours['busy']:.0%} | {'yes' if agrees else 'NO'} |")
+                     f"{theirs['p99']:.2f} | {ours['p99']:.2f} | {theirs['generator_cpu_ms']:.3f} | "
+                     f"{ours['generator_cpu_ms']:.3f} | {theirs['server_cpu_ms']:.3f}, {ours['server_cpu_ms']:.3f} | "
+                     f"{'yes' if agrees else 'NO'} |")
         rows.append({"model": model, "protocol": protocol, "c": c, "modelhost_perf": ours, "perf_analyzer": theirs,
                      "rps_ratio": ratio, "per_round_ratios": paired, "agrees": agrees})
     return "\n".join(lines), rows
@@ -244,7 +288,7 @@ def prepare(server: ServerProcess, workdir: Path, seconds: int) -> Setup:
         np.save(npy[model], workload.array)
         data[model] = perf_analyzer.write_input_data(workdir / f"{model}.perf_analyzer.json", workload.input,
                                                      workload.array, workload.output, answer)
-    return Setup(server, jobs, npy, data, workdir, seconds)
+    return Setup(server, jobs, npy, data, workdir, seconds, Client(server.base))
 
 
 def main() -> int:
@@ -268,9 +312,11 @@ def main() -> int:
     server = ServerProcess(None, cache_dir=workdir / "cache").wait_ready()
     try:
         setup = prepare(server, workdir, args.duration)
-        cells = run_rounds(setup, parts, args.rounds, args.ceiling_concurrency)
+        with setup.stats:
+            cells = run_rounds(setup, parts, args.rounds, args.ceiling_concurrency)
     finally:
         server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)  # the example repository and every run's report: ~25 MB
     elapsed = time.monotonic() - started
     print(f"load average at end {os.getloadavg()}, {elapsed:.0f} s in all", flush=True)
 
