@@ -14,6 +14,7 @@ from typing import Any, Protocol, TextIO
 import numpy as np
 
 from modelhost.client import Client, ClientError
+from modelhost.client.retry import NO_RETRIES
 from modelhost.perf import server_stats
 from modelhost.perf.load import Samples, StepPlan
 from modelhost.perf.report import StepResult, percentiles
@@ -57,7 +58,8 @@ class Loader:
         self.split = sweep.split
         self._requests = requests
         self._out = out
-        self._options = {"binary": sweep.binary}
+        # No retries: a refused request is an error of the step, as perf_analyzer counts it, not a slow answer.
+        self._options = {"binary": sweep.binary, "retry": NO_RETRIES}
         self._source = _source(self.processes, sweep.url, requests, self._options)
         self._stats = Client(sweep.url)
 

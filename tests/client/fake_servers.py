@@ -17,19 +17,30 @@ from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
 
 ANSWER = orjson.dumps({"model_name": "m", "model_version": "1",
                        "outputs": [{"name": "y", "datatype": "FP32", "shape": [1], "data": [7.0]}]})
+# What GET answers: model m's metadata and config (one input x, [batch, 1] FP32), and empty statistics.
+DESCRIPTIONS = {
+    "/v2/models/m": {"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 1]}],
+                     "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}]},
+    "/v2/models/m/config": {"name": "m", "max_batch_size": 8},
+    "/v2/models/m/stats": {"model_stats": []},
+}
 
 
 class Script:
     def __init__(self, actions: list[str]) -> None:
         self.actions = list(actions)
         self.requests = 0
-        self.connections: set[int] = set()
+        self.connections = 0  # accepted so far
+        self.closed = 0  # closed by the server so far
         self._lock = threading.Lock()
 
-    def next(self, connection: int) -> str:
+    def connected(self) -> None:
+        with self._lock:
+            self.connections += 1
+
+    def next(self) -> str:
         with self._lock:
             self.requests += 1
-            self.connections.add(connection)
             return self.actions.pop(0) if len(self.actions) > 1 else self.actions[0]
 
 
@@ -42,9 +53,13 @@ def http_server(actions: list[str]) -> Iterator[tuple[str, Script]]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
+        def setup(self) -> None:
+            super().setup()
+            script.connected()
+
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            action = script.next(id(self.connection))
+            action = script.next()
             if action == "drop":
                 self.close_connection = True
                 return
@@ -64,10 +79,25 @@ def http_server(actions: list[str]) -> Iterator[tuple[str, Script]]:
             if action == "close-after":
                 self.close_connection = True
 
+        def do_GET(self) -> None:  # noqa: N802
+            document = DESCRIPTIONS.get(self.path)
+            body = orjson.dumps(document if document is not None else {"error": "not found"})
+            self.send_response(200 if document is not None else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        def shutdown_request(self, request: Any) -> None:
+            super().shutdown_request(request)
+            with script._lock:
+                script.closed += 1
+
+    server = Server(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -83,7 +113,7 @@ def grpc_server(actions: list[str]) -> Iterator[tuple[str, Script]]:
     script = Script(actions)
 
     def model_infer(request: pb.ModelInferRequest, context: grpc.ServicerContext) -> pb.ModelInferResponse:
-        action = script.next(0)
+        action = script.next()
         if action.startswith("unavailable"):
             if ":" in action:
                 context.set_trailing_metadata((("retry-after", action.split(":")[1]),))

@@ -86,6 +86,17 @@ def test_an_unreachable_server_or_model_is_reported() -> None:
     assert done.returncode == 1 and "cannot connect" in done.stderr
 
 
+def test_refusals_are_errors_of_the_step_not_retried(tmp_path: Path) -> None:
+    from modelhost.perf.command import main
+    from tests.client.fake_servers import http_server
+
+    with http_server(["503:0", "ok"]) as (url, script):  # the first request refused, every other answered
+        assert main(["-m", "m", "-u", url, "--measurement-interval", "500", "--warmup", "0", "--processes", "1",
+                     "-o", str(tmp_path)]) == 0
+    step = json.loads((tmp_path / "results.json").read_text())["steps"][0]
+    assert step["errors"] == 1 and step["requests"] > 0 and "queue full" in step["error_samples"][0]
+
+
 # --------------------------------------------------------------------------- parts
 
 
