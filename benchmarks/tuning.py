@@ -136,6 +136,42 @@ def agreement(server: ServerProcess, requests: list[dict[str, np.ndarray]], conc
             "modelhost_perf_p99_ms": ours.latency_ms["p99"], "ratio": ours.throughput / analyzer["rps"]}
 
 
+def in_process_limit(repo: Path, requests: list[dict[str, np.ndarray]], seconds: float = 3.0) -> dict[str, float]:
+    """requests/s of onnxruntime in this process on the same requests, no server: one session on every core, and
+    one single-threaded session per core running at once (the better is the limit)."""
+    import os
+    import threading
+
+    import onnxruntime as ort
+
+    cores = os.cpu_count() or 1
+    model = str(repo / MODEL / "1" / "model.onnx")
+
+    def session(threads: int) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+    def rate(sessions: list[ort.InferenceSession]) -> float:
+        counts = [0] * len(sessions)
+        end = time.monotonic() + seconds
+
+        def work(index: int) -> None:
+            while time.monotonic() < end:
+                sessions[index].run(None, requests[counts[index] % len(requests)])
+                counts[index] += 1
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(len(sessions))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sum(counts) / seconds
+
+    return {"one session, all cores": rate([session(cores)]),
+            f"{cores} sessions, one core each": rate([session(1) for _ in range(cores)])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-ms", type=float, default=50.0)
@@ -146,9 +182,10 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="modelhost-tuning-"))
     rng = np.random.default_rng(0)
     requests = [{"features": rng.standard_normal((ROWS, 1000), dtype=np.float32)} for _ in range(16)]
-    server = ServerProcess(rank_repository(workdir), "--model-control-mode", "explicit", "--load-model", MODEL)
+    repo = rank_repository(workdir)
+    results: dict[str, Any] = {"budget_ms": args.budget_ms, "limit": in_process_limit(repo, requests)}
+    server = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", MODEL)
     server.wait_ready()
-    results: dict[str, Any] = {"budget_ms": args.budget_ms}
     try:
         with Client(server.url) as client:
             base = client.model_config(MODEL)
@@ -182,14 +219,18 @@ def main() -> None:
 
 def print_tables(results: dict[str, Any]) -> None:
     default = results["default"]["capacity"] or 1.0
+    limit = max(results["limit"].values())
+    print("In-process limit (onnxruntime, no server, no client): " + ", ".join(
+        f"{name} {value:.1f} req/s" for name, value in results["limit"].items()))
+    print()
     print(f"| case (p99 budget {results['budget_ms']:g} ms) | req/s within the budget | p99 ms | concurrency "
-          "| vs default |")
-    print("|---|---|---|---|---|")
+          "| vs default | vs in-process limit |")
+    print("|---|---|---|---|---|---|")
     for key in ("default", "tuned", "target", "tuned_split"):
         row = results[key]
         p99 = f"{row['p99_ms']:.1f}" if row["p99_ms"] is not None else "-"
         print(f"| {row['label']} | {row['capacity']:.1f} | {p99} | {row['concurrency']} "
-              f"| {row['capacity'] / default:.2f}x |")
+              f"| {row['capacity'] / default:.2f}x | {row['capacity'] / limit:.2f}x |")
     print()
     print("| case | concurrency | req/s | p50 ms | p99 ms | refused in the window |")
     print("|---|---|---|---|---|---|")
