@@ -139,9 +139,12 @@ class Scheduler:
         return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
     def check_room(self) -> None:
-        """OVERLOADED if a request at the default priority would find its queue full now (advisory: `submit`
-        checks again). Lets a front-end refuse a request before reading and decoding it."""
+        """OVERLOADED if a request at the default priority would find its queue full now, or (with a latency
+        target) if even a one-row request would be answered past the target (advisory: `submit` checks again).
+        Lets a front-end refuse a request before reading and decoding it."""
         self._queue.check_room(self._level(0), self._label)
+        if self.target is not None:
+            self._admit(1)
 
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, entry: str,
                  batchable: bool) -> Pending:

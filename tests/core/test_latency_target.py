@@ -10,7 +10,7 @@ import pytest
 
 from modelhost.config.pbtxt import ConfigError, parse_config
 from modelhost.core.latency_target import ADJUST_EVERY_S, LatencyTarget, ServiceTimes
-from modelhost.errors import ErrorKind
+from modelhost.errors import ErrorKind, ModelhostError
 from tests.core.scheduler_harness import serving, tags_of
 from tests.fakes import ManualClock, Slow
 from tests.helpers import rejected_async, run, until
@@ -131,9 +131,12 @@ def test_a_request_that_would_finish_late_is_refused_on_arrival() -> None:
             model.gate.clear()  # type: ignore[union-attr]
             blocker = await h.hold(model, tag=1)
             queued = await h.queue(2, 3)  # the last with one ahead: 2 x 30 + 15 ms, in time
+            with pytest.raises(ModelhostError) as before_reading:  # what a front-end asks before reading a body
+                h.scheduler.check_room()
+            assert before_reading.value.kind == ErrorKind.OVERLOADED
             error = await rejected_async(h.call(4), ErrorKind.OVERLOADED)  # 3 x 30 + 15 ms: late
             assert "p99 target of 100 ms" in error.message and error.retry_after is not None
-            assert h.scheduler.target is not None and h.scheduler.target.refused == 1
+            assert h.scheduler.target is not None and h.scheduler.target.refused == 2
             model.open()
             await asyncio.gather(blocker, *queued)
             assert [tags_of(b) for b in model.batches] == [[0], [1], [2], [3]]  # 4 never ran
