@@ -12,6 +12,7 @@ import numpy as np
 from modelhost.client import split as splitting
 from modelhost.client.aio_transports import AioGrpcTransport, AioHttpTransport, AioTransport
 from modelhost.client.calls import (
+    EXPECT_CONTINUE_BYTES,
     UNSPLITTABLE,
     ConfigCache,
     attempt_parameters,
@@ -31,10 +32,13 @@ class AsyncClient:
 
     def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, binary: bool = True,
                  timeout: float | None = None, retry: RetryPolicy = DEFAULT_RETRY,
-                 split_rows: int = splitting.DEFAULT_SPLIT_ROWS) -> None:
+                 split_rows: int = splitting.DEFAULT_SPLIT_ROWS,
+                 expect_continue_bytes: int = EXPECT_CONTINUE_BYTES) -> None:
         self.protocol, host, port = parse_address(url, protocol)
-        self._transport: AioTransport = (AioHttpTransport(host, port, binary) if self.protocol == "http"
-                                         else AioGrpcTransport(f"{host}:{port}"))
+        if self.protocol == "http":
+            self._transport: AioTransport = AioHttpTransport(host, port, binary, expect_continue_bytes)
+        else:
+            self._transport = AioGrpcTransport(f"{host}:{port}")
         self._timeout = timeout
         self._retry = retry
         self._split_rows = split_rows

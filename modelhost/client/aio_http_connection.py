@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import cast
 
 import httptools
 
 from modelhost.client.errors import ClientError, DeadlineExceeded
 from modelhost.client.http_answer import AnswerReader, HttpAnswer
+from modelhost.client.http_connection import CONTINUE_WAIT_S
 
 _MAX_IDLE = 256
 
@@ -50,32 +52,48 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(ClientError(0, f"the server closed the connection before answering{reason}",
                                              transient=True))
 
-    async def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None) -> HttpAnswer:
+    async def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None,
+                       expect: bool = False) -> HttpAnswer:
+        """As the blocking connection's exchange, `expect` included."""
         assert self.transport is not None
         loop = asyncio.get_running_loop()
-        self._reader = AnswerReader()
-        self._waiter = waiter = loop.create_future()
-        self.transport.writelines(parts)
         timer = None
         if deadline is not None:
-            timer = loop.call_at(loop.time() + deadline - time.monotonic(), _expire, waiter)
+            timer = loop.call_at(loop.time() + deadline - time.monotonic(), self._expire)
         try:
-            answer: HttpAnswer = await waiter
-            return answer
+            if not expect:
+                waiter = self._await_answer()
+                self.transport.writelines(parts)
+                return await waiter
+            first = self._await_answer()
+            self.transport.write(parts[0])
+            done, _ = await asyncio.wait({first}, timeout=CONTINUE_WAIT_S)
+            waiter = first
+            if first in done:
+                answer = first.result()
+                if answer.status != 100:
+                    return replace(answer, keep_alive=False)  # answered at the head: the body never went
+                waiter = self._await_answer()
+            self.transport.writelines(parts[1:])
+            return await waiter
         finally:
             if timer is not None:
                 timer.cancel()
             self._reader = self._waiter = None
 
+    def _await_answer(self) -> asyncio.Future[HttpAnswer]:
+        self._reader = AnswerReader()
+        self._waiter = asyncio.get_running_loop().create_future()
+        return self._waiter
+
+    def _expire(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(DeadlineExceeded("the call's deadline passed before the server answered"))
+
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
             self.transport.close()
-
-
-def _expire(waiter: asyncio.Future[HttpAnswer]) -> None:
-    if not waiter.done():
-        waiter.set_exception(DeadlineExceeded("the call's deadline passed before the server answered"))
 
 
 class AioHttpPool:
@@ -87,10 +105,11 @@ class AioHttpPool:
         self._connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
 
-    async def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None) -> HttpAnswer:
+    async def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None,
+                       expect: bool = False) -> HttpAnswer:
         connection = await self._take(deadline)
         try:
-            answer = await connection.exchange(parts, deadline)
+            answer = await connection.exchange(parts, deadline, expect)
         except BaseException:
             connection.close()  # a cancelled or late call's connection closes: the server drops its request
             raise

@@ -17,6 +17,9 @@ from modelhost.client.split import BatchShape
 
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 CONFIG_TTL_S = 30.0
+# HTTP bodies this large first ask the server whether it takes them (Expect: 100-continue, as curl does above
+# 1 MiB): a server refusing a request at its head (overload, a latency target) is spared the body.
+EXPECT_CONTINUE_BYTES = 1 << 20
 UNSPLITTABLE = BatchShape(0, 1)
 
 

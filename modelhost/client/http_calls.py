@@ -30,15 +30,20 @@ def ready_path(model: str, version: str) -> str:
 
 def infer_parts(
     authority: str, model: str, version: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None,
-    parameters: Mapping[str, Any], request_id: str, binary: bool,
-) -> Parts:
-    """The infer request as the parts to write: the head, the JSON header, each binary tensor."""
+    parameters: Mapping[str, Any], request_id: str, binary: bool, expect_bytes: int = 0,
+) -> tuple[Parts, bool]:
+    """The infer request as the parts to write (the head, the JSON header, each binary tensor), and whether its
+    head asks `Expect: 100-continue` (a body of `expect_bytes` or more; 0: never)."""
     body, header_length = encode_request(inputs, outputs, parameters, request_id, binary)
     length = sum(memoryview(part).nbytes for part in body)
     content_type = "application/octet-stream" if header_length is not None else "application/json"
+    expect = 0 < expect_bytes <= length
     head = request_head("POST", model_path(model, version) + "/infer", authority, content_type, length,
-                        header_length)
-    return [head, *body]
+                        header_length, _EXPECT if expect else b"")
+    return [head, *body], expect
+
+
+_EXPECT = b"Expect: 100-continue\r\n"
 
 
 def infer_answer(answer: HttpAnswer) -> dict[str, np.ndarray]:

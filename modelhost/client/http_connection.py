@@ -11,6 +11,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 
 import httptools
 
@@ -20,6 +21,7 @@ from modelhost.client.http_answer import AnswerReader, HttpAnswer
 _JOIN_BELOW = 256 * 1024  # smaller bodies go out in one write; larger ones part by part, without joining
 _READ_SIZE = 256 * 1024
 _MAX_IDLE = 64
+CONTINUE_WAIT_S = 1.0  # how long a request with Expect: 100-continue waits before sending its body anyway (curl's)
 
 
 class HttpConnection:
@@ -47,11 +49,18 @@ class HttpConnection:
             return False
         return False
 
-    def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None) -> HttpAnswer:
-        """Send one request (its head, then its body's parts), read its answer. Any failure leaves the
-        connection unusable (the caller closes it)."""
+    def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None,
+                 expect: bool = False) -> HttpAnswer:
+        """Send one request (its head, then its body's parts), read its answer. With `expect` the head asks
+        `Expect: 100-continue` and goes alone: a server that answers at once (a refusal) never gets the body,
+        and the connection is not kept. Any failure leaves the connection unusable (the caller closes it)."""
         reader = AnswerReader()
         try:
+            if expect:
+                early = self._ask_to_continue(parts[0], deadline)
+                if early is not None:
+                    return early
+                parts = parts[1:]
             self._send(parts, deadline)
             view = memoryview(self._buffer)
             while not reader.done:
@@ -67,6 +76,31 @@ class HttpConnection:
         except OSError as exc:
             raise ClientError(0, f"the connection failed: {exc.strerror or exc}", transient=True) from None
         return reader.answer()
+
+    def _ask_to_continue(self, head: bytes | memoryview, deadline: float | None) -> HttpAnswer | None:
+        """Send the head; the server's final answer if it gives one before 100 Continue, else None (continue,
+        also when it says nothing for CONTINUE_WAIT_S: a server that ignores Expect gets the body anyway)."""
+        self._sock.settimeout(_remaining(deadline))
+        self._sock.sendall(head)
+        reader = AnswerReader()
+        waited_until = time.monotonic() + CONTINUE_WAIT_S
+        view = memoryview(self._buffer)
+        while not reader.done:
+            left = waited_until - time.monotonic()
+            if left <= 0 and not reader.started:
+                return None
+            remaining = _remaining(deadline)
+            self._sock.settimeout(max(left, 0.001) if remaining is None else min(max(left, 0.001), remaining))
+            try:
+                count = self._sock.recv_into(self._buffer)
+            except TimeoutError:
+                _remaining(deadline)  # the deadline, or only the wait for 100 Continue, ended
+                continue
+            if not count:
+                raise ClientError(0, "the server closed the connection before answering", transient=True)
+            reader.feed(view[:count])
+        answer = reader.answer()
+        return None if answer.status == 100 else replace(answer, keep_alive=False)
 
     def _send(self, parts: Sequence[bytes | memoryview], deadline: float | None) -> None:
         self._sock.settimeout(_remaining(deadline))
@@ -99,10 +133,11 @@ class HttpPool:
         self._connect_timeout = connect_timeout
         self._idle: deque[HttpConnection] = deque()
 
-    def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None) -> HttpAnswer:
+    def exchange(self, parts: Sequence[bytes | memoryview], deadline: float | None,
+                 expect: bool = False) -> HttpAnswer:
         connection = self._take(deadline)
         try:
-            answer = connection.exchange(parts, deadline)
+            answer = connection.exchange(parts, deadline, expect)
         except BaseException:
             connection.close()
             raise

@@ -14,6 +14,7 @@ import numpy as np
 
 from modelhost.client import split as splitting
 from modelhost.client.calls import (
+    EXPECT_CONTINUE_BYTES,
     UNSPLITTABLE,
     ConfigCache,
     attempt_parameters,
@@ -32,17 +33,21 @@ _UNSET: Any = object()
 class Client:
     """A V2 server at `url` ("host:port" and `protocol`, or "http://host:port" / "grpc://host:port").
 
-    `binary`: HTTP tensors as binary data (default) or JSON. `timeout`: the default per-call deadline in
-    seconds (None: none). `retry`: how transient failures are retried. `split_rows`: requests of more rows are
+    `binary`: HTTP tensors as binary data (default) or JSON; `expect_continue_bytes`: HTTP bodies of this size or
+    more ask `Expect: 100-continue` first (0: never). `timeout`: the default per-call deadline in seconds
+    (None: none). `retry`: how transient failures are retried. `split_rows`: requests of more rows are
     split across the model's instances; `max_parallel`: parts in flight at once for one call.
     """
 
     def __init__(self, url: str = "127.0.0.1:8000", *, protocol: str | None = None, binary: bool = True,
                  timeout: float | None = None, retry: RetryPolicy = DEFAULT_RETRY,
-                 split_rows: int = splitting.DEFAULT_SPLIT_ROWS, max_parallel: int = 16) -> None:
+                 split_rows: int = splitting.DEFAULT_SPLIT_ROWS, max_parallel: int = 16,
+                 expect_continue_bytes: int = EXPECT_CONTINUE_BYTES) -> None:
         self.protocol, host, port = parse_address(url, protocol)
-        self._transport: Transport = (HttpTransport(host, port, binary) if self.protocol == "http"
-                                      else GrpcTransport(f"{host}:{port}"))
+        if self.protocol == "http":
+            self._transport: Transport = HttpTransport(host, port, binary, expect_continue_bytes)
+        else:
+            self._transport = GrpcTransport(f"{host}:{port}")
         self._timeout = timeout
         self._retry = retry
         self._split_rows = split_rows

@@ -32,15 +32,16 @@ class Transport(Protocol):
 
 
 class HttpTransport:
-    def __init__(self, host: str, port: int, binary: bool = True) -> None:
+    def __init__(self, host: str, port: int, binary: bool = True, expect_bytes: int = 0) -> None:
         self._pool = HttpPool(host, port)
         self._binary = binary
+        self._expect_bytes = expect_bytes
 
     def infer(self, model: str, version: str, inputs: Mapping[str, np.ndarray], outputs: Sequence[str] | None,
               parameters: Mapping[str, Any], request_id: str, deadline: float | None) -> dict[str, np.ndarray]:
-        parts = http_calls.infer_parts(self._pool.authority, model, version, inputs, outputs, parameters,
-                                       request_id, self._binary)
-        return http_calls.infer_answer(self._pool.exchange(parts, deadline))
+        parts, expect = http_calls.infer_parts(self._pool.authority, model, version, inputs, outputs, parameters,
+                                               request_id, self._binary, self._expect_bytes)
+        return http_calls.infer_answer(self._pool.exchange(parts, deadline, expect))
 
     def _json(self, method: str, path: str, deadline: float | None, document: Any = None) -> Any:
         parts = http_calls.json_parts(self._pool.authority, method, path, document)

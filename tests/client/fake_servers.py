@@ -32,6 +32,7 @@ class Script:
         self.requests = 0
         self.connections = 0  # accepted so far
         self.closed = 0  # closed by the server so far
+        self.body_bytes = 0  # request body bytes read
         self._lock = threading.Lock()
 
     def connected(self) -> None:
@@ -47,7 +48,8 @@ class Script:
 @contextmanager
 def http_server(actions: list[str]) -> Iterator[tuple[str, Script]]:
     """Actions: "ok", "close-after" (answer, then close without saying so), "drop" (close unanswered),
-    "503" / "503:N" (refuse, Retry-After N)."""
+    "503" / "503:N" (refuse, Retry-After N); to a request that asks Expect: 100-continue, "head-503" refuses
+    it at its head (the body never read) and "no-continue" ignores the Expect (never sends 100 Continue)."""
     script = Script(actions)
 
     class Handler(BaseHTTPRequestHandler):
@@ -56,10 +58,29 @@ def http_server(actions: list[str]) -> Iterator[tuple[str, Script]]:
         def setup(self) -> None:
             super().setup()
             script.connected()
+            self.action: str | None = None
+
+        def handle_expect_100(self) -> bool:
+            self.action = script.next()
+            if self.action == "head-503":
+                body = b'{"error":"refused at the head"}'
+                self.send_response(503)
+                self.send_header("Retry-After", "0")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                self.close_connection = True
+                return False
+            if self.action == "no-continue":
+                return True
+            return super().handle_expect_100()
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            action = script.next()
+            body_bytes = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            with script._lock:
+                script.body_bytes += len(body_bytes)
+            action = self.action or script.next()
+            self.action = None
             if action == "drop":
                 self.close_connection = True
                 return

@@ -115,3 +115,54 @@ def test_grpc_unavailable_without_retry_after_may_have_run() -> None:
             client.infer("m", X)
         assert failed.value.status == "UNAVAILABLE" and script.requests == 1
         assert client.infer("m", X, idempotent=True)["y"].tolist() == [7.0]
+
+
+LARGE = {"x": np.ones((300_000, 1), np.float32)}  # 1.2 MB: asks Expect: 100-continue
+
+
+def one_body(received: int) -> bool:
+    """The server read one request's body (its tensor and JSON header), not two."""
+    return LARGE["x"].nbytes <= received < 2 * LARGE["x"].nbytes
+
+
+def test_a_large_request_refused_at_its_head_never_sends_its_body() -> None:
+    with http_server(["head-503", "ok"]) as (url, script), Client(url, retry=FAST) as client:
+        assert client.infer("m", LARGE, split=1)["y"].tolist() == [7.0]
+        assert script.requests == 2 and one_body(script.body_bytes)  # only the retry's body
+        assert script.connections == 2  # a connection refused at the head is not kept
+    with http_server(["head-503"]) as (url, script), Client(url, retry=RetryPolicy(attempts=1)) as client:
+        with pytest.raises(ClientError, match="refused at the head") as refused:
+            client.infer("m", LARGE, split=1)
+        assert refused.value.status == 503 and not refused.value.sent and script.body_bytes == 0
+
+
+def test_async_large_request_refused_at_its_head() -> None:
+    async def call(url: str) -> list[float]:
+        async with AsyncClient(url, retry=FAST) as client:
+            return (await client.infer("m", LARGE, split=1))["y"].tolist()  # type: ignore[no-any-return]
+
+    with http_server(["head-503", "ok"]) as (url, script):
+        assert asyncio.run(call(url)) == [7.0]
+        assert script.requests == 2 and one_body(script.body_bytes)
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_a_server_ignoring_expect_gets_the_body_after_a_wait(use_async: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelhost.client import aio_http_connection, http_connection
+
+    monkeypatch.setattr(http_connection, "CONTINUE_WAIT_S", 0.2)
+    monkeypatch.setattr(aio_http_connection, "CONTINUE_WAIT_S", 0.2)
+
+    async def call(url: str) -> list[float]:
+        async with AsyncClient(url, retry=FAST) as client:
+            return (await client.infer("m", LARGE, split=1))["y"].tolist()  # type: ignore[no-any-return]
+
+    with http_server(["no-continue"]) as (url, script):
+        started = time.monotonic()
+        if use_async:
+            assert asyncio.run(call(url)) == [7.0]
+        else:
+            with Client(url, retry=FAST) as client:
+                assert client.infer("m", LARGE, split=1)["y"].tolist() == [7.0]
+        assert time.monotonic() - started >= 0.2 and one_body(script.body_bytes)
