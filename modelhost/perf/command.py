@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep = Sweep(model=args.model_name, url=address, protocol=args.protocol, mode=mode, loads=loads,
                   warmup_s=args.warmup, duration_s=args.measurement_interval / 1000.0, timeout_s=args.timeout,
                   split=None if args.split == 0 else args.split, processes=processes, binary=not args.json_tensors)
-    steps, learned = run_sweep(sweep, requests)
+    steps, learned = run_sweep(sweep, requests, sys.stderr)
     meta = {"model": args.model_name, "version": args.model_version, "url": address, "protocol": args.protocol,
             "batch_size": args.batch_size, "input_data": args.input_data, "split": args.split,
             "warmup_s": args.warmup, "measurement_interval_ms": args.measurement_interval,

@@ -75,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     processes = "auto" if args.processes == "auto" else int(args.processes)
     sweep = Sweep(model=args.model, url=address, protocol=args.protocol, mode="concurrency", loads=(),
                   warmup_s=args.warmup, duration_s=args.measurement_interval / 1000.0, processes=processes)
-    search = Search(args.model, base, Space(args.batch_size, args.server_cores, args.p99_ms), sweep, args.time_limit)
+    search = Search(args.model, base, Space(args.batch_size, args.server_cores, args.p99_ms), sweep, args.time_limit,
+                    sys.stderr)
     try:
         best = search.run(requests, knobs_of(base))
         baseline, final = search.confirm(requests, best, search.trials[0])

@@ -25,8 +25,17 @@ FAST = ["--measurement-interval", "800", "--warmup", "0.2"]
 
 
 def perf(*args: str) -> subprocess.CompletedProcess[str]:
+    """`modelhost perf` as a user runs it (the CLI, in a process of its own)."""
     return subprocess.run([sys.executable, "-m", "modelhost", "perf", *args], capture_output=True, text=True,
                           timeout=180)
+
+
+def perf_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`modelhost perf`'s main in this process (no interpreter start-up): its exit status and stderr."""
+    from modelhost.perf.command import main
+
+    code = main(list(args))
+    return code, capsys.readouterr().err
 
 
 def read_report(directory: Path) -> tuple[list[dict[str, str]], dict]:
@@ -57,33 +66,35 @@ def test_closed_loop_sweep_over_http_writes_the_report(example_server: ServerPro
     assert "concurrency 2:" in done.stderr and "infer/s" in done.stderr
 
 
-def test_open_loop_over_grpc_from_two_processes(example_server: ServerProcess, tmp_path: Path) -> None:
-    done = perf("-m", "tiny", "-i", "grpc", "-u", example_server.grpc_url, "--request-rate", "200",
-                "--processes", "2", *FAST, "-o", str(tmp_path))
-    assert done.returncode == 0, done.stderr
+def test_open_loop_over_grpc_from_two_processes(example_server: ServerProcess, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = perf_here(capsys, "-m", "tiny", "-i", "grpc", "-u", example_server.grpc_url, "--request-rate", "200",
+                          "--processes", "2", *FAST, "-o", str(tmp_path))
+    assert code == 0, err
     rows, document = read_report(tmp_path)
     assert rows[0]["mode"] == "rate" and rows[0]["protocol"] == "grpc"
     assert 100 < float(rows[0]["throughput"]) < 300  # Poisson arrivals at 200/s, over 0.8 s
     assert document["meta"]["processes"] == 2
 
 
-def test_requests_from_a_file_of_real_requests(example_server: ServerProcess, tmp_path: Path) -> None:
+def test_requests_from_a_file_of_real_requests(example_server: ServerProcess, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     x = np.random.default_rng(0).standard_normal((3, 4), dtype=np.float32)
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 4], "data": x.reshape(-1).tolist()}]}
     (tmp_path / "requests.json").write_bytes(orjson.dumps([body, body]))
-    done = perf("-m", "tiny", "-u", example_server.url, "--input-data", str(tmp_path / "requests.json"), *FAST,
-                "-o", str(tmp_path / "out"))
-    assert done.returncode == 0, done.stderr
+    code, err = perf_here(capsys, "-m", "tiny", "-u", example_server.url, "--input-data",
+                          str(tmp_path / "requests.json"), *FAST, "-o", str(tmp_path / "out"))
+    assert code == 0, err
     assert int(read_report(tmp_path / "out")[0][0]["requests"]) > 0
-    bad = perf("-m", "tiny", "-u", example_server.url, "--input-data", str(tmp_path / "missing.npy"))
-    assert bad.returncode == 2 and "does not exist" in bad.stderr
+    code, err = perf_here(capsys, "-m", "tiny", "-u", example_server.url, "--input-data", str(tmp_path / "missing.npy"))
+    assert code == 2 and "does not exist" in err
 
 
-def test_an_unreachable_server_or_model_is_reported() -> None:
+def test_an_unreachable_server_or_model_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
     from tests.server import free_port
 
-    done = perf("-m", "tiny", "-u", f"127.0.0.1:{free_port()}")
-    assert done.returncode == 1 and "cannot connect" in done.stderr
+    code, err = perf_here(capsys, "-m", "tiny", "-u", f"127.0.0.1:{free_port()}")
+    assert code == 1 and "cannot connect" in err
 
 
 def test_refusals_are_errors_of_the_step_not_retried(tmp_path: Path) -> None:
