@@ -20,11 +20,12 @@ class Capacity:
     steps: tuple[StepResult, ...]
 
 
-def capacity(loader: Loader, budget_ms: float, start: int, label: str) -> Capacity:
-    """Sweep concurrency from `start` (halving first while its p99 is over the budget, doubling after) and keep
-    the best step within the budget."""
+def capacity(loader: Loader, budget_ms: float, start: int, label: str,
+             max_concurrency: int = MAX_CONCURRENCY) -> Capacity:
+    """Sweep concurrency from `start` (halving first while its p99 is over the budget, doubling after, up to
+    `max_concurrency`) and keep the best step within the budget."""
     steps: list[StepResult] = []
-    concurrency = max(start, 1)
+    concurrency = min(max(start, 1), max_concurrency)
     best: StepResult | None = None
     while True:
         step = loader.measure(concurrency, f"{label}: concurrency {concurrency}")
@@ -33,7 +34,7 @@ def capacity(loader: Loader, budget_ms: float, start: int, label: str) -> Capaci
         if within and (best is None or step.throughput > best.throughput):
             gained = best is None or step.throughput >= best.throughput * SATURATED
             best = step
-            if not gained or concurrency * 2 > MAX_CONCURRENCY:
+            if not gained or concurrency * 2 > max_concurrency:
                 break
             concurrency *= 2
         elif best is None and concurrency > 1:

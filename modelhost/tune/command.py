@@ -22,6 +22,7 @@ from pathlib import Path
 from modelhost.client import Client, ClientError
 from modelhost.perf import inputs as request_inputs
 from modelhost.perf.sweep import Sweep
+from modelhost.tune.capacity import MAX_CONCURRENCY
 from modelhost.tune.knobs import Space, configured, knobs_of
 from modelhost.tune.report import write_tune_report
 from modelhost.tune.search import Search
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--server-cores", type=int, default=os.cpu_count() or 1,
         help="cores the server has, for instance and thread counts (default: this machine's)")
     add("--processes", default="auto", help="load generator processes, or auto")
+    add("--max-concurrency", type=int, default=MAX_CONCURRENCY, help="the most requests a trial keeps in "
+        f"flight (default {MAX_CONCURRENCY})")
     add("--restore", action="store_true", help="load the model's own configuration again when done")
     add("-o", "--output-dir", type=Path, default=None, help="where the report goes (default tune_<model>)")
     return parser
@@ -53,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.p99_ms > 0 or args.batch_size < 1 or args.server_cores < 1 or not args.time_limit > 0:
-        parser.error("--p99-ms, --time-limit, -b and --server-cores must be above 0")
+    if (not args.p99_ms > 0 or args.batch_size < 1 or args.server_cores < 1 or not args.time_limit > 0
+            or args.max_concurrency < 1):
+        parser.error("--p99-ms, --time-limit, -b, --server-cores and --max-concurrency must be above 0")
     try:
         shapes = dict(request_inputs.parse_shape(text) for text in args.shape)
     except ValueError as exc:
@@ -76,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep = Sweep(model=args.model, url=address, protocol=args.protocol, mode="concurrency", loads=(),
                   warmup_s=args.warmup, duration_s=args.measurement_interval / 1000.0, processes=processes)
     search = Search(args.model, base, Space(args.batch_size, args.server_cores, args.p99_ms), sweep, args.time_limit,
-                    sys.stderr)
+                    sys.stderr, args.max_concurrency)
     try:
         best = search.run(requests, knobs_of(base))
         baseline, final = search.confirm(requests, best, search.trials[0])

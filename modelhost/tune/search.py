@@ -15,7 +15,7 @@ import numpy as np
 
 from modelhost.client import Client, ClientError
 from modelhost.perf.sweep import Loader, Sweep
-from modelhost.tune.capacity import Capacity, capacity
+from modelhost.tune.capacity import MAX_CONCURRENCY, Capacity, capacity
 from modelhost.tune.knobs import DIMENSIONS, Knobs, Space, configured
 
 MIN_GAIN = 0.03  # throughput gains smaller than this are noise on a shared machine
@@ -40,6 +40,7 @@ class Search:
     sweep: Sweep  # the measurement: url, window, warm-up (its loads are unused)
     time_limit_s: float
     out: TextIO | None = sys.stderr
+    max_concurrency: int = MAX_CONCURRENCY
     trials: list[Trial] = field(default_factory=list)
 
     def run(self, requests: Sequence[dict[str, np.ndarray]], start: Knobs) -> Trial:
@@ -83,7 +84,7 @@ class Search:
             trial = Trial(index, dimension, knobs, None, exc.message, time.monotonic() - started)
         else:
             loader.split = knobs.client_split
-            result = capacity(loader, self.space.budget_ms, start, f"trial {index}")
+            result = capacity(loader, self.space.budget_ms, start, f"trial {index}", self.max_concurrency)
             trial = Trial(index, dimension, knobs, result, "", time.monotonic() - started)
         self.trials.append(trial)
         self._say(f"trial {index}: " + (f"{trial.result.throughput:.1f} req/s at p99 {trial.result.p99_ms:.1f} ms "

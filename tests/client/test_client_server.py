@@ -21,7 +21,7 @@ from tests.server import ServerProcess
 
 PROTOCOLS = ["http", "grpc"]
 S = 64  # the slow model's X is [batch, S, S]
-BLOCK_SECONDS = 0.6
+BLOCK_SECONDS = 0.4
 
 
 def address(server: ServerProcess, protocol: str) -> str:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +20,6 @@ from tests.server import ServerProcess
 
 RANK_METADATA = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [-1, 1000]}]}
 FAST = ["--measurement-interval", "800", "--warmup", "0.2"]
-
-
-def perf(*args: str) -> subprocess.CompletedProcess[str]:
-    """`modelhost perf` as a user runs it (the CLI, in a process of its own)."""
-    return subprocess.run([sys.executable, "-m", "modelhost", "perf", *args], capture_output=True, text=True,
-                          timeout=180)
 
 
 def perf_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -50,10 +42,14 @@ def read_report(directory: Path) -> tuple[list[dict[str, str]], dict]:
     return rows, document
 
 
-def test_closed_loop_sweep_over_http_writes_the_report(example_server: ServerProcess, tmp_path: Path) -> None:
-    done = perf("-m", "rank", "-u", example_server.url, "-b", "500", "--concurrency", "1,2", *FAST,
-                "-o", str(tmp_path / "report"), "-f", str(tmp_path / "latency.csv"))
-    assert done.returncode == 0, done.stderr
+def test_closed_loop_sweep_over_http_writes_the_report(example_server: ServerProcess, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from modelhost.cli import main  # the CLI's entry, `modelhost perf ...`, in this process
+
+    code = main(["perf", "-m", "rank", "-u", example_server.url, "-b", "500", "--concurrency", "1,2", *FAST,
+                 "-o", str(tmp_path / "report"), "-f", str(tmp_path / "latency.csv")])
+    err = capsys.readouterr().err
+    assert code == 0, err
     rows, document = read_report(tmp_path / "report")
     assert [(row["mode"], float(row["load"])) for row in rows] == [("concurrency", 1.0), ("concurrency", 2.0)]
     for row in rows:
@@ -63,7 +59,7 @@ def test_closed_loop_sweep_over_http_writes_the_report(example_server: ServerPro
         assert abs(float(row["throughput"]) - int(row["requests"]) / 0.8) < 1e-6
     assert document["meta"]["batch_size"] == 500 and len(document["steps"]) == 2
     assert (tmp_path / "latency.csv").read_text() == (tmp_path / "report" / "results.csv").read_text()
-    assert "concurrency 2:" in done.stderr and "infer/s" in done.stderr
+    assert "concurrency 2:" in err and "infer/s" in err
 
 
 def test_open_loop_over_grpc_from_two_processes(example_server: ServerProcess, tmp_path: Path,

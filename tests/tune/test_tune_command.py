@@ -4,12 +4,12 @@ server loads, leaves it loaded, and reports a p99 within the budget it was given
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from modelhost.cli import main
 from modelhost.client import Client
 from modelhost.config.pbtxt import parse_config
 from tests.onnx_models import scale_model, write_model
@@ -24,16 +24,17 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 
-def test_tune_returns_a_config_the_server_loads_within_the_budget(tmp_path: Path) -> None:
+def test_tune_returns_a_config_the_server_loads_within_the_budget(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     write_model(tmp_path / "repo", "scale", scale_model(2.0), CONFIG)
     server = ServerProcess(tmp_path / "repo", "--model-control-mode", "explicit", "--load-model", "scale").wait_ready()
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "modelhost", "tune", "scale", "--p99-ms", "50", "-u", server.url, "-b", "16",
-             "--time-limit", "4", "--measurement-interval", "250", "--warmup", "0.1", "--processes", "1",
-             "-o", str(tmp_path / "tuned")], capture_output=True, text=True, timeout=240)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "tuned:" in done.stdout and "config:" in done.stdout
+        code = main(["tune", "scale", "--p99-ms", "50", "-u", server.url, "-b", "16", "--time-limit", "1.5",
+                     "--measurement-interval", "150", "--warmup", "0.05", "--processes", "1", "--max-concurrency", "4",
+                     "-o", str(tmp_path / "tuned")])  # the CLI's entry, in this process
+        out = capsys.readouterr()
+        assert code == 0, out.err[-3000:]
+        assert "tuned:" in out.out and "config:" in out.out
         report = json.loads((tmp_path / "tuned" / "trials.json").read_text())
         final = report["final"]
         assert 0 < final["p99_ms"] <= 50 and final["throughput"] > 0
