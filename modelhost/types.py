@@ -163,6 +163,7 @@ class InferRequest:
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
     signature: str | None = None  # one of ModelMetadata.signatures by name; None: the config's inputs and outputs
+    received: float = 0.0  # time.monotonic() when the server began receiving it; 0: unknown
 
 
 @dataclass(slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -138,7 +139,7 @@ class DataPlane:
         try:
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature)
+                                       self.limits.max_output_bytes, request.signature, _spent(request))
             return InferResponse(served.name, str(served.version), outputs, request.id)
         finally:
             served.pins.release()
@@ -154,7 +155,7 @@ class DataPlane:
             request.model_name, request.model_version = name, version
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature)
+                                       self.limits.max_output_bytes, request.signature, _spent(request))
             return InferResponse(served.name, str(served.version), outputs, request.id), context
         finally:
             served.pins.release()
@@ -175,6 +176,11 @@ class DataPlane:
             return str(served.version), len(ids), added
         finally:
             served.pins.release()
+
+
+def _spent(request: InferRequest) -> float:
+    """Seconds since the server began receiving the request (0 when the front-end did not say)."""
+    return max(time.monotonic() - request.received, 0.0) if request.received else 0.0
 
 
 def _scheduling(parameters: dict[str, Any]) -> tuple[int, int]:

@@ -53,9 +53,10 @@ class EnsembleScheduler:
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
-        timeout_us: int | None = None, entry: str = "", batchable: bool = True,
+        timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
     ) -> Outputs:
-        """Run the steps the requested `outputs` need; priority and timeout pass to every step's scheduler.
+        """Run the steps the requested `outputs` need; priority and timeout pass to every step's scheduler
+        (`spent_s` does not: each step's model counts from the step's own start).
 
         `inputs` are the ensemble's checked inputs; `rows`, `entry` and `batchable` are unused (an ensemble
         has one signature, and each step counts its own rows and batches in its own model). A failing

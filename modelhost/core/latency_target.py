@@ -10,7 +10,8 @@ share of the target while p99 stays under 80 % of it, a smaller one when p99 pas
 (never above the config's) halves or doubles with it. With `target_p99_adapt: "false"` the batch size and
 delay stay the config's, and only admission and lateness act.
 
-Latency here is the server's share: from a request's arrival at the model's queue to its answer.
+Latency here is the server's: from the first byte of a request the front-end parsed (V2 HTTP says when; other
+front-ends count from the model's queue) to its answer leaving the model.
 Thread contract: every method runs on the event loop; instance threads only read `limits`' two fields.
 """
 
@@ -123,15 +124,16 @@ class LatencyTarget:
         delay_s = config.dynamic_batching.max_queue_delay_microseconds / 1e6
         return cls(target_ms / 1000.0, config.max_batch_size, delay_s, instances, adapt == "true", clock)
 
-    def admission(self, rows: int, queued_rows: int, busy_instances: int) -> float | None:
-        """None to admit a request of `rows` rows behind `queued_rows`; else the seconds by which it would miss
-        the target (its Retry-After). A request with nothing queued ahead is always admitted."""
+    def admission(self, rows: int, queued_rows: int, busy_instances: int, spent_s: float = 0.0) -> float | None:
+        """None to admit a request of `rows` rows behind `queued_rows`, the server having had it `spent_s`
+        already; else the seconds by which it would miss the target (its Retry-After). A request with nothing
+        queued ahead is always admitted."""
         if not queued_rows or not self.service.known:
             return None
         batch = max(self.limits.max_batch_size, 1)
         per_batch = self.service.estimate(batch)
         batches = math.ceil((queued_rows + rows) / batch)
-        predicted = math.ceil(batches / self._instances) * per_batch
+        predicted = spent_s + math.ceil(batches / self._instances) * per_batch
         if busy_instances >= self._instances:
             predicted += per_batch / 2  # what is running now: half done, on average
         if predicted <= self.target_s:
@@ -139,9 +141,11 @@ class LatencyTarget:
         self.refused += 1
         return predicted - self.target_s
 
-    def late_after(self) -> float:
-        """Seconds a request may wait in the queue and still make the target."""
-        return max(self.target_s - self.service.estimate(max(self.limits.max_batch_size, 1)), 0.1 * self.target_s)
+    def late_after(self, spent_s: float = 0.0) -> float:
+        """Seconds a request the server has had `spent_s` may wait in the queue and still make the target (at
+        least a tenth of the target: what cannot be known is not refused at once)."""
+        left = self.target_s - spent_s - self.service.estimate(max(self.limits.max_batch_size, 1))
+        return max(left, 0.1 * self.target_s)
 
     def executed(self, rows: int, seconds: float) -> None:
         self.service.add(rows, seconds)

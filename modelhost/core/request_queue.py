@@ -37,6 +37,7 @@ class Pending:
     taken: bool = False
     delayed: bool = False
     measures_handoff: bool = False  # queued alone with an instance free (core/loop_gate.py)
+    spent: float = 0.0  # seconds the server had the request before it was queued (a latency target counts them)
 
 
 class RequestQueue:

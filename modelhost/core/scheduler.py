@@ -93,9 +93,10 @@ class Scheduler:
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
-        timeout_us: int | None = None, entry: str = "", batchable: bool = True,
+        timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
     ) -> Outputs:
-        """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest.
+        """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest. `spent_s`: how
+        long the server has had the request before this (receiving, decoding), which a latency target counts.
 
         `entry` names the model's signature to run (`Model.infer_signature`; "" is `Model.infer`); a request
         that is not `batchable` (its signature has no batch dim) runs alone.
@@ -115,17 +116,18 @@ class Scheduler:
             if result is not None:
                 return result
         if self.target is not None:
-            self._admit(rows)
+            self._admit(rows, spent_s)
         split = self._policy.split_size if batchable else 0
         if not split or rows <= split:
-            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable), timeout)
+            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s), timeout)
         # Every chunk is queued before the first await: a request that got this scheduler is in its queue
         # before a reload can stop it, so it drains on this version rather than failing.
         pendings: list[Pending] = []
         try:
             for start in range(0, rows, split):
                 chunk = {name: array[start : start + split] for name, array in inputs.items()}
-                pendings.append(self._enqueue(chunk, outputs, min(split, rows - start), level, entry, batchable))
+                pendings.append(self._enqueue(chunk, outputs, min(split, rows - start), level, entry, batchable,
+                                              spent_s))
         except BaseException:
             self._withdraw(pendings)
             raise
@@ -147,7 +149,7 @@ class Scheduler:
             self._admit(1)
 
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, entry: str,
-                 batchable: bool) -> Pending:
+                 batchable: bool, spent_s: float = 0.0) -> Pending:
         loop = asyncio.get_running_loop()
         if not self._policy.batching:
             key: Any = None
@@ -158,7 +160,7 @@ class Scheduler:
         # Alone in the queue with an instance free: its round trip, less its execution, is a handoff's cost.
         alone = not self._queue.depth() and any(not lock.locked() for _, lock in self._instances)
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), entry,
-                          sequence=self._sequence, measures_handoff=alone)
+                          sequence=self._sequence, measures_handoff=alone, spent=spent_s)
         self._queue.put(pending, self._label)
         self._sequence += 1
         self._inflight += 1
@@ -170,10 +172,10 @@ class Scheduler:
             if self._queue.withdraw(pending):
                 self._finish(pending, None, None)
 
-    def _admit(self, rows: int) -> None:
+    def _admit(self, rows: int, spent_s: float = 0.0) -> None:
         assert self.target is not None
         busy = sum(lock.locked() for _, lock in self._instances)
-        miss = self.target.admission(rows, self._queue.rows, busy)
+        miss = self.target.admission(rows, self._queue.rows, busy, spent_s)
         if miss is not None:
             target_ms = self.target.target_s * 1000
             raise ModelhostError(
@@ -184,7 +186,7 @@ class Scheduler:
             )
 
     async def _wait(self, pending: Pending, timeout: float) -> Outputs:
-        late = self.target.late_after() if self.target is not None else 0.0
+        late = self.target.late_after(pending.spent) if self.target is not None else 0.0
         if late and not (timeout and timeout <= late):
             timer: Any = self._clock.call_later(late, self._refuse_late, pending)
         else:
@@ -326,10 +328,10 @@ class Scheduler:
         assert self.target is not None
         if self._queue.withdraw(pending):
             self.target.late += 1
-            waited = self._clock.now() - pending.enqueued
+            waited = self._clock.now() - pending.enqueued + pending.spent
             error = ModelhostError(
                 ErrorKind.OVERLOADED,
-                f"model {self._label}: the request waited {waited * 1000:.0f} ms in the queue, too long to be "
+                f"model {self._label}: the server has had the request {waited * 1000:.0f} ms, too long for it to be "
                 f"answered within the model's p99 target of {self.target.target_s * 1000:g} ms; retry later",
                 retry_after=waited,
             )
@@ -394,7 +396,7 @@ class Scheduler:
                 self.target.executed(rows, (timing.input_ns + timing.infer_ns + timing.output_ns) / 1e9)
                 now = self._clock.now()
                 for pending in batch:
-                    self.target.completed(now - pending.enqueued)
+                    self.target.completed(now - pending.enqueued + pending.spent)
             self._gate.learn(sum(_elements(p.inputs) for p in batch), timing.infer_ns, on_loop=False)
             if len(batch) == 1 and batch[0].measures_handoff:
                 round_trip_ns = int((self._clock.now() - batch[0].enqueued) * 1e9)

@@ -55,6 +55,13 @@ def test_admission_refuses_what_the_queue_ahead_would_make_late() -> None:
     assert two.admission(1, queued_rows=40, busy_instances=0) is None  # two instances share the batches
 
 
+def test_time_the_server_already_had_a_request_counts() -> None:
+    target = learned(LatencyTarget(0.050, 8, 0.0, instances=1), 8, 0.010)
+    assert target.admission(1, queued_rows=8, busy_instances=1) is None  # 25 ms
+    assert target.admission(1, queued_rows=8, busy_instances=1, spent_s=0.030) == pytest.approx(0.005)
+    assert target.late_after(spent_s=0.020) == pytest.approx(0.020)  # 50 - 20 - its 10 ms execution
+
+
 def test_late_after_leaves_room_for_the_execution() -> None:
     target = learned(LatencyTarget(0.100, 8, 0.0, instances=1), 8, 0.030)
     assert target.late_after() == pytest.approx(0.070)
@@ -144,6 +151,23 @@ def test_a_request_that_would_finish_late_is_refused_on_arrival() -> None:
     run(scenario())
 
 
+def test_a_request_received_long_ago_is_refused_sooner() -> None:
+    async def scenario() -> None:
+        model = Slow(seconds=0.03, gate=threading.Event())
+        model.open()
+        async with serving(target_config(100, batch=1), model, clock=ManualClock()) as h:
+            await h.call(0)
+            model.gate.clear()  # type: ignore[union-attr]
+            blocker = await h.hold(model, tag=1)
+            queued = await h.queue(2)  # one ahead of the next: 2 x 30 + 15 ms, in time when just received
+            error = await rejected_async(h.call(3, spent_s=0.030), ErrorKind.OVERLOADED)  # 30 ms more: late
+            assert "p99 target of 100 ms" in error.message
+            model.open()
+            await asyncio.gather(blocker, *queued)
+
+    run(scenario())
+
+
 def test_a_queued_request_that_can_no_longer_make_it_is_refused_not_run() -> None:
     async def scenario() -> None:
         model = Slow(seconds=0.03, gate=threading.Event())
@@ -160,7 +184,7 @@ def test_a_queued_request_that_can_no_longer_make_it_is_refused_not_run() -> Non
             assert not late.done()
             clock.advance(0.002)  # 100 ms less its 30 ms execution
             error = await rejected_async(late, ErrorKind.OVERLOADED)
-            assert "too long to be answered within" in error.message
+            assert "too long for it to be answered within" in error.message
             model.open()
             await blocker
             assert [tags_of(b) for b in model.batches] == [[0], [1]]

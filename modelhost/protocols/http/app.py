@@ -49,6 +49,7 @@ class HttpRequest:
     params: dict[str, str]
     body: bytes
     query: bytes = b""
+    received: float = 0.0  # time.monotonic() when its first byte was parsed; 0: unknown
 
 
 @dataclass(slots=True)
@@ -154,7 +155,8 @@ class HttpApp:
                 return denied
         try:
             body = await self._read_body(receive, headers)
-            return await handler(HttpRequest(method, path, headers, params, body, scope.get("query_string", b"")))
+            return await handler(HttpRequest(method, path, headers, params, body, scope.get("query_string", b""),
+                                             scope.get("modelhost.received", 0.0)))
         except ModelhostError as exc:
             return self._error(exc)
         except Exception as exc:

@@ -385,6 +385,7 @@ class HttpConnection(asyncio.BufferedProtocol):
             "headers": request.headers,
             "client": self._client,
             "server": sockname[:2] if isinstance(sockname, tuple) else None,
+            "modelhost.received": request.received,
         }
 
     @property

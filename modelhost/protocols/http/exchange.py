@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -26,7 +27,7 @@ class Request:
     """A request as received: the head's fields and the whole body. `charge`: budget bytes it holds."""
 
     __slots__ = ("method", "url", "path", "query", "headers", "body", "version", "keep_alive", "chunks", "size",
-                 "charge", "answer")
+                 "charge", "answer", "received")
 
     def __init__(self) -> None:
         self.method = b""
@@ -43,6 +44,7 @@ class Request:
         # (status, headers with content-length, body): the app's answer given at the head (HttpApp.admit);
         # the body was read and dropped, and the app is not called.
         self.answer: Answer | None = None
+        self.received = time.monotonic()  # its first byte was parsed (a latency target counts from here)
 
 
 class Connection(Protocol):

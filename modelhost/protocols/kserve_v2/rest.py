@@ -26,11 +26,13 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         if header_length == 0:
             def raw(metadata: ModelMetadata) -> tuple[InferRequest, InferRequest]:
                 decoded = decode_raw_request(request.body, metadata)
+                decoded.received = request.received
                 return decoded, decoded  # the request again, for its binary_data_output when encoding
 
             response, infer_request = await dataplane.decode_and_infer(model, version, raw)
         else:
             infer_request = decode_infer_request(request.body, header_length, model, version, dataplane.limits)
+            infer_request.received = request.received
             response = await dataplane.infer(infer_request)
         parts, json_length = encode_infer_response(response, infer_request)
         if json_length is None:
