@@ -17,7 +17,7 @@ from modelhost.protocols.torchserve import inference_pb2 as ipb
 from modelhost.protocols.torchserve import management_pb2 as mpb
 from tests.backends.torchserve_archives import MODULE_HANDLE, make_archive
 from tests.protocols.test_torchserve_grpc import INFERENCE, MANAGEMENT, Stub
-from tests.server import TorchServeProcess
+from tests.server import TorchServeProcess, wait_for
 
 pytest.importorskip("ts")
 
@@ -42,9 +42,19 @@ def test_each_api_takes_its_own_key_and_the_api_key_renews_them(tmp_path: Path) 
         keys = json.loads(key_file.read_text())
         assert set(keys) == {"management", "inference", "API"} and len(keys["inference"]["key"]) == 8
         assert keys["inference"]["expiration time"].endswith("Z") and "expiration time" not in keys["API"]
-        inference, management, api = (keys[k]["key"] for k in ("inference", "management", "API"))
-
+        api = keys["API"]["key"]
         predict = f"{server.inference}/predictions/lengths"
+
+        def renewed_key(kind: str) -> str:
+            answer = requests.get(f"{server.management}/token?type={kind}", headers=bearer(api), timeout=30)
+            assert answer.status_code == 200, answer.text
+            return str(json.loads(key_file.read_text())[kind]["key"])
+
+        # The keys' 3 s run from the server's start, and a loaded machine may take longer to load the model: wait
+        # for it with renewed keys, then take fresh ones, which last through the checks below (milliseconds each).
+        wait_for(lambda: requests.post(predict, data=b"abc", headers=bearer(renewed_key("inference")),
+                                       timeout=30).status_code == 200, timeout=120, what="the model to answer")
+        inference, management = renewed_key("inference"), renewed_key("management")
         assert requests.post(predict, data=b"abc", timeout=30).json() == REFUSED
         assert requests.get(f"{server.inference}/ping", timeout=30).status_code == 400
         assert requests.post(predict, data=b"abc", headers=bearer(management), timeout=30).json() == REFUSED
@@ -56,9 +66,7 @@ def test_each_api_takes_its_own_key_and_the_api_key_renews_them(tmp_path: Path) 
 
         wrong = requests.get(f"{server.management}/token?type=inference", headers=bearer(management), timeout=30)
         assert wrong.status_code == 400 and wrong.json()["message"].startswith("Token Authentication failed")
-        renewed = requests.get(f"{server.management}/token?type=inference", headers=bearer(api), timeout=30)
-        assert renewed.status_code == 200
-        fresh = json.loads(key_file.read_text())["inference"]["key"]
+        fresh = renewed_key("inference")
         assert fresh != inference
         assert requests.post(predict, data=b"x", headers=bearer(inference), timeout=30).status_code == 400
         assert requests.post(predict, data=b"x", headers=bearer(fresh), timeout=30).status_code == 200
