@@ -107,12 +107,12 @@ class Scheduler:
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
         if self._runs_async and self._may_run_async():
-            result = await self._run_async(inputs, outputs, rows, entry)
+            result = await self._run_async(inputs, outputs, rows, entry, spent_s)
             if result is not None:
                 return result
         size = _elements(inputs)
         if self._may_run_now(size):
-            result = self._run_on_loop(inputs, outputs, rows, size, entry)
+            result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s)
             if result is not None:
                 return result
         if self.target is not None:
@@ -254,7 +254,7 @@ class Scheduler:
         )
 
     async def _run_async(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
-                         entry: str) -> Outputs | None:
+                         entry: str, spent_s: float = 0.0) -> Outputs | None:
         """Run one request from the loop on a free instance; None when none is free or its model cannot now. The
         call finishes (and frees the instance) even when the caller goes away: the worker's answer must be read."""
         for instance, lock in self._instances:
@@ -264,7 +264,7 @@ class Scheduler:
                 result = await asyncio.shield(call)
                 if result is not None:
                     self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, result[1], 0))
-                    self._learn_alone(rows, result[1])
+                    self._learn_alone(rows, result[1], spent_s)
                     return result[0]
                 return None
         return None
@@ -284,7 +284,7 @@ class Scheduler:
                 spare.computing(-cores)
 
     def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
-                     size: int, entry: str) -> Outputs | None:
+                     size: int, entry: str, spent_s: float = 0.0) -> Outputs | None:
         """Run one request right here with a free instance; None when every instance is busy on its thread."""
         for instance, lock in self._instances:
             if lock.acquire(blocking=False):
@@ -296,15 +296,15 @@ class Scheduler:
                     lock.release()
                 self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
                 self._gate.learn(size, elapsed, on_loop=True)
-                self._learn_alone(rows, elapsed)
+                self._learn_alone(rows, elapsed, spent_s)
                 return result
         return None
 
-    def _learn_alone(self, rows: int, elapsed_ns: int) -> None:
-        """A request that ran at once, without queueing: its execution was its latency."""
+    def _learn_alone(self, rows: int, elapsed_ns: int, spent_s: float) -> None:
+        """A request that ran at once, without queueing: its latency was what came before and its execution."""
         if self.target is not None:
             self.target.executed(rows, elapsed_ns / 1e9)
-            self.target.completed(elapsed_ns / 1e9)
+            self.target.completed(spent_s + elapsed_ns / 1e9)
 
     def _level(self, priority: int) -> int:
         if priority == 0:
