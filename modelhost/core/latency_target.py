@@ -18,6 +18,7 @@ Thread contract: every method runs on the event loop; instance threads only read
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 
 from modelhost.config.model_config_pb2 import ModelConfig
@@ -29,7 +30,7 @@ TARGET_PARAMETER = "target_p99_ms"
 ADAPT_PARAMETER = "target_p99_adapt"
 ADJUST_EVERY_S = 0.5
 MIN_SAMPLES = 20  # latencies needed before a p99 means anything
-MAX_SAMPLES = 4096
+MAX_SAMPLES = 4096  # latencies kept per window, a uniform sample of them all
 CALM = 0.8  # p99 under this share of the target lets batches grow
 SHARE_RANGE = (0.1, 0.9)  # of the target a full batch's execution may take
 
@@ -100,7 +101,9 @@ class LatencyTarget:
         self._clock = clock
         self.service = ServiceTimes()
         self._share = 0.5
-        self._latencies: list[float] = []
+        self._latencies: list[float] = []  # a uniform sample of the window's latencies (reservoir)
+        self._seen = 0
+        self._random = random.Random(0)
         self._adjusted = clock.now()
         self.observed_p99_s = 0.0
         self.refused = 0  # at admission
@@ -151,8 +154,13 @@ class LatencyTarget:
         self.service.add(rows, seconds)
 
     def completed(self, latency_s: float) -> None:
+        self._seen += 1
         if len(self._latencies) < MAX_SAMPLES:
             self._latencies.append(latency_s)
+        else:
+            slot = self._random.randrange(self._seen)
+            if slot < MAX_SAMPLES:
+                self._latencies[slot] = latency_s
         now = self._clock.now()
         if now - self._adjusted >= ADJUST_EVERY_S and len(self._latencies) >= MIN_SAMPLES:
             self._adjust(now)
@@ -161,6 +169,7 @@ class LatencyTarget:
         latencies = sorted(self._latencies)
         self.observed_p99_s = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)]
         self._latencies.clear()
+        self._seen = 0
         self._adjusted = now
         if not self.adapt:
             return

@@ -102,6 +102,18 @@ def test_the_queue_delay_halves_over_the_target_and_returns_to_the_configs() -> 
     assert slow.limits.max_queue_delay_s == 0.0  # a batch ahead and its own take all of the target
 
 
+def test_a_busy_windows_p99_is_of_all_of_it() -> None:
+    clock = ManualClock()
+    target = LatencyTarget(0.050, 64, 0.0, instances=1, clock=clock)
+    for _ in range(20_000):  # more than the window keeps: its later half is slow
+        target.completed(0.001)
+    for _ in range(20_000):
+        target.completed(0.100)
+    clock.advance(ADJUST_EVERY_S)
+    target.completed(0.100)
+    assert target.observed_p99_s == pytest.approx(0.100)
+
+
 def test_a_frozen_target_keeps_the_configs_batch_size_and_delay() -> None:
     clock = ManualClock()
     target = learned(LatencyTarget(0.050, 64, 0.004, instances=1, adapt=False, clock=clock), 64, 0.064)
