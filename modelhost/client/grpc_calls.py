@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 from modelhost.client.errors import ClientError, DeadlineExceeded, retry_after_seconds
 from modelhost.errors import ModelhostError
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
-from modelhost.protocols.kserve_v2.codec import tensor_from_bytes, tensor_to_bytes
+from modelhost.protocols.kserve_v2.codec import tensor_from_bytes, tensor_view
 from modelhost.protocols.kserve_v2.grpc_codec import parameters_to_proto
 from modelhost.types import datatype_of
 
@@ -52,7 +52,7 @@ def infer_request(
         message.outputs.add(name=name)
     parts: list[bytes | memoryview] = [message.SerializeToString()]
     for array in inputs.values():
-        data = _tensor_bytes(array)
+        data = tensor_view(array)
         parts += (_RAW_INPUT_TAG, _varint(data.nbytes), data)
     return b"".join(parts)
 
@@ -67,12 +67,6 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
-
-
-def _tensor_bytes(array: np.ndarray) -> memoryview:
-    if array.dtype.kind in "OSU":
-        return memoryview(tensor_to_bytes(array))
-    return memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B")  # type: ignore[arg-type]
 
 
 def methods(channel: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import orjson
 
 from modelhost.client.errors import ClientError
 from modelhost.errors import ModelhostError
-from modelhost.protocols.kserve_v2.codec import tensor_from_bytes, tensor_from_json, tensor_to_bytes
+from modelhost.protocols.kserve_v2.codec import tensor_from_bytes, tensor_from_json, tensor_view
 from modelhost.types import DATATYPE_DTYPES, datatype_of
 
 Parts = list[bytes | memoryview]
@@ -30,7 +30,7 @@ def encode_request(
     for name, array in inputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
         if binary:
-            data = _tensor_bytes(array)
+            data = tensor_view(array)
             entry["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)
         else:
@@ -51,14 +51,6 @@ def encode_request(
     if chunks:
         return [header, *chunks], len(header)
     return [header], None
-
-
-def _tensor_bytes(array: np.ndarray) -> bytes | memoryview:
-    if array.dtype.kind in "OSU":
-        return tensor_to_bytes(array)
-    if array.flags.c_contiguous:
-        return memoryview(array.reshape(-1)).cast("B")  # type: ignore[arg-type]  # its own memory: no copy
-    return np.ascontiguousarray(array).tobytes()
 
 
 def _json_data(array: np.ndarray) -> Any:

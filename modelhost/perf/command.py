@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from modelhost.client import Client, ClientError
+from modelhost.client import ClientError
+from modelhost.perf import arguments
 from modelhost.perf import inputs as request_inputs
 from modelhost.perf.report import write_csv, write_report
 from modelhost.perf.sweep import Sweep, run_sweep
@@ -59,17 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         mode, loads = _loads(args)
-        shapes = dict(request_inputs.parse_shape(text) for text in args.shape)
-        processes: int | str = "auto" if args.processes == "auto" else _positive(args.processes, "--processes")
+        shapes = dict(arguments.parse_shape(text) for text in args.shape)
+        processes = arguments.parse_processes(args.processes)
     except ValueError as exc:
         parser.error(str(exc))
-    url = args.url or f"127.0.0.1:{8001 if args.protocol == 'grpc' else 8000}"
-    address = url if "://" in url else f"{args.protocol}://{url}"
+    address = arguments.server_address(args.url, args.protocol)
     try:
-        with Client(address) as client:
-            metadata = client.model_metadata(args.model_name, args.model_version)
-            config = client.model_config(args.model_name, args.model_version)
-        requests = request_inputs.model_requests(metadata, config, args.batch_size, shapes, args.input_data)
+        _, requests = arguments.model_requests(address, args.model_name, args.model_version, args.batch_size, shapes,
+                                               args.input_data)
     except ClientError as exc:
         print(f"modelhost perf: {address}: {exc}", file=sys.stderr)
         return 1
@@ -131,9 +129,3 @@ def _number(text: str, name: str) -> float:
     if not value > 0:
         raise ValueError(f"--{name}: {text} must be above 0")
     return value
-
-
-def _positive(text: str, name: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{name} takes a whole number of at least 1 or 'auto', got {text!r}")
-    return int(text)

@@ -152,15 +152,3 @@ def _check_names(request: Request, shapes: Mapping[str, Any], where: str) -> Non
     missing = sorted(set(shapes) - set(request))
     if missing:
         raise InputError(f"{where} lacks input(s) {', '.join(missing)}")
-
-
-def parse_shape(text: str) -> tuple[str, list[int]]:
-    """--shape NAME:D1,D2 as (name, dims); ValueError naming the flag otherwise."""
-    name, _, dims = text.rpartition(":")
-    try:
-        values = [int(d) for d in dims.split(",")]
-    except ValueError:
-        values = []
-    if not name or not values or any(v < 0 for v in values):
-        raise ValueError(f"--shape takes NAME:D1,D2,... with non-negative dims, got {text!r}")
-    return name, values

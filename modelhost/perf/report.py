@@ -148,31 +148,38 @@ th {{ background: #f0f0f0; }}
 td {{ text-align: right; font-variant-numeric: tabular-nums; }}
 td:first-child {{ text-align: left; }}
 img {{ max-width: 100%; }}
+pre {{ background: #f6f6f6; padding: 1em; }}
 </style>
 </head>
 <body>
 <h1>{title}</h1>
 {meta}
-<img alt="latency against throughput" src="data:image/png;base64,{png}">
-<h2>Steps</h2>
-{steps}
-{errors}
+<img alt="{alt}" src="data:image/png;base64,{png}">
+{sections}
 </body>
 </html>
 """
+
+
+def html_page(title: str, meta: Mapping[str, Any], png: bytes, alt: str, sections: str) -> str:
+    """One self-contained page (no scripts, no external resources): the title (escaped here), a table of `meta`,
+    the PNG as a data: URI, then `sections`, HTML the caller has escaped."""
+    meta_rows = [[str(key), cell_text(value)] for key, value in meta.items()]
+    return _PAGE.format(title=html.escape(title), meta=html_table(meta_rows), alt=html.escape(alt),
+                        png=base64.b64encode(png).decode("ascii"), sections=sections)
 
 
 def write_html(path: Path, steps: Sequence[StepResult], meta: Mapping[str, Any], png: bytes, *,
                title: str = DEFAULT_TITLE) -> None:
     """Write one self-contained page (no scripts, no external resources): the title, meta, the PNG embedded as a
     data: URI, the steps and their error samples. Every text from the caller is html-escaped."""
-    meta_rows = [[str(key), cell_text(value)] for key, value in meta.items()]
     step_rows = [[cell_text(value) for value in _cells(step).values()] for step in steps]
     error_rows = [[f"{step.protocol} {step.mode} {step.load:g}", sample] for step in steps
                   for sample in step.error_samples]
-    errors = "<h2>Errors</h2>\n" + html_table(error_rows, ("step", "error")) if error_rows else ""
-    page = _PAGE.format(title=html.escape(title), meta=html_table(meta_rows),
-                        png=base64.b64encode(png).decode("ascii"), steps=html_table(step_rows, COLUMNS), errors=errors)
+    sections = "<h2>Steps</h2>\n" + html_table(step_rows, COLUMNS)
+    if error_rows:
+        sections += "\n<h2>Errors</h2>\n" + html_table(error_rows, ("step", "error"))
+    page = html_page(title, meta, png, "latency against throughput", sections)
     path.write_text(page, encoding="utf-8")
 
 

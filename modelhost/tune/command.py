@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from modelhost.client import Client, ClientError
+from modelhost.perf import arguments
 from modelhost.perf import inputs as request_inputs
 from modelhost.perf.sweep import Sweep
 from modelhost.tune.capacity import MAX_CONCURRENCY
@@ -60,23 +61,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             or args.max_concurrency < 1):
         parser.error("--p99-ms, --time-limit, -b, --server-cores and --max-concurrency must be above 0")
     try:
-        shapes = dict(request_inputs.parse_shape(text) for text in args.shape)
+        shapes = dict(arguments.parse_shape(text) for text in args.shape)
+        processes = arguments.parse_processes(args.processes)
     except ValueError as exc:
         parser.error(str(exc))
-    url = args.url or f"127.0.0.1:{8001 if args.protocol == 'grpc' else 8000}"
-    address = url if "://" in url else f"{args.protocol}://{url}"
+    address = arguments.server_address(args.url, args.protocol)
     try:
-        with Client(address) as client:
-            metadata = client.model_metadata(args.model)
-            base = client.model_config(args.model)
-        requests = request_inputs.model_requests(metadata, base, args.batch_size, shapes, args.input_data)
+        base, requests = arguments.model_requests(address, args.model, "", args.batch_size, shapes, args.input_data)
     except ClientError as exc:
         print(f"modelhost tune: {address}: {exc}", file=sys.stderr)
         return 1
     except request_inputs.InputError as exc:
         print(f"modelhost tune: {exc}", file=sys.stderr)
         return 2
-    processes = "auto" if args.processes == "auto" else int(args.processes)
     sweep = Sweep(model=args.model, url=address, protocol=args.protocol, mode="concurrency", loads=(),
                   warmup_s=args.warmup, duration_s=args.measurement_interval / 1000.0, processes=processes)
     search = Search(args.model, base, Space(args.batch_size, args.server_cores, args.p99_ms), sweep, args.time_limit,

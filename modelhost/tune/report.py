@@ -3,7 +3,6 @@ with a PNG of each trial's capacity and the baseline's and winner's latency agai
 
 from __future__ import annotations
 
-import base64
 import csv
 import html
 from collections.abc import Mapping, Sequence
@@ -14,7 +13,7 @@ import orjson
 from google.protobuf import json_format, text_format
 
 from modelhost.config.model_config_pb2 import ModelConfig
-from modelhost.perf.report import cell_text, html_table
+from modelhost.perf.report import cell_text, html_page, html_table
 from modelhost.tune.search import Trial
 
 TRIAL_COLUMNS = ("trial", "dimension", "instances", "threads", "max_batch_size", "queue_delay_us", "preferred",
@@ -55,12 +54,10 @@ def write_tune_report(directory: Path, trials: Sequence[Trial], baseline: Trial,
                 "config": dict(config)}
     paths["trials.json"].write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2, default=str))
     _plot(paths["tune.png"], trials, baseline, final, float(meta.get("p99_budget_ms", 0.0)))
-    summary = [[key, cell_text(value)] for key, value in meta.items()]
-    png = base64.b64encode(paths["tune.png"].read_bytes()).decode("ascii")
-    page = _PAGE.format(title=html.escape(f"modelhost tune: {meta.get('model', '')}"), meta=html_table(summary),
-                        png=png, trials=html_table([[cell_text(v) for v in row.values()] for row in rows],
-                                                   TRIAL_COLUMNS),
-                        config=html.escape(text))
+    sections = ("<h2>Trials</h2>\n" + html_table([[cell_text(v) for v in row.values()] for row in rows], TRIAL_COLUMNS)
+                + f"\n<h2>config.pbtxt</h2>\n<pre>{html.escape(text)}</pre>")
+    page = html_page(f"modelhost tune: {meta.get('model', '')}", meta, paths["tune.png"].read_bytes(),
+                     "trials and latency against throughput", sections)
     paths["report.html"].write_text(page, encoding="utf-8")
     return paths
 
@@ -93,30 +90,3 @@ def _plot(path: Path, trials: Sequence[Trial], baseline: Trial, final: Trial, bu
     right.legend()
     FigureCanvasAgg(figure)
     figure.savefig(path, format="png")
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>{title}</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; }}
-table {{ border-collapse: collapse; margin-bottom: 1.5em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; }}
-th {{ background: #f0f0f0; }}
-img {{ max-width: 100%; }}
-pre {{ background: #f6f6f6; padding: 1em; }}
-</style>
-</head>
-<body>
-<h1>{title}</h1>
-{meta}
-<img alt="trials and latency against throughput" src="data:image/png;base64,{png}">
-<h2>Trials</h2>
-{trials}
-<h2>config.pbtxt</h2>
-<pre>{config}</pre>
-</body>
-</html>
-"""

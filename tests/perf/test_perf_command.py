@@ -178,3 +178,25 @@ def test_load_is_shared_among_processes() -> None:
     assert share(5, 2, whole=True) == [3.0, 2.0]
     assert share(1, 3, whole=True) == [1.0, 0.0, 0.0]
     assert share(90.0, 3, whole=False) == [30.0, 30.0, 30.0]
+
+
+def test_shared_flags_read_alike_and_bad_ones_are_named() -> None:
+    from modelhost.perf.arguments import parse_processes, parse_shape, server_address
+
+    assert server_address(None, "grpc") == "grpc://127.0.0.1:8001"
+    assert server_address("10.0.0.2:9000", "http") == "http://10.0.0.2:9000"
+    assert parse_processes("auto") == "auto" and parse_processes("3") == 3
+    assert parse_shape("ids:39,2") == ("ids", [39, 2])
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(ValueError, match="--processes"):
+            parse_processes(bad)
+    with pytest.raises(ValueError, match="--shape"):
+        parse_shape("ids")
+
+
+def test_tune_names_a_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from modelhost.tune.command import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["m", "--p99-ms", "5", "--processes", "abc"])
+    assert exited.value.code == 2 and "--processes" in capsys.readouterr().err

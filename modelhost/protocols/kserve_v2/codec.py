@@ -250,6 +250,14 @@ def tensor_to_bytes(array: np.ndarray) -> bytes:
     return np.ascontiguousarray(array).tobytes()
 
 
+def tensor_view(array: np.ndarray) -> memoryview:
+    """The tensor's wire bytes as tensor_to_bytes makes them, but the array's own memory (no copy) when it is
+    contiguous: for a sender that writes it out once (the client)."""
+    if array.dtype.kind in "OSU":
+        return memoryview(tensor_to_bytes(array))
+    return memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B")  # type: ignore[arg-type]
+
+
 def _json_data(name: str, array: np.ndarray) -> Any:
     if array.dtype.kind in "OSU":
         try:
