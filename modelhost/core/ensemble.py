@@ -26,6 +26,7 @@ from modelhost.errors import ErrorKind, ModelhostError, unavailable
 
 if TYPE_CHECKING:
     from modelhost.core.served_model import ServedModel
+    from modelhost.core.trace import Trace
 
 __all__ = ["LATEST", "Acquire", "EnsemblePlan", "EnsembleScheduler", "EnsembleStep", "Resolve"]
 
@@ -54,9 +55,11 @@ class EnsembleScheduler:
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
+        trace: Trace | None = None,
     ) -> Outputs:
         """Run the steps the requested `outputs` need; priority and timeout pass to every step's scheduler
-        (`spent_s` does not: each step's model counts from the step's own start).
+        (`spent_s` does not: each step's model counts from the step's own start; nor does `trace`: an ensemble's
+        trace has its own stages, not its steps').
 
         `inputs` are the ensemble's checked inputs; `rows`, `entry` and `batchable` are unused (an ensemble
         has one signature, and each step counts its own rows and batches in its own model). A failing

@@ -11,6 +11,7 @@ from __future__ import annotations
 from modelhost.access import Api
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
+from modelhost.core.trace import GRPC_SEND_END, GRPC_SEND_START
 from modelhost.errors import ModelhostError
 from modelhost.protocols.grpc_server import Service, Stream, Unary
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
@@ -24,12 +25,15 @@ from modelhost.protocols.kserve_v2.grpc_codec import (
     statistics_to_proto,
     unload_dependents_from_proto,
 )
+from modelhost.protocols.kserve_v2.trace_setting import trace_rpc
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 EMBEDDING_SERVICE_NAME = "modelhost.EmbeddingService"
 
 
 def service(dataplane: DataPlane, control: Control) -> Service:
+    tracer = dataplane.tracer
+
     async def server_live(request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=dataplane.live())
 
@@ -46,9 +50,15 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         return metadata_to_proto(dataplane.metadata(request.name, request.version))
 
     async def model_infer(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        trace = tracer.begin_grpc(request.model_name) if tracer.active else None
         infer_request = decode_infer_request(request, dataplane.limits)
+        infer_request.trace = trace
         response = await dataplane.infer(infer_request)
-        return encode_infer_response(response, infer_request)
+        answer = encode_infer_response(response, infer_request)
+        if trace is not None:
+            trace.stamp(GRPC_SEND_START)
+            tracer.finish(trace, GRPC_SEND_END)  # grpc writes the answer after this returns: not seen here
+        return answer
 
     async def stream_answer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
         return pb.ModelStreamInferResponse(infer_response=await model_infer(request))
@@ -83,6 +93,7 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         Unary("RepositoryIndex", pb.RepositoryIndexRequest, repository_index, Api.MODEL_REPOSITORY),
         Unary("RepositoryModelLoad", pb.RepositoryModelLoadRequest, load, Api.MODEL_REPOSITORY),
         Unary("RepositoryModelUnload", pb.RepositoryModelUnloadRequest, unload, Api.MODEL_REPOSITORY),
+        trace_rpc(dataplane),
     ])
 
 

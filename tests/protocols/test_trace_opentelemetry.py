@@ -1,0 +1,121 @@
+"""Tracing in OpenTelemetry mode: spans exported over OTLP/HTTP to a receiver in this test, a real HTTP server
+that takes `/v1/traces` protobuf posts and decodes them with opentelemetry-proto, as a collector would."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+pytest.importorskip("opentelemetry.sdk")
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, write_model  # noqa: E402
+from tests.server import ServerProcess  # noqa: E402
+
+TRACE_ID = "0af7651916cd43dd8448eb211c12666c"
+PARENT_SPAN = "b7ad6b7169242424"
+ROOT_EVENTS = ["HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"]
+MODEL_EVENTS = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+
+
+class Receiver(ThreadingHTTPServer):
+    """OTLP/HTTP's trace endpoint: every decoded export request goes to `exports`."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.exports: queue.Queue[ExportTraceServiceRequest] = queue.Queue()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path != "/v1/traces" or self.headers["Content-Type"] != "application/x-protobuf":
+            self.send_error(404)
+            return
+        self.server.exports.put(ExportTraceServiceRequest.FromString(body))
+        answer = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        pass
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[ServerProcess]:
+    repo = tmp_path_factory.mktemp("repo")
+    write_model(repo, "simple", add_sub_model(), ADD_SUB_CONFIG)
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
+    # rate 0: only requests that carry a trace context are traced.
+    server = ServerProcess(repo, "--trace-config", "mode=opentelemetry", "--trace-config", f"opentelemetry,url={url}",
+                           "--trace-config", "opentelemetry,resource=deployment.environment=test",
+                           "--trace-config", "opentelemetry,bsp_schedule_delay=50", "--trace-config", "rate=0",
+                           "--trace-config", "level=TIMESTAMPS").wait_ready()
+    yield server
+    server.stop()
+
+
+def spans_of(receiver: Receiver) -> tuple[dict[str, str], list[Any]]:
+    """The resource attributes and spans of the exports received, waiting for the first."""
+    export = receiver.exports.get(timeout=10)
+    resource_spans = export.resource_spans[0]
+    attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+    spans = [span for scope in resource_spans.scope_spans for span in scope.spans]
+    while len(spans) < 3:
+        spans += [span for s in receiver.exports.get(timeout=10).resource_spans for c in s.scope_spans
+                  for span in c.spans]
+    return attributes, spans
+
+
+def test_spans_continue_the_callers_trace(server: ServerProcess, receiver: Receiver) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    assert client.get_trace_settings()["trace_mode"] == "opentelemetry"
+    data = np.ones((1, 16), dtype=np.float32)
+    inputs = [httpclient.InferInput(name, [1, 16], "FP32").set_data_from_numpy(data) for name in ("INPUT0", "INPUT1")]
+    client.infer("simple", inputs)  # no trace context, rate 0: not traced
+    client.infer("simple", inputs, request_id="r1", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"})
+    attributes, spans = spans_of(receiver)
+    assert attributes["service.name"] == "modelhost" and attributes["deployment.environment"] == "test"
+    assert sorted(span.name for span in spans) == ["InferRequest", "compute", "simple"]
+    by_name = {span.name: span for span in spans}
+    root, model, compute = by_name["InferRequest"], by_name["simple"], by_name["compute"]
+    assert {span.trace_id.hex() for span in spans} == {TRACE_ID}
+    assert root.parent_span_id.hex() == PARENT_SPAN
+    assert model.parent_span_id == root.span_id and compute.parent_span_id == model.span_id
+    assert [event.name for event in root.events] == ROOT_EVENTS
+    assert [event.name for event in model.events] == MODEL_EVENTS
+    assert [event.name for event in compute.events] == COMPUTE_EVENTS
+    model_attributes = {a.key: a.value for a in model.attributes}
+    assert model_attributes["model_name"].string_value == "simple"
+    assert model_attributes["model_version"].int_value == 1
+    assert model_attributes["request_id"].string_value == "r1"
+    times = [event.time_unix_nano for span in (root, model, compute) for event in span.events]
+    assert root.start_time_unix_nano <= model.start_time_unix_nano <= compute.start_time_unix_nano
+    assert compute.end_time_unix_nano <= model.end_time_unix_nano <= root.end_time_unix_nano
+    assert min(times) == root.start_time_unix_nano and max(times) == root.end_time_unix_nano
+    assert receiver.exports.empty()  # the request without context made no spans
