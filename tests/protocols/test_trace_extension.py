@@ -84,7 +84,7 @@ def new_traces(server: ServerProcess, before: set[Path], expected: int) -> list[
         time.sleep(0.02)
     time.sleep(0.1)  # a write past the expected one would show here
     records = [record for path in sorted(trace_files(server) - before) for record in json.loads(path.read_text())]
-    return [record for record in records if "timestamps" in record]
+    return records
 
 
 def test_server_metadata_lists_trace(http: httpclient.InferenceServerClient) -> None:
@@ -154,6 +154,10 @@ def test_unknown_model_and_bad_grpc_value(server: ServerProcess, grpc: grpcclien
     assert raised.value.status() == "StatusCode.NOT_FOUND"
 
 
+def timestamps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [record for record in records if "timestamps" in record]
+
+
 def check_stages(trace: dict[str, Any], expected: list[str]) -> None:
     names = [stamp["name"] for stamp in trace["timestamps"]]
     stamps = {stamp["name"]: stamp["ns"] for stamp in trace["timestamps"]}
@@ -170,7 +174,7 @@ def test_traced_requests_have_every_stage_in_order(server: ServerProcess, http: 
     before = trace_files(server)
     http.infer(model, inputs(httpclient), request_id="7")
     grpc.infer(model, inputs(grpcclient))
-    traces = new_traces(server, before, 2)
+    traces = timestamps(new_traces(server, before, 2))
     assert len(traces) == 2
     first, second = sorted(traces, key=lambda trace: trace["id"])
     assert (first["model_name"], first["model_version"], first["request_id"]) == (model, 1, "7")
@@ -184,7 +188,7 @@ def test_rate_and_count_are_honoured(server: ServerProcess, http: httpclient.Inf
     before = trace_files(server)
     for _ in range(10):
         http.infer("simple", inputs(httpclient))
-    assert len(new_traces(server, before, 3)) == 3  # requests 2, 4 and 6; then no traces left
+    assert len(timestamps(new_traces(server, before, 3))) == 3  # requests 2, 4 and 6; then no traces left
     assert http.get_trace_settings()["trace_count"] == "0"
     # A model's own count is its own: 'simple' traces again while the global count stays spent.
     http.update_trace_settings("simple", {"trace_count": "1", "trace_rate": "1"})
@@ -192,7 +196,7 @@ def test_rate_and_count_are_honoured(server: ServerProcess, http: httpclient.Inf
     http.infer("simple", inputs(httpclient))
     http.infer("simple", inputs(httpclient))
     http.infer("queued", inputs(httpclient))
-    assert [trace["model_name"] for trace in new_traces(server, before, 1)] == ["simple"]
+    assert [trace["model_name"] for trace in timestamps(new_traces(server, before, 1))] == ["simple"]
     assert http.get_trace_settings("simple")["trace_count"] == "0"
 
 
@@ -201,3 +205,17 @@ def test_level_off_traces_nothing(server: ServerProcess, http: httpclient.Infere
     before = trace_files(server)
     http.infer("queued", inputs(httpclient))
     assert new_traces(server, before, 0) == []
+
+
+def test_level_tensors_writes_inputs_and_outputs(server: ServerProcess, http: httpclient.InferenceServerClient) -> None:
+    http.update_trace_settings("simple", {"trace_level": ["TIMESTAMPS", "TENSORS"]})
+    before = trace_files(server)
+    http.infer("simple", inputs(httpclient))
+    records = new_traces(server, before, 1)
+    tensors = {(r["activity"], r["tensor"]["name"]): r["tensor"] for r in records if "activity" in r}
+    assert sorted(tensors) == [("TENSOR_BACKEND_OUTPUT", "OUTPUT0"), ("TENSOR_BACKEND_OUTPUT", "OUTPUT1"),
+                               ("TENSOR_QUEUE_INPUT", "INPUT0"), ("TENSOR_QUEUE_INPUT", "INPUT1")]
+    doubled = ",".join(str(float(2 * i)) for i in range(16))
+    assert tensors[("TENSOR_BACKEND_OUTPUT", "OUTPUT0")] == {"name": "OUTPUT0", "data": doubled, "shape": "1,16",
+                                                             "dtype": "FP32"}
+    assert {r["id"] for r in records} == {timestamps(records)[0]["id"]}
