@@ -88,15 +88,15 @@ class Tracer:
     def __init__(self, startup: TraceStartup, sink: TraceSink | None = None) -> None:
         self.settings = TraceSettings(startup)
         self.mode = startup.mode
+        self._propagates = startup.mode == "opentelemetry"  # W3C trace context is read only for OpenTelemetry
         self._sink = sink
         self._ids = itertools.count(1)
         self.active = self.settings.active and sink is not None
 
-    def begin(self, model: str, headers: Mapping[bytes, bytes] | None = None) -> Trace | None:
+    def begin(self, model: str, parent: Mapping[str, str]) -> Trace | None:
         """A trace for this request of `model`, or None when it is not traced. In opentelemetry mode a request
-        carrying a W3C `traceparent` is traced whatever the rate and count say (as Triton does)."""
+        carrying a W3C `traceparent` (`parent`) is traced whatever the rate and count say (as Triton does)."""
         sampling = self.settings.sampling(model)
-        parent = _context(headers) if self.mode == "opentelemetry" and headers else {}
         if parent and sampling.levels[0] != "OFF":
             pass
         elif not self.settings.take(sampling):
@@ -106,17 +106,23 @@ class Tracer:
     def begin_http(self, model: str, received: float, headers: Mapping[bytes, bytes]) -> Trace | None:
         """`begin`, stamped with when the request began arriving (`received`, time.monotonic()) and now, when
         the whole of it has been read."""
-        trace = self.begin(model, headers)
+        parent = _context(headers.get(b"traceparent"), headers.get(b"tracestate")) if self._propagates else {}
+        trace = self.begin(model, parent)
         if trace is not None:
             now = time.monotonic_ns()
             trace.stamp(HTTP_RECV_START, int(received * 1e9) if received else now)
             trace.stamp(HTTP_RECV_END, now)
         return trace
 
-    def begin_grpc(self, model: str) -> Trace | None:
+    def begin_grpc(self, model: str, context: Any = None) -> Trace | None:
         """`begin`, stamped with when the request's message reached its handler (grpc reads it before that:
-        the wait and read are not seen here, so both stamps are that moment)."""
-        trace = self.begin(model)
+        the wait and read are not seen here, so both stamps are that moment). `context`: the call's grpc
+        context, whose metadata may carry a trace context."""
+        parent = {}
+        if self._propagates and context is not None:
+            metadata = dict(context.invocation_metadata() or ())
+            parent = _context(metadata.get("traceparent"), metadata.get("tracestate"))
+        trace = self.begin(model, parent)
         if trace is not None:
             now = time.monotonic_ns()
             trace.stamp(GRPC_WAITREAD_START, now)
@@ -149,12 +155,15 @@ class Tracer:
             await self._sink.close()
 
 
-def _context(headers: Mapping[bytes, bytes]) -> dict[str, str]:
-    parent = headers.get(b"traceparent")
+def _context(parent: str | bytes | None, state: str | bytes | None) -> dict[str, str]:
+    """A W3C trace context's headers (HTTP headers are bytes, gRPC metadata str); {} without a traceparent."""
     if parent is None:
         return {}
-    context = {"traceparent": parent.decode("latin-1")}
-    state = headers.get(b"tracestate")
+    context = {"traceparent": _text(parent)}
     if state is not None:
-        context["tracestate"] = state.decode("latin-1")
+        context["tracestate"] = _text(state)
     return context
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 pytest.importorskip("opentelemetry.sdk")
@@ -25,6 +26,8 @@ from tests.server import ServerProcess  # noqa: E402
 TRACE_ID = "0af7651916cd43dd8448eb211c12666c"
 PARENT_SPAN = "b7ad6b7169242424"
 ROOT_EVENTS = ["HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"]
+GRPC_ROOT_EVENTS = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", "GRPC_SEND_START",
+                    "GRPC_SEND_END"]
 MODEL_EVENTS = ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
 COMPUTE_EVENTS = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
 
@@ -81,15 +84,32 @@ def server(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iter
 
 
 def spans_of(receiver: Receiver) -> tuple[dict[str, str], list[Any]]:
-    """The resource attributes and spans of the exports received, waiting for the first."""
-    export = receiver.exports.get(timeout=10)
-    resource_spans = export.resource_spans[0]
-    attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-    spans = [span for scope in resource_spans.scope_spans for span in scope.spans]
+    """The resource attributes and spans of one trace's exports, waiting for them."""
+    attributes: dict[str, str] = {}
+    spans: list[Any] = []
     while len(spans) < 3:
-        spans += [span for s in receiver.exports.get(timeout=10).resource_spans for c in s.scope_spans
-                  for span in c.spans]
+        for resource_spans in receiver.exports.get(timeout=10).resource_spans:
+            attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            spans += [span for scope in resource_spans.scope_spans for span in scope.spans]
     return attributes, spans
+
+
+def check_spans(spans: list[Any], trace_id: str, parent: str, root_events: list[str]) -> dict[str, Any]:
+    """Triton's three spans, nested, continuing the caller's trace, each with its stages as events in order."""
+    assert sorted(span.name for span in spans) == ["InferRequest", "compute", "simple"]
+    by_name = {span.name: span for span in spans}
+    root, model, compute = by_name["InferRequest"], by_name["simple"], by_name["compute"]
+    assert {span.trace_id.hex() for span in spans} == {trace_id}
+    assert root.parent_span_id.hex() == parent
+    assert model.parent_span_id == root.span_id and compute.parent_span_id == model.span_id
+    assert [event.name for event in root.events] == root_events
+    assert [event.name for event in model.events] == MODEL_EVENTS
+    assert [event.name for event in compute.events] == COMPUTE_EVENTS
+    times = [event.time_unix_nano for span in (root, model, compute) for event in span.events]
+    assert root.start_time_unix_nano <= model.start_time_unix_nano <= compute.start_time_unix_nano
+    assert compute.end_time_unix_nano <= model.end_time_unix_nano <= root.end_time_unix_nano
+    assert min(times) == root.start_time_unix_nano and max(times) == root.end_time_unix_nano
+    return by_name
 
 
 def test_spans_continue_the_callers_trace(server: ServerProcess, receiver: Receiver) -> None:
@@ -101,21 +121,18 @@ def test_spans_continue_the_callers_trace(server: ServerProcess, receiver: Recei
     client.infer("simple", inputs, request_id="r1", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"})
     attributes, spans = spans_of(receiver)
     assert attributes["service.name"] == "modelhost" and attributes["deployment.environment"] == "test"
-    assert sorted(span.name for span in spans) == ["InferRequest", "compute", "simple"]
-    by_name = {span.name: span for span in spans}
-    root, model, compute = by_name["InferRequest"], by_name["simple"], by_name["compute"]
-    assert {span.trace_id.hex() for span in spans} == {TRACE_ID}
-    assert root.parent_span_id.hex() == PARENT_SPAN
-    assert model.parent_span_id == root.span_id and compute.parent_span_id == model.span_id
-    assert [event.name for event in root.events] == ROOT_EVENTS
-    assert [event.name for event in model.events] == MODEL_EVENTS
-    assert [event.name for event in compute.events] == COMPUTE_EVENTS
+    model = check_spans(spans, TRACE_ID, PARENT_SPAN, ROOT_EVENTS)["simple"]
     model_attributes = {a.key: a.value for a in model.attributes}
     assert model_attributes["model_name"].string_value == "simple"
     assert model_attributes["model_version"].int_value == 1
     assert model_attributes["request_id"].string_value == "r1"
-    times = [event.time_unix_nano for span in (root, model, compute) for event in span.events]
-    assert root.start_time_unix_nano <= model.start_time_unix_nano <= compute.start_time_unix_nano
-    assert compute.end_time_unix_nano <= model.end_time_unix_nano <= root.end_time_unix_nano
-    assert min(times) == root.start_time_unix_nano and max(times) == root.end_time_unix_nano
     assert receiver.exports.empty()  # the request without context made no spans
+
+
+def test_grpc_metadata_carries_the_trace_context(server: ServerProcess, receiver: Receiver) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    data = np.ones((1, 16), dtype=np.float32)
+    inputs = [grpcclient.InferInput(name, [1, 16], "FP32").set_data_from_numpy(data) for name in ("INPUT0", "INPUT1")]
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    client.infer("simple", inputs, headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+    check_spans(spans_of(receiver)[1], trace_id, parent, GRPC_ROOT_EVENTS)

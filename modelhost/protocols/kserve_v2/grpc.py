@@ -8,6 +8,8 @@ request is answered with `error_message` (and its `id`) while the stream goes on
 
 from __future__ import annotations
 
+from typing import Any
+
 from modelhost.access import Api
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
@@ -49,8 +51,8 @@ def service(dataplane: DataPlane, control: Control) -> Service:
     async def model_metadata(request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
         return metadata_to_proto(dataplane.metadata(request.name, request.version))
 
-    async def model_infer(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        trace = tracer.begin_grpc(request.model_name) if tracer.active else None
+    async def model_infer(request: pb.ModelInferRequest, context: Any = None) -> pb.ModelInferResponse:
+        trace = tracer.begin_grpc(request.model_name, context) if tracer.active else None
         infer_request = decode_infer_request(request, dataplane.limits)
         infer_request.trace = trace
         response = await dataplane.infer(infer_request)
@@ -86,7 +88,7 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         Unary("ModelReady", pb.ModelReadyRequest, model_ready, Api.HEALTH),
         Unary("ServerMetadata", pb.ServerMetadataRequest, server_metadata, Api.METADATA),
         Unary("ModelMetadata", pb.ModelMetadataRequest, model_metadata, Api.METADATA),
-        Unary("ModelInfer", pb.ModelInferRequest, model_infer, Api.INFERENCE),
+        Unary("ModelInfer", pb.ModelInferRequest, model_infer, Api.INFERENCE, with_context=True),
         Stream("ModelStreamInfer", pb.ModelInferRequest, stream_answer, _stream_error, Api.INFERENCE),
         Unary("ModelConfig", pb.ModelConfigRequest, model_config, Api.MODEL_CONFIG),
         Unary("ModelStatistics", pb.ModelStatisticsRequest, model_statistics, Api.STATISTICS),
