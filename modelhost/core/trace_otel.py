@@ -66,7 +66,8 @@ class OtelExport:
         attributes = {"model_name": trace.model_name, "model_version": trace.model_version,
                       "request_id": trace.request_id, "triton.trace_id": trace.id}
         model = self._child(root, trace.model_name, model_stamps, attributes, REQUEST_START)
-        self._child(model, "compute", compute_stamps, {}, COMPUTE_START).end(_last(compute_stamps))
+        if compute_stamps:  # none when the request failed before it ran, or for an ensemble (its steps compute)
+            self._child(model, "compute", compute_stamps, {}, COMPUTE_START).end(_last(compute_stamps))
         model.end(_last(model_stamps))
         root.end(stamps[-1][1])
 
