@@ -31,6 +31,7 @@ REQUEST_START, QUEUE_START, REQUEST_END = "REQUEST_START", "QUEUE_START", "REQUE
 COMPUTE_START, COMPUTE_INPUT_END = "COMPUTE_START", "COMPUTE_INPUT_END"
 COMPUTE_OUTPUT_START, COMPUTE_END = "COMPUTE_OUTPUT_START", "COMPUTE_END"
 INFER_RESPONSE_COMPLETE = "INFER_RESPONSE_COMPLETE"
+_IDS = itertools.count(1)  # trace ids, unique in the process (Triton's are per server)
 
 
 class Trace:
@@ -38,7 +39,7 @@ class Trace:
     (the loop reads those stamps only after the batch's results come back through `call_soon_threadsafe`)."""
 
     __slots__ = ("id", "model_name", "model_version", "request_id", "levels", "stamps", "compute", "parent",
-                 "inputs", "outputs")
+                 "inputs", "outputs", "parent_id", "children")
 
     def __init__(self, trace_id: int, model_name: str, levels: tuple[str, ...], parent: Mapping[str, str]) -> None:
         self.id = trace_id
@@ -53,6 +54,17 @@ class Trace:
         self.parent = parent  # W3C trace context headers (traceparent, tracestate) the request came with
         self.inputs: dict[str, np.ndarray] | None = None  # at level TENSORS
         self.outputs: dict[str, np.ndarray] | None = None
+        self.parent_id = 0  # an ensemble step's: its ensemble request's trace id
+        self.children: list[Trace] = []  # the traces of the steps this request ran in other models
+
+    def child(self, model_name: str, model_version: int) -> Trace:
+        """The trace of a step this request runs in another model (an ensemble's), begun now (REQUEST_START) and
+        written or exported with this one. The caller stamps its REQUEST_END."""
+        step = Trace(next(_IDS), model_name, self.levels, {})
+        step.model_version, step.parent_id = model_version, self.id
+        step.stamp(REQUEST_START)
+        self.children.append(step)
+        return step
 
     def stamp(self, name: str, ns: int = 0) -> None:
         self.stamps.append((name, ns or time.monotonic_ns()))
@@ -90,7 +102,6 @@ class Tracer:
         self.mode = startup.mode
         self._propagates = startup.mode == "opentelemetry"  # W3C trace context is read only for OpenTelemetry
         self._sink = sink
-        self._ids = itertools.count(1)
         self.active = self.settings.active and sink is not None
 
     def begin(self, model: str, parent: Mapping[str, str]) -> Trace | None:
@@ -101,7 +112,7 @@ class Tracer:
             pass
         elif not self.settings.take(sampling):
             return None
-        return Trace(next(self._ids), model, sampling.levels, parent)
+        return Trace(next(_IDS), model, sampling.levels, parent)
 
     def begin_http(self, model: str, received: float, headers: Mapping[bytes, bytes]) -> Trace | None:
         """`begin`, stamped with when the request began arriving (`received`, time.monotonic()) and now, when

@@ -2,7 +2,8 @@
 
 With `log_frequency` N > 0, every N traces are written to `<file>.<index>` (0, 1, ...); with 0, all of them
 to `<file>` when the server stops. The file is a JSON array holding, per trace, one object with its `id`,
-`model_name`, `model_version` and `timestamps` ([{"name", "ns"}], in time order), and at level TENSORS one
+`model_name`, `model_version`, `timestamps` ([{"name", "ns"}], in time order) and, for an ensemble's step,
+`parent_id` (the ensemble request's trace id; the step's object follows its ensemble's), and at level TENSORS one
 object per tensor (`activity` TENSOR_QUEUE_INPUT or TENSOR_BACKEND_OUTPUT, `tensor`: name, data, shape, dtype).
 
 Bounds: at most MAX_BUFFERED traces wait for a write (the rest are dropped, and the log says so once), and
@@ -96,11 +97,15 @@ def _records(trace: Trace) -> list[dict[str, Any]]:
     head: dict[str, Any] = {"id": trace.id, "model_name": trace.model_name, "model_version": trace.model_version}
     if trace.request_id:
         head["request_id"] = trace.request_id
+    if trace.parent_id:
+        head["parent_id"] = trace.parent_id
     head["timestamps"] = [{"name": name, "ns": ns} for name, ns in trace.timestamps()]
     records = [head]
     for activity, tensors in (("TENSOR_QUEUE_INPUT", trace.inputs), ("TENSOR_BACKEND_OUTPUT", trace.outputs)):
         records += [{"id": trace.id, "activity": activity, "tensor": _tensor(name, array)}
                     for name, array in (tensors or {}).items()]
+    for child in trace.children:
+        records += _records(child)
     return records
 
 

@@ -2,9 +2,10 @@
 
 The spans Triton makes: `InferRequest` (the front-end's stages: HTTP_RECV_*/GRPC_WAITREAD_*,
 INFER_RESPONSE_COMPLETE, *_SEND_*), its child named after the model (REQUEST_START, QUEUE_START,
-REQUEST_END; attributes model_name, model_version, request_id), and that span's child `compute`
-(COMPUTE_*), each stage an event. A request carrying a W3C `traceparent` header continues that trace:
-its `InferRequest` span is the caller's span's child. Stages are stamped on the monotonic clock; spans
+REQUEST_END; attributes model_name, model_version, request_id, parent_id), and that span's child `compute`
+(COMPUTE_*), each stage an event; an ensemble's steps are model spans under the ensemble's. A request
+carrying a W3C `traceparent` (HTTP header, gRPC metadata) continues that trace: its `InferRequest` span is
+the caller's span's child. Stages are stamped on the monotonic clock; spans
 take the wall clock, so every stamp is shifted by the difference measured when the exporter starts.
 
 OpenTelemetry's batch span processor exports on its own thread (spans past its queue are dropped); building
@@ -53,23 +54,33 @@ class OtelExport:
         self._offset = time.time_ns() - time.monotonic_ns()
 
     def add(self, trace: Trace) -> None:
-        stamps = [(name, ns + self._offset) for name, ns in trace.timestamps()]
+        stamps = self._shifted(trace)
         if not stamps:
             return
         parent = self._propagator.extract(trace.parent) if trace.parent else None
         root = self._tracer.start_span("InferRequest", parent, self._server_kind, start_time=stamps[0][1])
-        model_stamps = [stamp for stamp in stamps if stamp[0] in _MODEL_STAGES]
-        compute_stamps = [stamp for stamp in stamps if stamp[0].startswith("COMPUTE_")]
         for name, ns in stamps:
             if name not in _MODEL_STAGES and not name.startswith("COMPUTE_"):
                 root.add_event(name, timestamp=ns)
+        self._model_span(root, trace, stamps)
+        root.end(stamps[-1][1])
+
+    def _model_span(self, parent: Any, trace: Trace, stamps: list[tuple[str, int]]) -> None:
+        """The model's span under `parent`, its compute span, and (an ensemble's) its steps' model spans."""
+        model_stamps = [stamp for stamp in stamps if stamp[0] in _MODEL_STAGES]
+        compute_stamps = [stamp for stamp in stamps if stamp[0].startswith("COMPUTE_")]
         attributes = {"model_name": trace.model_name, "model_version": trace.model_version,
-                      "request_id": trace.request_id, "triton.trace_id": trace.id}
-        model = self._child(root, trace.model_name, model_stamps, attributes, REQUEST_START)
+                      "request_id": trace.request_id, "parent_id": trace.parent_id}
+        model = self._child(parent, trace.model_name, model_stamps, attributes, REQUEST_START)
         if compute_stamps:  # none when the request failed before it ran, or for an ensemble (its steps compute)
             self._child(model, "compute", compute_stamps, {}, COMPUTE_START).end(_last(compute_stamps))
+        for step in trace.children:
+            self._model_span(model, step, self._shifted(step))
         model.end(_last(model_stamps))
-        root.end(stamps[-1][1])
+
+    def _shifted(self, trace: Trace) -> list[tuple[str, int]]:
+        """The trace's stamps on the wall clock."""
+        return [(name, ns + self._offset) for name, ns in trace.timestamps()]
 
     def _child(self, parent: Any, name: str, stamps: list[tuple[str, int]], attributes: dict[str, Any],
                first: str) -> Any:

@@ -24,6 +24,20 @@ from tests.server import ServerProcess
 
 # A model whose requests queue for an instance thread (a queue delay keeps them off the event loop).
 QUEUED_CONFIG = ADD_SUB_CONFIG + "dynamic_batching { max_queue_delay_microseconds: 500 }\n"
+# simple (a+b, a-b), then queued on those: 2a, 2b.
+PAIR_CONFIG = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "A2" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "B2" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling { step [
+  { model_name: "simple" model_version: -1 input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+    output_map { key: "OUTPUT0" value: "sum" } output_map { key: "OUTPUT1" value: "difference" } },
+  { model_name: "queued" model_version: -1
+    input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "difference" }
+    output_map { key: "OUTPUT0" value: "A2" } output_map { key: "OUTPUT1" value: "B2" } }
+] }
+"""
 INITIAL = {"trace_file": "trace.json", "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
            "log_frequency": "1", "trace_mode": "triton"}
 SERVER_STAGES = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
@@ -38,6 +52,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("repo")
     write_model(repo, "simple", add_sub_model(), ADD_SUB_CONFIG)
     write_model(repo, "queued", add_sub_model(), QUEUED_CONFIG)
+    (repo / "pair" / "1").mkdir(parents=True)
+    (repo / "pair" / "config.pbtxt").write_text(PAIR_CONFIG)
     traces = tmp_path_factory.mktemp("traces")
     server = ServerProcess(repo, "--trace-config", f"triton,file={traces / 'trace.json'}",
                            "--trace-config", "triton,log-frequency=1", "--trace-config", "level=TIMESTAMPS",
@@ -219,3 +235,23 @@ def test_level_tensors_writes_inputs_and_outputs(server: ServerProcess, http: ht
     assert tensors[("TENSOR_BACKEND_OUTPUT", "OUTPUT0")] == {"name": "OUTPUT0", "data": doubled, "shape": "1,16",
                                                              "dtype": "FP32"}
     assert {r["id"] for r in records} == {timestamps(records)[0]["id"]}
+
+
+def test_an_ensembles_steps_are_traced_under_it(server: ServerProcess, http: httpclient.InferenceServerClient) -> None:
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    pair = [httpclient.InferInput(name, [1, 16], "FP32").set_data_from_numpy(data) for name in ("A", "B")]
+    before = trace_files(server)
+    result = http.infer("pair", pair)
+    np.testing.assert_array_equal(result.as_numpy("A2"), 2 * data)
+    traces = {trace["model_name"]: trace for trace in timestamps(new_traces(server, before, 1))}
+    assert sorted(traces) == ["pair", "queued", "simple"]
+    ensemble = traces.pop("pair")
+    check_stages(ensemble, ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "INFER_RESPONSE_COMPLETE",
+                            "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"])
+    start, end = (next(s["ns"] for s in ensemble["timestamps"] if s["name"] == n) for n in ("REQUEST_START",
+                                                                                         "REQUEST_END"))
+    for step in traces.values():
+        assert step["parent_id"] == ensemble["id"] and step["model_version"] == 1
+        check_stages(step, SERVER_STAGES[:-2] + ["REQUEST_END"])
+        assert start <= step["timestamps"][0]["ns"] and step["timestamps"][-1]["ns"] <= end
+    assert traces["simple"]["timestamps"][-1]["ns"] <= traces["queued"]["timestamps"][0]["ns"]

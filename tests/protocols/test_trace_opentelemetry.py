@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: 
 )
 
 from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, write_model  # noqa: E402
+from tests.protocols.test_trace_extension import PAIR_CONFIG, QUEUED_CONFIG  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
 
 TRACE_ID = "0af7651916cd43dd8448eb211c12666c"
@@ -73,6 +74,9 @@ def receiver() -> Iterator[Receiver]:
 def server(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("repo")
     write_model(repo, "simple", add_sub_model(), ADD_SUB_CONFIG)
+    write_model(repo, "queued", add_sub_model(), QUEUED_CONFIG)
+    (repo / "pair" / "1").mkdir(parents=True)
+    (repo / "pair" / "config.pbtxt").write_text(PAIR_CONFIG)
     url = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
     # rate 0: only requests that carry a trace context are traced.
     server = ServerProcess(repo, "--trace-config", "mode=opentelemetry", "--trace-config", f"opentelemetry,url={url}",
@@ -83,11 +87,11 @@ def server(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iter
     server.stop()
 
 
-def spans_of(receiver: Receiver) -> tuple[dict[str, str], list[Any]]:
-    """The resource attributes and spans of one trace's exports, waiting for them."""
+def spans_of(receiver: Receiver, count: int = 3) -> tuple[dict[str, str], list[Any]]:
+    """The resource attributes and the `count` spans of one trace's exports, waiting for them."""
     attributes: dict[str, str] = {}
     spans: list[Any] = []
-    while len(spans) < 3:
+    while len(spans) < count:
         for resource_spans in receiver.exports.get(timeout=10).resource_spans:
             attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
             spans += [span for scope in resource_spans.scope_spans for span in scope.spans]
@@ -136,3 +140,23 @@ def test_grpc_metadata_carries_the_trace_context(server: ServerProcess, receiver
     trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     client.infer("simple", inputs, headers={"traceparent": f"00-{trace_id}-{parent}-01"})
     check_spans(spans_of(receiver)[1], trace_id, parent, GRPC_ROOT_EVENTS)
+
+
+def test_an_ensembles_steps_nest_under_its_model_span(server: ServerProcess, receiver: Receiver) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    data = np.ones((1, 16), dtype=np.float32)
+    inputs = [httpclient.InferInput(name, [1, 16], "FP32").set_data_from_numpy(data) for name in ("A", "B")]
+    client.infer("pair", inputs, headers={"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"})
+    spans = spans_of(receiver, 6)[1]
+    names = {span.span_id: span.name for span in spans}
+    children: dict[str, list[str]] = {}
+    for span in spans:
+        children.setdefault(names.get(span.parent_span_id, "caller"), []).append(span.name)
+    assert {parent: sorted(names) for parent, names in children.items()} == {
+        "caller": ["InferRequest"], "InferRequest": ["pair"], "pair": ["queued", "simple"],
+        "simple": ["compute"], "queued": ["compute"]}
+    steps = [span for span in spans if span.name in ("simple", "queued")]
+    ensemble_id = next(a.value.int_value for span in spans if span.name == "pair" for a in span.attributes
+                       if a.key == "parent_id")
+    assert ensemble_id == 0
+    assert all(a.value.int_value > 0 for span in steps for a in span.attributes if a.key == "parent_id")
