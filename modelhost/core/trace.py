@@ -108,9 +108,8 @@ class Tracer:
         """A trace for this request of `model`, or None when it is not traced. In opentelemetry mode a request
         carrying a W3C `traceparent` (`parent`) is traced whatever the rate and count say (as Triton does)."""
         sampling = self.settings.sampling(model)
-        if parent and sampling.levels[0] != "OFF":
-            pass
-        elif not self.settings.take(sampling):
+        continued = bool(parent) and sampling.levels[0] != "OFF"
+        if not continued and not self.settings.take(sampling):
             return None
         return Trace(next(_IDS), model, sampling.levels, parent)
 
