@@ -31,6 +31,8 @@ from modelhost.core.model_cache import ModelCache
 from modelhost.core.repository_poll import RepositoryPoller
 from modelhost.core.spare_cores import FILE_NAME as SPARE_CORES_FILE
 from modelhost.core.spare_cores import SpareCores
+from modelhost.core.trace import Tracer
+from modelhost.core.trace_setup import make_tracer
 from modelhost.core.worker_statistics import WorkerStatistics
 from modelhost.embeddings.store import StoreSettings, configure_store, shared_store
 from modelhost.embeddings.watcher import TableWatcher
@@ -140,7 +142,7 @@ class Server:
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy, warmup)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings),
-                                   settings.embedding_updates)
+                                   settings.embedding_updates, self._tracer())
         self.tfserving = TfServing(self.dataplane, typed_outputs=tfserving is None or tfserving.typed_outputs)
         self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)
         self.torchserving = None if torchserve is None or self.mar_repository is None else TorchServing(
@@ -172,6 +174,13 @@ class Server:
         self.grpc = self._grpc_server() if settings.grpc_port else None
         # Every gRPC server: modelhost's own port, and TorchServe's two.
         self.grpc_servers = ([self.grpc] if self.grpc is not None else []) + self._torchserve_grpc_servers()
+
+    def _tracer(self) -> Tracer:
+        try:
+            return make_tracer(self.settings.trace_config, self.settings.worker_index if self.settings.workers > 1
+                               else None)
+        except ImportError as exc:
+            raise SystemExit(f"modelhost: {exc}") from None
 
     def _server_tls(self) -> ServerTls | None:
         s = self.settings
@@ -374,6 +383,7 @@ class Server:
         if self.cache is not None:
             await self.cache.stop()
         await self.manager.stop()
+        await self.dataplane.tracer.close()  # the answered requests' traces, written or exported
         if self.worker_statistics is not None:
             await self.worker_statistics.stop()
         await asyncio.to_thread(shutil.rmtree, self.work_dir, True)

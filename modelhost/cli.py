@@ -128,6 +128,10 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--embedding-updates", action=argparse.BooleanOptionalAction,
         help="let clients update embedding rows over HTTP and gRPC (default: off; restrict the model-repository "
              "API group when on)")
+    add("--trace-config", dest="trace_config", action="append", metavar="[MODE,]SETTING=VALUE",
+        help="Triton's trace settings (repeatable), e.g. triton,file=/var/log/trace.json, level=TIMESTAMPS, "
+             "rate=1000, count=-1, triton,log-frequency=100, mode=opentelemetry, opentelemetry,url=URL "
+             "(default: no tracing)")
     add("--embedding-cache-policy", choices=("tinylfu", "clock"),
         help=f"how the embedding cache picks rows to keep (default {d.embedding_cache_policy})")
     add("--max-archive-members", type=int,

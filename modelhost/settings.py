@@ -20,6 +20,7 @@ from modelhost.access import AccessPolicy, Restriction, parse_token_file
 from modelhost.config.overrides import ModelOverrides
 from modelhost.core.code_policy import USER_CODE_MODES
 from modelhost.core.compute_threads import PRIORITIES, Priority
+from modelhost.core.trace_config import check_trace_config
 from modelhost.cpus import available_cpus
 from modelhost.types import MAX_RANK, RequestLimits
 
@@ -100,6 +101,8 @@ class ServerSettings:
     in their `deltas/` directory (2 s); 0: never.
     embedding_updates: whether clients may update embedding rows over HTTP and gRPC (off: a client that can write
     rows can change every answer; delta files and new versions, the operator's files, are taken either way).
+    trace_config: Triton's `--trace-config [MODE,]SETTING=VALUE` entries (docs/tracing.md): tracing is off unless
+    they give it somewhere to go (a file, or an OpenTelemetry receiver); clients change only how much is traced.
     max_archive_members: the most entries (files, directories, links) one model archive may hold (10,000: a
     model with its code and variable shards has tens to hundreds; each entry costs a file and inode to unpack).
     invocation_timeout_seconds: how long one SageMaker invocation may take.
@@ -195,6 +198,7 @@ class ServerSettings:
     embedding_cache_policy: str = "tinylfu"
     embedding_poll_seconds: float = 2.0
     embedding_updates: bool = False
+    trace_config: tuple[str, ...] = ()
     s3_endpoint_url: str | None = None
     invocation_timeout_seconds: float = 60.0
     handler_threads: int = 0
@@ -292,6 +296,10 @@ def check_settings(settings: ServerSettings) -> None:
     if settings.unpacked_cache_bytes < 0:
         raise SettingsError("--unpacked-cache-bytes must be 0 (automatic) or more, "
                             f"got {settings.unpacked_cache_bytes}")
+    try:
+        check_trace_config(settings.trace_config)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
     if settings.handler_threads < 0:
         raise SettingsError(f"--handler-threads must be 0 (automatic) or more, got {settings.handler_threads}")
     if settings.embedding_cache_bytes < 0:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from modelhost.errors import invalid
+
+if TYPE_CHECKING:
+    from modelhost.core.trace import Trace
 
 # KServe V2 datatype name -> numpy dtype. BF16 has no numpy dtype and is not served.
 DATATYPE_DTYPES: dict[str, np.dtype] = {
@@ -164,6 +167,7 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     signature: str | None = None  # one of ModelMetadata.signatures by name; None: the config's inputs and outputs
     received: float = 0.0  # time.monotonic() when the server began receiving it; 0: unknown
+    trace: Trace | None = None  # set by the front-end when the request is traced (core/trace.py)
 
 
 @dataclass(slots=True)

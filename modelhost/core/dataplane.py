@@ -12,6 +12,8 @@ from modelhost.core.model_record import for_clients
 from modelhost.core.row_updates import apply_rows, checked_rows
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
+from modelhost.core.trace import INFER_RESPONSE_COMPLETE, REQUEST_END, REQUEST_START, Trace, Tracer
+from modelhost.core.trace_config import TraceStartup
 from modelhost.core.worker_statistics import WorkerStatistics, merge
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
@@ -21,14 +23,18 @@ T = TypeVar("T")
 Decode = Callable[[ModelMetadata], tuple[InferRequest, T]]
 
 SERVER_NAME = "modelhost"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics",
+              "trace")
 
 
 class DataPlane:
     def __init__(self, manager: ModelManager, version: str, strict_readiness: bool,
-                 limits: RequestLimits = DEFAULT_LIMITS, row_updates: bool = False) -> None:
+                 limits: RequestLimits = DEFAULT_LIMITS, row_updates: bool = False, tracer: Tracer | None = None,
+                 ) -> None:
         """`row_updates`: whether clients may update models' tables (embedding rows; off unless the operator
-        turns them on: a client that can write rows can change every answer)."""
+        turns them on: a client that can write rows can change every answer). `tracer`: the trace extension's
+        (none: requests are never traced)."""
+        self.tracer = tracer or Tracer(TraceStartup())
         # Front-ends pass `limits` to their codecs, which check each tensor before allocating it.
         self.limits = limits
         self._row_updates = row_updates
@@ -137,6 +143,8 @@ class DataPlane:
         # Held for the whole request: ModelManager.acquire without its context manager objects (~1 µs less).
         served = self._manager.hold(request.model_name, request.model_version)
         try:
+            if request.trace is not None:
+                return await self._traced(served, request, request.trace)
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
                                        self.limits.max_output_bytes, request.signature, _spent(request))
@@ -153,6 +161,8 @@ class DataPlane:
         try:
             request, context = decode(self._metadata_of(served))
             request.model_name, request.model_version = name, version
+            if request.trace is not None:
+                return await self._traced(served, request, request.trace), context
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
                                        self.limits.max_output_bytes, request.signature, _spent(request))
@@ -160,6 +170,26 @@ class DataPlane:
         finally:
             served.pins.release()
 
+    async def _traced(self, served: ServedModel, request: InferRequest, trace: Trace) -> InferResponse:
+        """`infer` of a traced request: its stages stamped; finished here if it fails (else by its front-end,
+        once the answer is sent)."""
+        trace.model_version, trace.request_id = served.version, request.id
+        trace.stamp(REQUEST_START)
+        tensors = "TENSORS" in trace.levels
+        if tensors:
+            trace.inputs = request.inputs
+        try:
+            priority, timeout_us = _scheduling(request.parameters)
+            outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
+                                       self.limits.max_output_bytes, request.signature, _spent(request), trace)
+        except BaseException:
+            self.tracer.finish(trace, REQUEST_END)
+            raise
+        trace.stamp(INFER_RESPONSE_COMPLETE)
+        trace.stamp(REQUEST_END)
+        if tensors:
+            trace.outputs = outputs
+        return InferResponse(served.name, str(served.version), outputs, request.id)
 
     async def update_rows(self, request: InferRequest) -> tuple[str, int, int]:
         """Add or replace rows of the model's table (inputs `ids` and `vectors`): (version, rows, new rows),

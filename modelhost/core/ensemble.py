@@ -22,6 +22,7 @@ import numpy as np
 
 from modelhost.client_log import client_log
 from modelhost.core.ensemble_plan import LATEST, Acquire, EnsemblePlan, EnsembleStep, Resolve
+from modelhost.core.trace import REQUEST_END, Trace
 from modelhost.errors import ErrorKind, ModelhostError, unavailable
 
 if TYPE_CHECKING:
@@ -54,9 +55,11 @@ class EnsembleScheduler:
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
+        trace: Trace | None = None,
     ) -> Outputs:
         """Run the steps the requested `outputs` need; priority and timeout pass to every step's scheduler
-        (`spent_s` does not: each step's model counts from the step's own start).
+        (`spent_s` does not: each step's model counts from the step's own start). With a `trace`, each step runs
+        with a child trace of its own (Trace.child).
 
         `inputs` are the ensemble's checked inputs; `rows`, `entry` and `batchable` are unused (an ensemble
         has one signature, and each step counts its own rows and batches in its own model). A failing
@@ -66,7 +69,7 @@ class EnsembleScheduler:
             raise unavailable(f"ensemble {self._label} is stopping")
         self._inflight += 1
         try:
-            return await self._execute(inputs, outputs, priority, timeout_us)
+            return await self._execute(inputs, outputs, priority, timeout_us, trace)
         finally:
             self._inflight -= 1
             if not self._inflight and self._idle is not None and not self._idle.done():
@@ -88,7 +91,8 @@ class EnsembleScheduler:
             await asyncio.shield(self._idle)
 
     async def _execute(
-        self, inputs: dict[str, np.ndarray], outputs: Sequence[str], priority: int, timeout_us: int | None
+        self, inputs: dict[str, np.ndarray], outputs: Sequence[str], priority: int, timeout_us: int | None,
+        trace: Trace | None = None,
     ) -> Outputs:
         plan = self._plan
         tensors: dict[str, np.ndarray] = dict(inputs)  # the ensemble's tensor namespace for this request
@@ -99,7 +103,8 @@ class EnsembleScheduler:
             while True:
                 for index in sorted(i for i in waiting if plan.needs[i] <= done):
                     waiting.discard(index)
-                    task = asyncio.ensure_future(self._run_step(plan.steps[index], tensors, priority, timeout_us))
+                    task = asyncio.ensure_future(self._run_step(plan.steps[index], tensors, priority, timeout_us,
+                                                                trace))
                     running[task] = index
                 if not running:
                     break
@@ -123,7 +128,8 @@ class EnsembleScheduler:
         return needed
 
     async def _run_step(
-        self, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int, timeout_us: int | None
+        self, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int, timeout_us: int | None,
+        trace: Trace | None = None,
     ) -> Outputs:
         """One step runs as a client's request does (ServedModel.run), its outputs mapped back to the ensemble's."""
         hold = self._acquire(step.model_name, step.version)
@@ -132,16 +138,19 @@ class EnsembleScheduler:
         except ModelhostError as exc:  # the ensemble exists; it cannot serve without this model
             raise unavailable(exc.message) from None
         try:
-            return await self._run_on(served, step, tensors, priority, timeout_us)
+            return await self._run_on(served, step, tensors, priority, timeout_us, trace)
         finally:
             hold.give_back()
 
     @staticmethod
     async def _run_on(served: ServedModel, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int,
-                      timeout_us: int | None) -> Outputs:
+                      timeout_us: int | None, trace: Trace | None = None) -> Outputs:
         # An optional ensemble input the request left out stays out; a required model input then fails there.
         feeds = {name: tensors[tensor] for name, tensor in step.input_map.items() if tensor in tensors}
-        shaped = await served.run(feeds, step.requested, priority, timeout_us or 0)
+        step_trace = trace.child(served.name, served.version) if trace is not None else None
+        shaped = await served.run(feeds, step.requested, priority, timeout_us or 0, trace=step_trace)
+        if step_trace is not None:
+            step_trace.stamp(REQUEST_END)
         return {step.output_map[name]: array for name, array in shaped.items()}
 
     def _failure(self, step: EnsembleStep, exc: Exception) -> ModelhostError:

@@ -11,7 +11,7 @@ import collections
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.latency_target import BatchLimits
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.errors import ErrorKind, ModelhostError
+
+if TYPE_CHECKING:
+    from modelhost.core.trace import Trace
 
 
 @dataclass(slots=True, eq=False)
@@ -38,6 +41,7 @@ class Pending:
     delayed: bool = False
     measures_handoff: bool = False  # queued alone with an instance free (core/loop_gate.py)
     spent: float = 0.0  # seconds the server had the request before it was queued (a latency target counts them)
+    trace: Trace | None = None  # the request's, when it is traced: the instance thread stamps its compute
 
 
 class RequestQueue:

@@ -46,6 +46,7 @@ from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.request_queue import Pending, RequestQueue
 from modelhost.core.spare_cores import SpareCores
 from modelhost.core.statistics import ExecutionTiming, ModelStatistics
+from modelhost.core.trace import QUEUE_START, Trace
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
 Outputs = dict[str, np.ndarray]
@@ -94,9 +95,11 @@ class Scheduler:
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
+        trace: Trace | None = None,
     ) -> Outputs:
         """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest. `spent_s`: how
         long the server has had the request before this (receiving, decoding), which a latency target counts.
+        `trace`: the request's, when it is traced (its queue and compute stages are stamped here).
 
         `entry` names the model's signature to run (`Model.infer_signature`; "" is `Model.infer`); a request
         that is not `batchable` (its signature has no batch dim) runs alone.
@@ -107,19 +110,22 @@ class Scheduler:
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
         if self._runs_async and self._may_run_async():
-            result = await self._run_async(inputs, outputs, rows, entry, spent_s)
+            result = await self._run_async(inputs, outputs, rows, entry, spent_s, trace)
             if result is not None:
                 return result
         size = _elements(inputs)
         if self._may_run_now(size):
-            result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s)
+            result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s, trace)
             if result is not None:
                 return result
         if self.target is not None:
             self._admit(rows, spent_s)
+        if trace is not None:
+            trace.stamp(QUEUE_START)
         split = self._policy.split_size if batchable else 0
         if not split or rows <= split:
-            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s), timeout)
+            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s, trace),
+                                    timeout)
         # Every chunk is queued before the first await: a request that got this scheduler is in its queue
         # before a reload can stop it, so it drains on this version rather than failing.
         pendings: list[Pending] = []
@@ -127,7 +133,7 @@ class Scheduler:
             for start in range(0, rows, split):
                 chunk = {name: array[start : start + split] for name, array in inputs.items()}
                 pendings.append(self._enqueue(chunk, outputs, min(split, rows - start), level, entry, batchable,
-                                              spent_s))
+                                              spent_s, trace))
         except BaseException:
             self._withdraw(pendings)
             raise
@@ -149,7 +155,7 @@ class Scheduler:
             self._admit(1)
 
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, entry: str,
-                 batchable: bool, spent_s: float = 0.0) -> Pending:
+                 batchable: bool, spent_s: float = 0.0, trace: Trace | None = None) -> Pending:
         loop = asyncio.get_running_loop()
         if not self._policy.batching:
             key: Any = None
@@ -160,7 +166,7 @@ class Scheduler:
         # Alone in the queue with an instance free: its round trip, less its execution, is a handoff's cost.
         alone = not self._queue.depth() and any(not lock.locked() for _, lock in self._instances)
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), entry,
-                          sequence=self._sequence, measures_handoff=alone, spent=spent_s)
+                          sequence=self._sequence, measures_handoff=alone, spent=spent_s, trace=trace)
         self._queue.put(pending, self._label)
         self._sequence += 1
         self._inflight += 1
@@ -254,7 +260,7 @@ class Scheduler:
         )
 
     async def _run_async(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
-                         entry: str, spent_s: float = 0.0) -> Outputs | None:
+                         entry: str, spent_s: float = 0.0, trace: Trace | None = None) -> Outputs | None:
         """Run one request from the loop on a free instance; None when none is free or its model cannot now. The
         call finishes (and frees the instance) even when the caller goes away: the worker's answer must be read."""
         for instance, lock in self._instances:
@@ -265,6 +271,8 @@ class Scheduler:
                 if result is not None:
                     self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, result[1], 0))
                     self._learn_alone(rows, result[1], spent_s)
+                    if trace is not None:
+                        _traced_alone(trace, result[1])
                     return result[0]
                 return None
         return None
@@ -284,7 +292,7 @@ class Scheduler:
                 spare.computing(-cores)
 
     def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
-                     size: int, entry: str, spent_s: float = 0.0) -> Outputs | None:
+                     size: int, entry: str, spent_s: float = 0.0, trace: Trace | None = None) -> Outputs | None:
         """Run one request right here with a free instance; None when every instance is busy on its thread."""
         for instance, lock in self._instances:
             if lock.acquire(blocking=False):
@@ -297,6 +305,8 @@ class Scheduler:
                 self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
                 self._gate.learn(size, elapsed, on_loop=True)
                 self._learn_alone(rows, elapsed, spent_s)
+                if trace is not None:
+                    _traced_alone(trace, elapsed)
                 return result
         return None
 
@@ -445,7 +455,10 @@ def _run(instance: Model, batch: list[Pending], taken: float,
     if len(batch) == 1 and padded == total:
         started = time.monotonic_ns()
         outputs = _call(instance, first.entry, first.inputs, first.outputs)
-        return [outputs], ExecutionTiming(queue_ns, 0, time.monotonic_ns() - started, 0)
+        ended = time.monotonic_ns()
+        if first.trace is not None:
+            first.trace.computed(started, started, ended, ended)
+        return [outputs], ExecutionTiming(queue_ns, 0, ended - started, 0)
     started = time.monotonic_ns()
     inputs = {name: _concatenate([p.inputs[name] for p in batch], padded - total) for name in first.inputs}
     concatenated = time.monotonic_ns()
@@ -464,8 +477,20 @@ def _run(instance: Model, batch: list[Pending], taken: float,
         end = start + pending.rows
         results.append({name: array[start:end] for name, array in outputs.items()})
         start = end
-    timing = ExecutionTiming(queue_ns, concatenated - started, inferred - concatenated, time.monotonic_ns() - inferred)
+    ended = time.monotonic_ns()
+    for pending in batch:
+        if pending.trace is not None:
+            pending.trace.computed(started, concatenated, inferred, ended)
+    timing = ExecutionTiming(queue_ns, concatenated - started, inferred - concatenated, ended - inferred)
     return results, timing
+
+
+def _traced_alone(trace: Trace, elapsed_ns: int) -> None:
+    """The stages of a request that ran at once, not queued: it computed for the `elapsed_ns` just past."""
+    ended = time.monotonic_ns()
+    started = ended - elapsed_ns
+    trace.stamp(QUEUE_START, started)
+    trace.computed(started, started, ended, ended)
 
 
 def _padded_size(rows: int, pad_sizes: tuple[int, ...]) -> int:

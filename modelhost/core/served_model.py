@@ -27,6 +27,7 @@ from modelhost.types import RequestedOutput, SignatureSpec
 if TYPE_CHECKING:
     from modelhost.core.ensemble import EnsembleScheduler
     from modelhost.core.scheduler import Scheduler
+    from modelhost.core.trace import Trace
 
 log = logging.getLogger("modelhost.served_model")
 
@@ -61,12 +62,12 @@ class ServedModel:
     async def run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int = 0,
         timeout_us: int = 0, max_output_bytes: int | None = None, signature: str | None = None,
-        spent_s: float = 0.0,
+        spent_s: float = 0.0, trace: Trace | None = None,
     ) -> Outputs:
         """The requested outputs (all, in model order, when `outputs` is None or empty), in request order.
 
         `signature` names one of `named` (None: the config's signature, `signature`). `spent_s`: how long the
-        server has had the request already (a latency target counts it).
+        server has had the request already (a latency target counts it). `trace`: the request's, when it is traced.
 
         Raises INVALID_INPUT for inputs or outputs the signature refuses and for outputs over
         `max_output_bytes`; the scheduler's errors as they are; anything else the model raises as INTERNAL,
@@ -75,7 +76,8 @@ class ServedModel:
         started = time.monotonic_ns()
         ok = False
         try:
-            result = await self._run(inputs, outputs, priority, timeout_us, max_output_bytes, signature, spent_s)
+            result = await self._run(inputs, outputs, priority, timeout_us, max_output_bytes, signature, spent_s,
+                                     trace)
             ok = True
             return result
         finally:
@@ -84,6 +86,7 @@ class ServedModel:
     async def _run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int,
         timeout_us: int, max_output_bytes: int | None, signature_name: str | None, spent_s: float = 0.0,
+        trace: Trace | None = None,
     ) -> Outputs:
         if signature_name is None:
             signature, entry = self.signature, ""
@@ -94,7 +97,7 @@ class ServedModel:
         names = signature.check_outputs(outputs)
         try:
             results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us, entry,
-                                                  signature.max_batch_size > 0, spent_s)
+                                                  signature.max_batch_size > 0, spent_s, trace)
         except ModelhostError:
             raise
         except Exception as exc:

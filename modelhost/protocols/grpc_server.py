@@ -68,8 +68,9 @@ class Unary:
 
     name: str
     request_type: type[Message]
-    call: Callable[[Any], Awaitable[Message]]
+    call: Callable[..., Awaitable[Message]]
     api: Api  # the group access control restricts it by
+    with_context: bool = False  # `call` also gets the call's grpc context (its invocation metadata: trace context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,12 +272,15 @@ async def _abort(context: Any, rpc_name: str, exc: Exception) -> None:
 
 def _unary_behavior(rpc: Unary, in_flight: InFlight, limit: int, access: AccessPolicy,
                     guard: Guard | None = None) -> Callable[[bytes, Any], Awaitable[bytes]]:
+    with_context = rpc.with_context
+
     async def behavior(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if access or guard is not None:
             await _check(context, rpc, access, guard)
         in_flight.requests += 1
         try:
-            return _serialize(await rpc.call(_parse(rpc.request_type, data)), limit)
+            message = _parse(rpc.request_type, data)
+            return _serialize(await (rpc.call(message, context) if with_context else rpc.call(message)), limit)
         except Exception as exc:
             await _abort(context, rpc.name, exc)
         finally:

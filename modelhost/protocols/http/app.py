@@ -61,6 +61,7 @@ class HttpResponse:
     body: Sequence[bytes] = ()
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     more: AsyncIterator[bytes] | None = None
+    sent: Callable[[], None] | None = None  # called once the whole response is handed to the transport
 
 
 RouteHandler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -280,6 +281,8 @@ async def _send(send: Any, response: HttpResponse) -> None:
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+    if response.sent is not None:
+        response.sent()
 
 
 async def _stream(send: Any, response: HttpResponse, body: bytes, more: AsyncIterator[bytes]) -> None:

@@ -8,9 +8,12 @@ request is answered with `error_message` (and its `id`) while the stream goes on
 
 from __future__ import annotations
 
+from typing import Any
+
 from modelhost.access import Api
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
+from modelhost.core.trace import GRPC_SEND_END, GRPC_SEND_START
 from modelhost.errors import ModelhostError
 from modelhost.protocols.grpc_server import Service, Stream, Unary
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
@@ -24,12 +27,15 @@ from modelhost.protocols.kserve_v2.grpc_codec import (
     statistics_to_proto,
     unload_dependents_from_proto,
 )
+from modelhost.protocols.kserve_v2.trace_setting import trace_rpc
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 EMBEDDING_SERVICE_NAME = "modelhost.EmbeddingService"
 
 
 def service(dataplane: DataPlane, control: Control) -> Service:
+    tracer = dataplane.tracer
+
     async def server_live(request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=dataplane.live())
 
@@ -45,10 +51,16 @@ def service(dataplane: DataPlane, control: Control) -> Service:
     async def model_metadata(request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
         return metadata_to_proto(dataplane.metadata(request.name, request.version))
 
-    async def model_infer(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def model_infer(request: pb.ModelInferRequest, context: Any = None) -> pb.ModelInferResponse:
+        trace = tracer.begin_grpc(request.model_name, context) if tracer.active else None
         infer_request = decode_infer_request(request, dataplane.limits)
+        infer_request.trace = trace
         response = await dataplane.infer(infer_request)
-        return encode_infer_response(response, infer_request)
+        answer = encode_infer_response(response, infer_request)
+        if trace is not None:
+            trace.stamp(GRPC_SEND_START)
+            tracer.finish(trace, GRPC_SEND_END)  # grpc writes the answer after this returns: not seen here
+        return answer
 
     async def stream_answer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
         return pb.ModelStreamInferResponse(infer_response=await model_infer(request))
@@ -76,13 +88,14 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         Unary("ModelReady", pb.ModelReadyRequest, model_ready, Api.HEALTH),
         Unary("ServerMetadata", pb.ServerMetadataRequest, server_metadata, Api.METADATA),
         Unary("ModelMetadata", pb.ModelMetadataRequest, model_metadata, Api.METADATA),
-        Unary("ModelInfer", pb.ModelInferRequest, model_infer, Api.INFERENCE),
+        Unary("ModelInfer", pb.ModelInferRequest, model_infer, Api.INFERENCE, with_context=True),
         Stream("ModelStreamInfer", pb.ModelInferRequest, stream_answer, _stream_error, Api.INFERENCE),
         Unary("ModelConfig", pb.ModelConfigRequest, model_config, Api.MODEL_CONFIG),
         Unary("ModelStatistics", pb.ModelStatisticsRequest, model_statistics, Api.STATISTICS),
         Unary("RepositoryIndex", pb.RepositoryIndexRequest, repository_index, Api.MODEL_REPOSITORY),
         Unary("RepositoryModelLoad", pb.RepositoryModelLoadRequest, load, Api.MODEL_REPOSITORY),
         Unary("RepositoryModelUnload", pb.RepositoryModelUnloadRequest, unload, Api.MODEL_REPOSITORY),
+        trace_rpc(dataplane),
     ])
 
 

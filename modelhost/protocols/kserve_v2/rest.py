@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from modelhost.access import Api
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
+from modelhost.core.trace import HTTP_SEND_END, HTTP_SEND_START
 from modelhost.errors import invalid
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, error_response, json_response
 from modelhost.protocols.json_body import json_object
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
 from modelhost.protocols.kserve_v2.raw_codec import decode_raw_request
 from modelhost.protocols.kserve_v2.repository_codec import decode_load_request, decode_unload_dependents
+from modelhost.protocols.kserve_v2.trace_setting import trace_routes
 from modelhost.types import InferRequest, ModelMetadata, TensorSpec
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
@@ -20,25 +23,33 @@ _HEADER_LENGTH = b"inference-header-content-length"
 
 
 def routes(dataplane: DataPlane, control: Control) -> list[Route]:
+    tracer = dataplane.tracer
+
     async def infer(request: HttpRequest) -> HttpResponse:
         header_length = _header_length(request.headers.get(_HEADER_LENGTH))
         model, version = request.params["model"], request.params.get("version", "")
+        trace = tracer.begin_http(model, request.received, request.headers) if tracer.active else None
         if header_length == 0:
             def raw(metadata: ModelMetadata) -> tuple[InferRequest, InferRequest]:
                 decoded = decode_raw_request(request.body, metadata)
-                decoded.received = request.received
+                decoded.received, decoded.trace = request.received, trace
                 return decoded, decoded  # the request again, for its binary_data_output when encoding
 
             response, infer_request = await dataplane.decode_and_infer(model, version, raw)
         else:
             infer_request = decode_infer_request(request.body, header_length, model, version, dataplane.limits)
-            infer_request.received = request.received
+            infer_request.received, infer_request.trace = request.received, trace
             response = await dataplane.infer(infer_request)
         parts, json_length = encode_infer_response(response, infer_request)
         if json_length is None:
-            return HttpResponse(200, parts, [(b"content-type", b"application/json")])
-        headers = [(b"content-type", b"application/octet-stream"), (_HEADER_LENGTH, str(json_length).encode())]
-        return HttpResponse(200, parts, headers)
+            answer = HttpResponse(200, parts, [(b"content-type", b"application/json")])
+        else:
+            headers = [(b"content-type", b"application/octet-stream"), (_HEADER_LENGTH, str(json_length).encode())]
+            answer = HttpResponse(200, parts, headers)
+        if trace is not None:
+            trace.stamp(HTTP_SEND_START)
+            answer.sent = partial(tracer.finish, trace, HTTP_SEND_END)
+        return answer
 
     async def update_rows(request: HttpRequest) -> HttpResponse:
         # The body is a V2 inference request (JSON, or with the binary extension): inputs ids and vectors.
@@ -108,6 +119,7 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         # Any name reaches the core (the path is unquoted: %2F is "/"), whose name rule answers 400.
         Route("POST", r"/v2/repository/models/(?P<model>.+)/load", load, Api.MODEL_REPOSITORY),
         Route("POST", r"/v2/repository/models/(?P<model>.+)/unload", unload, Api.MODEL_REPOSITORY),
+        *trace_routes(dataplane),
     ]
 
 
