@@ -11,6 +11,7 @@ from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.core.model_record import for_clients
 from modelhost.core.row_updates import apply_rows, checked_rows
 from modelhost.core.scheduler import Scheduler
+from modelhost.core.sequence_controls import SequenceFlags, refuse_sequence, sequence_flags
 from modelhost.core.served_model import ServedModel
 from modelhost.core.worker_statistics import WorkerStatistics, merge
 from modelhost.errors import ErrorKind, ModelhostError, invalid
@@ -139,7 +140,8 @@ class DataPlane:
         try:
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request))
+                                       self.limits.max_output_bytes, request.signature, _spent(request),
+                                       _sequence(served, request.parameters))
             return InferResponse(served.name, str(served.version), outputs, request.id)
         finally:
             served.pins.release()
@@ -155,7 +157,8 @@ class DataPlane:
             request.model_name, request.model_version = name, version
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request))
+                                       self.limits.max_output_bytes, request.signature, _spent(request),
+                                       _sequence(served, request.parameters))
             return InferResponse(served.name, str(served.version), outputs, request.id), context
         finally:
             served.pins.release()
@@ -181,6 +184,15 @@ class DataPlane:
 def _spent(request: InferRequest) -> float:
     """Seconds since the server began receiving the request (0 when the front-end did not say)."""
     return max(time.monotonic() - request.received, 0.0) if request.received else 0.0
+
+
+def _sequence(served: ServedModel, parameters: dict[str, Any]) -> SequenceFlags | None:
+    """The request's sequence parameters for a sequence model; INVALID_INPUT for any on another model."""
+    if served.sequences is not None:
+        return sequence_flags(parameters)
+    if parameters:
+        refuse_sequence(served.name, parameters)
+    return None
 
 
 def _scheduling(parameters: dict[str, Any]) -> tuple[int, int]:
