@@ -101,22 +101,27 @@ class ControlTensors:
         if self._corrid is not None:
             feeds[self._corrid[0]] = self._corrid_tensor(flags.id)
 
-    def _corrid_tensor(self, sequence_id: int | str) -> np.ndarray:
-        assert self._corrid is not None
+    def check_id(self, sequence_id: int | str) -> None:
+        """INVALID_INPUT when the id cannot be this model's CORRID: a string for a numeric CORRID, or a number
+        outside its type."""
+        if self._corrid is None or self._corrid[1] == np.object_:
+            return
         dtype = self._corrid[1]
-        if dtype == np.object_:
-            value: Any = sequence_id.encode() if isinstance(sequence_id, str) else str(sequence_id).encode()
-        elif isinstance(sequence_id, str):
+        if isinstance(sequence_id, str):
             raise invalid(f"sequence_id '{sequence_id}' is a string, but this model's CONTROL_SEQUENCE_CORRID is "
                           f"{dtype.name}: send an integer id")
-        else:
-            info = np.iinfo(dtype)
-            if not info.min <= sequence_id <= info.max:
-                raise invalid(f"sequence_id {sequence_id} does not fit this model's CONTROL_SEQUENCE_CORRID "
-                              f"data type ({dtype.name})")
-            value = sequence_id
+        info = np.iinfo(dtype)
+        if not info.min <= sequence_id <= info.max:
+            raise invalid(f"sequence_id {sequence_id} does not fit this model's CONTROL_SEQUENCE_CORRID "
+                          f"data type ({dtype.name})")
+
+    def _corrid_tensor(self, sequence_id: int | str) -> np.ndarray:
+        """The id as the CORRID input (check_id has passed it); a numeric id becomes its decimal text for a
+        TYPE_STRING CORRID."""
+        assert self._corrid is not None
+        dtype = self._corrid[1]
         array = np.empty(self._shape, dtype)
-        array[...] = value
+        array[...] = str(sequence_id).encode() if dtype == np.object_ else sequence_id
         return array
 
 

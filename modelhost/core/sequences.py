@@ -97,6 +97,7 @@ class SequenceBatcher:
         if self._batching and rows != 1:
             raise invalid(f"inference request to model '{self._name}' must specify batch-size 1 due to "
                           "requirements of sequence batcher")
+        self.controls.check_id(flags.id)
         sequence = self._table.get(flags.id)
         if sequence is None:
             if not flags.start:

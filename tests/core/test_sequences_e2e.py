@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import onnx
 import pytest
@@ -23,6 +24,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.onnx_models import _finish, identity_model, write_model
@@ -139,22 +141,40 @@ def summary(result: Any) -> tuple[int, int, int]:
 
 def test_interleaved_sequences_over_http_and_grpc(server: ServerProcess) -> None:
     http = httpclient.InferenceServerClient(server.url)
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    rpc = grpcclient.InferenceServerClient(server.grpc_url)
     big = 2**63 + 5  # past int64: JSON carries it as is
     try:
         assert summary(step(http, httpclient, "accumulator", 1, 11, start=True)) == (1, 1 + 4, 11)
-        assert summary(step(grpc, grpcclient, "accumulator", 10, 12, start=True)) == (10, 5, 12)
+        assert summary(step(rpc, grpcclient, "accumulator", 10, 12, start=True)) == (10, 5, 12)
         assert summary(step(http, httpclient, "accumulator", 100, big, start=True)) == (100, 5, big)
-        assert summary(step(grpc, grpcclient, "accumulator", 2, 11)) == (3, 4, 11)
+        assert summary(step(rpc, grpcclient, "accumulator", 2, 11)) == (3, 4, 11)
         assert summary(step(http, httpclient, "accumulator", 20, 12)) == (30, 4, 12)
-        assert summary(step(grpc, grpcclient, "accumulator", 3, 11, end=True)) == (6, 2 + 4, 11)
+        assert summary(step(rpc, grpcclient, "accumulator", 3, 11, end=True)) == (6, 2 + 4, 11)
         assert summary(step(http, httpclient, "accumulator", 200, big, end=True)) == (300, 6, big)
-        assert summary(step(grpc, grpcclient, "accumulator", 30, 12, end=True)) == (60, 6, 12)
+        assert summary(step(rpc, grpcclient, "accumulator", 30, 12, end=True)) == (60, 6, 12)
         # Ended: the id is free for a new sequence, which starts from the initial state.
         assert summary(step(http, httpclient, "accumulator", 7, 11, start=True, end=True)) == (7, 7, 11)
     finally:
         http.close()
-        grpc.close()
+        rpc.close()
+
+
+def test_an_id_past_int64_over_grpc_uint64_param(server: ServerProcess) -> None:
+    """tritonclient sends ids as int64_param; a client may send uint64_param, and ids up to 2**64-1 work."""
+    sequence_id = 2**64 - 3
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for value, start, end, total in ((4, True, False, 4), (5, False, True, 9)):
+            request = service_pb2.ModelInferRequest(model_name="accumulator")
+            tensor = request.inputs.add(name="INPUT", datatype="INT32", shape=[1, 1])
+            tensor.contents.int_contents.append(value)
+            request.parameters["sequence_id"].uint64_param = sequence_id
+            request.parameters["sequence_start"].bool_param = start
+            request.parameters["sequence_end"].bool_param = end
+            response = stub.ModelInfer(request)
+            outputs = {o.name: raw for o, raw in zip(response.outputs, response.raw_output_contents)}
+            assert np.frombuffer(outputs["OUTPUT"], np.int32).tolist() == [total]
+            assert np.frombuffer(outputs["CORRID_OUT"], np.uint64).tolist() == [sequence_id]
 
 
 def test_concurrent_sequences_batch_and_keep_their_order(server: ServerProcess) -> None:
@@ -184,7 +204,7 @@ def test_concurrent_sequences_batch_and_keep_their_order(server: ServerProcess) 
 
 def test_python_model_with_string_ids_and_implicit_state(server: ServerProcess) -> None:
     http = httpclient.InferenceServerClient(server.url)
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    rpc = grpcclient.InferenceServerClient(server.grpc_url)
 
     def send(client: Any, module: Any, x: list[float], sequence_id: str, **flags: bool) -> tuple[list[float], bytes]:
         tensor = module.InferInput("x", [1, 2], "FP32")
@@ -194,15 +214,15 @@ def test_python_model_with_string_ids_and_implicit_state(server: ServerProcess) 
 
     try:
         assert send(http, httpclient, [1, 2], "alpha", sequence_start=True) == ([1, 2], b"alpha")
-        assert send(grpc, grpcclient, [5, 5], "beta", sequence_start=True) == ([5, 5], b"beta")
-        assert send(grpc, grpcclient, [1, 1], "alpha") == ([2, 3], b"alpha")
+        assert send(rpc, grpcclient, [5, 5], "beta", sequence_start=True) == ([5, 5], b"beta")
+        assert send(rpc, grpcclient, [1, 1], "alpha") == ([2, 3], b"alpha")
         assert send(http, httpclient, [1, 1], "beta", sequence_end=True) == ([6, 6], b"beta")
         # A second START of an open sequence begins it anew (Triton ends the earlier one early).
         assert send(http, httpclient, [4, 4], "alpha", sequence_start=True) == ([4, 4], b"alpha")
-        assert send(grpc, grpcclient, [1, 0], "alpha", sequence_end=True) == ([5, 4], b"alpha")
+        assert send(rpc, grpcclient, [1, 0], "alpha", sequence_end=True) == ([5, 4], b"alpha")
     finally:
         http.close()
-        grpc.close()
+        rpc.close()
 
 
 def error_of(call: Any, *args: Any, **kwargs: Any) -> str:
@@ -213,9 +233,9 @@ def error_of(call: Any, *args: Any, **kwargs: Any) -> str:
 
 def test_refused_requests(server: ServerProcess) -> None:
     http = httpclient.InferenceServerClient(server.url)
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    rpc = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        for client, module in ((http, httpclient), (grpc, grpcclient)):
+        for client, module in ((http, httpclient), (rpc, grpcclient)):
             assert error_of(step, client, module, "accumulator", 1, 0) == (
                 "inference request to model 'accumulator' must specify a non-zero or non-empty correlation ID")
             assert error_of(step, client, module, "accumulator", 1, 999) == (
@@ -244,7 +264,7 @@ def test_refused_requests(server: ServerProcess) -> None:
         assert [o["name"] for o in metadata["outputs"]] == ["OUTPUT", "FLAGS", "CORRID_OUT"]
     finally:
         http.close()
-        grpc.close()
+        rpc.close()
 
 
 def test_backlog_waits_for_a_slot_and_idle_sequences_are_released(server: ServerProcess) -> None:
