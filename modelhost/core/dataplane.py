@@ -139,12 +139,26 @@ class DataPlane:
         served = self._manager.hold(request.model_name, request.model_version)
         try:
             priority, timeout_us = _scheduling(request.parameters)
+            sequence = _sequence(served, request.parameters)
+            if sequence is not None and not request.model_version:
+                served = self._sequence_version(served, sequence)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request),
-                                       _sequence(served, request.parameters))
+                                       self.limits.max_output_bytes, request.signature, _spent(request), sequence)
             return InferResponse(served.name, str(served.version), outputs, request.id)
         finally:
             served.pins.release()
+
+    def _sequence_version(self, served: ServedModel, sequence: SequenceFlags) -> ServedModel:
+        """The version a sequence's request runs on: the one it started on, which a reload may have replaced
+        (that one stays until its sequences end or idle out). `served` is held; so is the version returned."""
+        assert served.sequences is not None
+        if sequence.start or served.sequences.is_open(sequence.id):
+            return served
+        older = self._manager.hold_sequence(served.name, sequence.id)
+        if older is None:
+            return served  # not open anywhere: `run` refuses it with Triton's words
+        served.pins.release()
+        return older
 
     async def decode_and_infer(self, name: str, version: str, decode: Decode[T]) -> tuple[InferResponse, T]:
         """For a front-end whose wire format is read against the model's signature (TF Serving rows, SageMaker

@@ -74,6 +74,7 @@ class SequenceBatcher:
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._table: dict[int | str, _Sequence] = {}
         self._sweep_timer: Cancellable | None = None
+        self._emptied: asyncio.Event | None = None  # what `finished` awaits
         self.idled_out = 0  # sequences released for being idle, for tests and logs
 
     def server_fed(self) -> frozenset[str]:
@@ -85,6 +86,16 @@ class SequenceBatcher:
 
     def free_slots(self) -> int:
         return self._free
+
+    def is_open(self, sequence_id: int | str) -> bool:
+        return sequence_id in self._table
+
+    async def finished(self) -> None:
+        """Returns once no sequence is open: each ended or idled out (a reloaded version's, before it stops)."""
+        while self._table:
+            if self._emptied is None or self._emptied.is_set():
+                self._emptied = asyncio.Event()
+            await self._emptied.wait()
 
     async def run(self, flags: SequenceFlags | None, feeds: dict[str, np.ndarray], names: list[str], rows: int,
                   submit: Submit) -> Outputs:
@@ -158,6 +169,8 @@ class SequenceBatcher:
             sequence.live = False
             if self._table.get(sequence.id) is sequence:
                 del self._table[sequence.id]
+                if not self._table and self._emptied is not None:
+                    self._emptied.set()
         sequence.state = None
         if sequence.slot:
             sequence.slot = False

@@ -80,14 +80,14 @@ class Model:
 """
 
 
-def accumulator_model() -> onnx.ModelProto:
-    """OUTPUT = STATE_IN * (1 - START) + INPUT (and STATE_OUT), FLAGS = START + 2 END + 4 READY, CORRID_OUT."""
+def accumulator_model(ready: int = 4) -> onnx.ModelProto:
+    """OUTPUT = STATE_IN * (1 - START) + INPUT (and STATE_OUT), FLAGS = START + 2 END + `ready` READY, CORRID_OUT."""
     def int32(name: str) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 1])
 
     constants = [helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT32, [],
                                                                                     [value]))
-                 for name, value in (("one", 1), ("two", 2), ("four", 4))]
+                 for name, value in (("one", 1), ("two", 2), ("four", ready))]
     nodes = [
         *constants,
         helper.make_node("Sub", ["one", "START"], ["carry"]),
@@ -110,11 +110,17 @@ def accumulator_model() -> onnx.ModelProto:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repo = tmp_path_factory.mktemp("sequence_repo")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sequence_repo")
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[ServerProcess]:
+    repo = repository
     model = accumulator_model()
     write_model(repo, "accumulator", model, ACCUMULATOR_CONFIG % (4, 5_000_000, CONTROLS))
     write_model(repo, "oneslot", model, ACCUMULATOR_CONFIG % (1, 300_000, CONTROLS))
+    write_model(repo, "reloaded", model, ACCUMULATOR_CONFIG % (4, 5_000_000, CONTROLS))
     write_model(repo, "plain", identity_model(TensorProto.INT32, dims=(1,)),
                 'platform: "onnxruntime_onnx" max_batch_size: 4 '
                 'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ] '
@@ -122,7 +128,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (repo / "pystate" / "1").mkdir(parents=True)
     (repo / "pystate" / "config.pbtxt").write_text(PYSTATE_CONFIG)
     (repo / "pystate" / "1" / "model.py").write_text(PYSTATE)
-    process = ServerProcess(Path(repo)).wait_ready()
+    process = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*").wait_ready()
     yield process
     process.stop()
 
@@ -290,5 +296,27 @@ def test_backlog_waits_for_a_slot_and_idle_sequences_are_released(server: Server
         assert error_of(step, http, httpclient, "oneslot", 1, 1).startswith(
             "inference request for sequence 1 to model 'oneslot' must specify the START flag")
         assert summary(step(http, httpclient, "oneslot", 1, 2, end=True))[0] == 6
+    finally:
+        http.close()
+
+
+def test_a_reload_finishes_open_sequences_on_the_old_version(server: ServerProcess, repository: Path) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+
+    def version_and_summary(value: int, sequence_id: int, **flags: bool) -> tuple[str, tuple[int, int, int]]:
+        result = step(http, httpclient, "reloaded", value, sequence_id, **flags)
+        return result.get_response()["model_version"], summary(result)
+
+    try:
+        assert version_and_summary(1, 21, start=True) == ("1", (1, 5, 21))
+        # Version 2 answers READY with 8 where version 1 answers 4.
+        write_model(repository, "reloaded", accumulator_model(ready=8), None, version=2)
+        http.load_model("reloaded")
+        assert version_and_summary(2, 21) == ("1", (3, 4, 21))  # goes on where it started
+        assert version_and_summary(10, 22, start=True) == ("2", (10, 9, 22))  # a new one starts on the new
+        assert version_and_summary(3, 21, end=True) == ("1", (6, 6, 21))
+        assert version_and_summary(20, 22, end=True) == ("2", (30, 10, 22))
+        assert error_of(step, http, httpclient, "reloaded", 1, 21).startswith(
+            "inference request for sequence 21 to model 'reloaded' must specify the START flag")
     finally:
         http.close()
