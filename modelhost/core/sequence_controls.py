@@ -68,19 +68,27 @@ def _flag(parameters: Mapping[str, Any], name: str) -> bool:
 
 
 class ControlTensors:
-    """The control inputs of one model, read once from its config; `fill` adds them to a request's feeds."""
+    """The control inputs of one model, read once from its config; `fill` adds them to a request's feeds.
+
+    The tensors are shared between requests (a sequence's CORRID between its requests), so they are read-only.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
-        self._batching = config.max_batch_size > 0
-        self._shape = (1, 1) if self._batching else (1,)
-        # (input name, kind, false array, true array) for START/END/READY; (name, dtype) for CORRID.
-        self._flags: list[tuple[str, int, np.ndarray, np.ndarray]] = []
+        self._shape = (1, 1) if config.max_batch_size > 0 else (1,)
+        self._ready: dict[str, np.ndarray] = {}
+        # (input name, false tensor, true tensor) of the START and of the END controls
+        self._start: list[tuple[str, np.ndarray, np.ndarray]] = []
+        self._end: list[tuple[str, np.ndarray, np.ndarray]] = []
         self._corrid: tuple[str, np.dtype] | None = None
         for entry in config.sequence_batching.control_input:
             if len(entry.control) != 1:
                 raise ConfigError(f"sequence_batching control_input '{entry.name}' must have exactly one control")
             self._add(entry.name, entry.control[0])
         self.names = frozenset(e.name for e in config.sequence_batching.control_input)
+        self._bounds = (0, 0)
+        if self._corrid is not None and self._corrid[1] != np.object_:
+            info = np.iinfo(self._corrid[1])
+            self._bounds = (int(info.min), int(info.max))
 
     def _add(self, name: str, control: Control) -> None:
         where = f"sequence_batching control_input '{name}'"
@@ -90,39 +98,43 @@ class ControlTensors:
                                   f"TYPE_UINT32, TYPE_INT32 or TYPE_STRING, got {config_type_name(control.data_type)}")
             self._corrid = (name, DATATYPE_DTYPES[v2_datatype(control.data_type)])
             return
-        false, true = _false_true(where, control)
-        self._flags.append((name, control.kind, np.full(self._shape, false), np.full(self._shape, true)))
+        false, true = (_read_only(np.full(self._shape, value)) for value in _false_true(where, control))
+        if control.kind == Control.CONTROL_SEQUENCE_READY:
+            self._ready[name] = true
+        else:
+            (self._start if control.kind == Control.CONTROL_SEQUENCE_START else self._end).append((name, false, true))
 
-    def fill(self, feeds: dict[str, np.ndarray], flags: SequenceFlags) -> None:
-        for name, kind, false, true in self._flags:
-            on = (kind == Control.CONTROL_SEQUENCE_READY or (kind == Control.CONTROL_SEQUENCE_START and flags.start)
-                  or (kind == Control.CONTROL_SEQUENCE_END and flags.end))
-            feeds[name] = true if on else false
-        if self._corrid is not None:
-            feeds[self._corrid[0]] = self._corrid_tensor(flags.id)
+    def fill(self, feeds: dict[str, np.ndarray], flags: SequenceFlags, corrid: dict[str, np.ndarray]) -> None:
+        """Add the controls of one request; `corrid` is what `corrid` gave for its sequence."""
+        feeds.update(self._ready)
+        for name, false, true in self._start:
+            feeds[name] = true if flags.start else false
+        for name, false, true in self._end:
+            feeds[name] = true if flags.end else false
+        feeds.update(corrid)
 
-    def check_id(self, sequence_id: int | str) -> None:
-        """INVALID_INPUT when the id cannot be this model's CORRID: a string for a numeric CORRID, or a number
-        outside its type."""
-        if self._corrid is None or self._corrid[1] == np.object_:
-            return
-        dtype = self._corrid[1]
-        if isinstance(sequence_id, str):
-            raise invalid(f"sequence_id '{sequence_id}' is a string, but this model's CONTROL_SEQUENCE_CORRID is "
-                          f"{dtype.name}: send an integer id")
-        info = np.iinfo(dtype)
-        if not info.min <= sequence_id <= info.max:
-            raise invalid(f"sequence_id {sequence_id} does not fit this model's CONTROL_SEQUENCE_CORRID "
-                          f"data type ({dtype.name})")
-
-    def _corrid_tensor(self, sequence_id: int | str) -> np.ndarray:
-        """The id as the CORRID input (check_id has passed it); a numeric id becomes its decimal text for a
-        TYPE_STRING CORRID."""
-        assert self._corrid is not None
-        dtype = self._corrid[1]
+    def corrid(self, sequence_id: int | str) -> dict[str, np.ndarray]:
+        """The CORRID input of a sequence ({} when the model has none); a numeric id becomes its decimal text for
+        a TYPE_STRING CORRID. INVALID_INPUT when the id cannot be the model's CORRID: a string for a numeric
+        one, or a number outside its type."""
+        if self._corrid is None:
+            return {}
+        name, dtype = self._corrid
+        if dtype != np.object_:
+            if isinstance(sequence_id, str):
+                raise invalid(f"sequence_id '{sequence_id}' is a string, but this model's CONTROL_SEQUENCE_CORRID "
+                              f"is {dtype.name}: send an integer id")
+            if not self._bounds[0] <= sequence_id <= self._bounds[1]:
+                raise invalid(f"sequence_id {sequence_id} does not fit this model's CONTROL_SEQUENCE_CORRID "
+                              f"data type ({dtype.name})")
         array = np.empty(self._shape, dtype)
         array[...] = str(sequence_id).encode() if dtype == np.object_ else sequence_id
-        return array
+        return {name: _read_only(array)}
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
 _CORRID_TYPES = (DataType.TYPE_UINT64, DataType.TYPE_INT64, DataType.TYPE_UINT32, DataType.TYPE_INT32,

@@ -48,6 +48,7 @@ DEFAULT_IDLE_S = 1.0  # Triton's max_sequence_idle_microseconds when the config 
 class _Sequence:
     id: int | str
     last: float  # when its last request finished (or it opened), on the batcher's clock
+    corrid: dict[str, np.ndarray]  # its CORRID control input (ControlTensors.corrid)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # FIFO: its requests run one at a time, in order
     users: int = 0  # requests running or waiting for the lock: a sequence in use is never idle
     slot: bool = False
@@ -108,7 +109,6 @@ class SequenceBatcher:
         if self._batching and rows != 1:
             raise invalid(f"inference request to model '{self._name}' must specify batch-size 1 due to "
                           "requirements of sequence batcher")
-        self.controls.check_id(flags.id)
         sequence = self._table.get(flags.id)
         if sequence is None:
             if not flags.start:
@@ -135,7 +135,7 @@ class SequenceBatcher:
             if not sequence.slot:
                 await self._take_slot()
                 sequence.slot = True
-            self.controls.fill(feeds, flags)
+            self.controls.fill(feeds, flags, sequence.corrid)
             if not self.state.tensors:
                 return await submit(feeds, names)
             feeds.update(sequence.state if sequence.state is not None else self.state.initial())
@@ -157,7 +157,7 @@ class SequenceBatcher:
                 f"model {self._label}: {len(self._table)} sequences are open, all its {self.slots} slots and "
                 f"{self.backlog} backlog places ({BACKLOG_PARAMETER}); retry later",
             )
-        sequence = _Sequence(sequence_id, self._clock.now())
+        sequence = _Sequence(sequence_id, self._clock.now(), self.controls.corrid(sequence_id))
         self._table[sequence_id] = sequence
         if self._sweep_timer is None:
             self._sweep_timer = self._clock.call_later(self.idle_s, self._sweep)

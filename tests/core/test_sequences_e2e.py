@@ -18,16 +18,15 @@ from typing import Any
 
 import grpc
 import numpy as np
-import onnx
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from onnx import TensorProto, helper
+from onnx import TensorProto
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.onnx_models import _finish, identity_model, write_model
+from tests.onnx_models import accumulator_model, identity_model, write_model
 from tests.server import ServerProcess
 
 CONTROLS = """
@@ -78,35 +77,6 @@ class Model:
         acc = inputs["ACC_IN"] + inputs["x"]
         return {"y": acc, "ACC_OUT": acc, "id": inputs["CORRID"]}
 """
-
-
-def accumulator_model(ready: int = 4) -> onnx.ModelProto:
-    """OUTPUT = STATE_IN * (1 - START) + INPUT (and STATE_OUT), FLAGS = START + 2 END + `ready` READY, CORRID_OUT."""
-    def int32(name: str) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 1])
-
-    constants = [helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT32, [],
-                                                                                    [value]))
-                 for name, value in (("one", 1), ("two", 2), ("four", ready))]
-    nodes = [
-        *constants,
-        helper.make_node("Sub", ["one", "START"], ["carry"]),
-        helper.make_node("Mul", ["STATE_IN", "carry"], ["kept"]),
-        helper.make_node("Add", ["kept", "INPUT"], ["OUTPUT"]),
-        helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"]),
-        helper.make_node("Mul", ["END", "two"], ["end2"]),
-        helper.make_node("Mul", ["READY", "four"], ["ready4"]),
-        helper.make_node("Add", ["START", "end2"], ["start_end"]),
-        helper.make_node("Add", ["start_end", "ready4"], ["FLAGS"]),
-        helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]),
-    ]
-    corrid = helper.make_tensor_value_info("CORRID", TensorProto.UINT64, ["batch", 1])
-    corrid_out = helper.make_tensor_value_info("CORRID_OUT", TensorProto.UINT64, ["batch", 1])
-    graph = helper.make_graph(
-        nodes, "accumulator",
-        [int32("INPUT"), int32("START"), int32("END"), int32("READY"), corrid, int32("STATE_IN")],
-        [int32("OUTPUT"), int32("FLAGS"), corrid_out, int32("STATE_OUT")])
-    return _finish(graph)
 
 
 @pytest.fixture(scope="module")
