@@ -33,7 +33,7 @@ from onnx import TensorProto, helper
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.onnx_models import _finish, accumulator_model, write_model  # noqa: E402
+from tests.onnx_models import ACCUMULATOR_CONTROLS, _finish, accumulator_model, write_model  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
 
 SEQUENCE_LENGTH = 10
@@ -48,18 +48,7 @@ output [
 ]
 instance_group [ { count: 1 } ]
 """
-STATEFUL = COMMON + """
-sequence_batching {
-  direct { }
-  control_input [
-    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
-    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
-    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
-    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
-  ]
-  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-}
-"""
+STATEFUL = COMMON + "sequence_batching {\n  direct { }\n" + ACCUMULATOR_CONTROLS + "}\n"
 STATELESS = COMMON + "dynamic_batching { }\n"
 
 

@@ -126,6 +126,18 @@ def scale_model(factor: float, width: int = 4) -> onnx.ModelProto:
     return _finish(graph)
 
 
+# accumulator_model's control inputs and state, as a config's sequence_batching lists them.
+ACCUMULATOR_CONTROLS = """
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
 def accumulator_model(ready: int = 4) -> onnx.ModelProto:
     """A sequence model's accumulator (tests/core/test_sequences_e2e.py): int32 [batch, 1] INPUT with control
     inputs START, END, READY (int32) and CORRID (uint64) and the state STATE_IN -> OUTPUT = STATE_IN * (1 - START)

@@ -26,18 +26,10 @@ from onnx import TensorProto
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests.onnx_models import ACCUMULATOR_CONTROLS as CONTROLS
 from tests.onnx_models import accumulator_model, identity_model, write_model
 from tests.server import ServerProcess
 
-CONTROLS = """
-  control_input [
-    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
-    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
-    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
-    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
-  ]
-  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
 ACCUMULATOR_CONFIG = """
 platform: "onnxruntime_onnx"
 max_batch_size: %d
