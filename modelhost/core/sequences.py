@@ -30,6 +30,7 @@ import numpy as np
 
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.parameters import natural_parameter, string_parameters
+from modelhost.config.pbtxt import ConfigError
 from modelhost.core.clock import MONOTONIC, Cancellable, Clock
 from modelhost.core.sequence_controls import ControlTensors, SequenceFlags
 from modelhost.core.sequence_state import ImplicitState, State
@@ -59,6 +60,8 @@ class _Sequence:
 class SequenceBatcher:
     def __init__(self, name: str, label: str, config: ModelConfig, instances: int, clock: Clock = MONOTONIC) -> None:
         batching = config.sequence_batching
+        if batching.iterative_sequence:
+            raise ConfigError("sequence_batching iterative_sequence is not supported")
         self._name = name
         self._label = label
         self._clock = clock

@@ -191,6 +191,7 @@ STATE = 'output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ]'
     (STATE, STATE + ' initial_state [ { name: "f" data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } ]',
      "initial_state must have the state's data_type"),
     ("data_type: TYPE_INT32 } ] }", "data_type: TYPE_FP32 } ] }", "CONTROL_SEQUENCE_CORRID data_type must be"),
+    ("sequence_batching {", "sequence_batching { iterative_sequence: true", "iterative_sequence is not supported"),
 ])
 def test_config_errors(old: str, new: str, problem: str) -> None:
     text = CONFIG % (2, 10, 0)
