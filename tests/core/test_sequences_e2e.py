@@ -145,7 +145,36 @@ def test_an_id_past_int64_over_grpc_uint64_param(server: ServerProcess) -> None:
             assert np.frombuffer(outputs["CORRID_OUT"], np.uint64).tolist() == [sequence_id]
 
 
-def test_concurrent_sequences_batch_and_keep_their_order(server: ServerProcess) -> None:
+def test_a_grpc_stream_of_interleaved_sequences_keeps_each_in_order(server: ServerProcess) -> None:
+    """The way Triton's clients usually drive sequences: every request on one stream, none awaited."""
+    answers: list[tuple[int, int]] = []
+    finished = threading.Event()
+    expected = 2 * 5
+
+    def callback(result: Any, error: Any) -> None:
+        answers.append((-1, -1) if error is not None else summary(result)[::2])
+        if len(answers) == expected:
+            finished.set()
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback)
+        for index in range(5):
+            for sequence_id in (31, 32):
+                tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[sequence_id - 30]], np.int32))
+                client.async_stream_infer("accumulator", [tensor], sequence_id=sequence_id,
+                                          sequence_start=index == 0, sequence_end=index == 4)
+        assert finished.wait(10), answers
+        client.stop_stream()
+    finally:
+        client.close()
+    for sequence_id in (31, 32):
+        step_value = sequence_id - 30
+        assert [total for total, sid in answers if sid == sequence_id] == [step_value * n for n in range(1, 6)]
+
+
+def test_concurrent_sequences_keep_their_order(server: ServerProcess) -> None:
     errors: list[BaseException] = []
 
     def run(sequence_id: int) -> None:
