@@ -100,8 +100,13 @@ def _server_fed(config: ModelConfig) -> set[str]:
     outputs (core/sequences.py). The config lists none of them as inputs or outputs."""
     sequences = config.sequence_batching
     states = sequences.state
-    return ({c.name for c in sequences.control_input} | {s.input_name for s in states}
-            | {s.output_name for s in states})
+    fed = ({c.name for c in sequences.control_input} | {s.input_name for s in states}
+           | {s.output_name for s in states})
+    for name in [t.name for t in config.input] + [t.name for t in config.output]:
+        if name in fed:
+            raise ConfigError(f"{CONFIG_FILENAME}: '{name}' is a sequence_batching control or state tensor, "
+                              "which the server fills and keeps: do not list it as an input or output")
+    return fed
 
 
 def _supports_batching(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from modelhost.config.completion import complete_config
 from modelhost.config.pbtxt import ConfigError, parse_config
 from modelhost.core.sequence_controls import SequenceFlags, sequence_flags
 from modelhost.core.sequences import SequenceBatcher
@@ -198,3 +199,10 @@ def test_config_errors(old: str, new: str, problem: str) -> None:
     assert old in text
     with pytest.raises(ConfigError, match=re.escape(problem)):
         SequenceBatcher("acc", "acc:1", parse_config(text.replace(old, new)), 1, ManualClock())
+
+
+def test_a_config_that_lists_a_control_as_an_input_is_refused() -> None:
+    config = parse_config(CONFIG % (2, 10, 0))
+    config.input.add(name="START", data_type=config.input[0].data_type, dims=[1])
+    with pytest.raises(ConfigError, match="'START' is a sequence_batching control or state tensor"):
+        complete_config(config, [], [], "1/model.onnx", 0)
