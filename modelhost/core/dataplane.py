@@ -204,7 +204,9 @@ def _sequence(served: ServedModel, parameters: dict[str, Any]) -> SequenceFlags 
     """The request's sequence parameters for a sequence model; INVALID_INPUT for any on another model."""
     if served.sequences is not None:
         return sequence_flags(parameters)
-    if parameters:
+    # Inline, not a loop: every request to every other model passes here.
+    if parameters and ("sequence_id" in parameters or "sequence_start" in parameters
+                       or "sequence_end" in parameters):
         refuse_sequence(served.name, parameters)
     return None
 
