@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,9 @@ from modelhost.config.pbtxt import ConfigError, parse_config
 from modelhost.core.sequence_controls import SequenceFlags, sequence_flags
 from modelhost.core.sequences import SequenceBatcher
 from modelhost.errors import ErrorKind, ModelhostError
+from tests.core.scheduler_harness import gated, rows_of, serving
 from tests.fakes import ManualClock
+from tests.helpers import until
 
 CONFIG = """
 name: "acc"
@@ -206,3 +209,44 @@ def test_a_config_that_lists_a_control_as_an_input_is_refused() -> None:
     config.input.add(name="START", data_type=config.input[0].data_type, dims=[1])
     with pytest.raises(ConfigError, match="'START' is a sequence_batching control or state tensor"):
         complete_config(config, [], [], "1/model.onnx", 0)
+
+
+HARNESS_CONFIG = """
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+sequence_batching {
+  direct { }
+  control_input [ { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] } ]
+}
+"""
+
+
+def test_over_the_scheduler_a_batch_holds_one_request_per_sequence() -> None:
+    """A real Scheduler (tests/core/scheduler_harness.py) behind the batcher: while the instance is held, requests
+    of three sequences queue; the next batch takes one of each, the sequence's second request the batch after."""
+    async def scenario() -> None:
+        model = gated()
+        async with serving(HARNESS_CONFIG, model) as harness:
+            sequences = SequenceBatcher("m", "m:1", parse_config(HARNESS_CONFIG), 1)
+
+            def send(tag: int, sequence_id: int, start: bool = False) -> asyncio.Task[Any]:
+                feeds = {"INPUT0": rows_of(tag)}
+                return asyncio.ensure_future(sequences.run(SequenceFlags(sequence_id, start, False), feeds,
+                                                           ["OUTPUT0"], 1, partial(harness.scheduler.submit, rows=1)))
+
+            first = send(1, 1, start=True)
+            await until(lambda: model.started == 1, what="the first request to run")
+            later = [send(2, 1), send(3, 2, start=True), send(4, 3, start=True), send(5, 2)]
+            await until(lambda: harness.scheduler.queued() == 2, what="one request of sequences 2 and 3 to queue")
+            model.open()
+            answers = await asyncio.gather(first, *later)
+        assert [int(a["OUTPUT0"][0, 0]) // 1000 for a in answers] == [1, 2, 3, 4, 5]
+        batches = [sorted(int(i) for i in batch["CORRID"].ravel()) for batch in model.batches]
+        assert batches[0] == [1]
+        for batch in batches:
+            assert len(batch) == len(set(batch)), batches  # never two requests of one sequence in a batch
+        assert sorted(i for batch in batches for i in batch) == [1, 1, 2, 2, 3]
+        assert len(model.batches) < 5  # sequences batched together
+
+    asyncio.run(scenario())
