@@ -13,8 +13,9 @@ Within a sequence, requests run one at a time in the order they arrived (a FIFO 
 one request of any sequence; across sequences, requests batch in the model's queue as any others (the
 strategy's max_queue_delay_microseconds and, for `oldest`, preferred_batch_size: core/policy.py). The control
 tensors and the implicit state (core/sequence_state.py) are added to each request's inputs before it queues.
-Slots are a bound on concurrent sequences, not pinned to one instance: the server keeps a sequence's state,
-so whichever instance runs its next request sees it.
+Each slot belongs to one instance, and with several instances a sequence's requests queue for its slot's
+instance alone (`Scheduler.submit(instance=...)`), so a model that keeps its own per-sequence state in the
+instance sees every request of the sequence; new sequences take the instances' free slots in turn.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ import asyncio
 import contextlib
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -37,8 +39,15 @@ from modelhost.core.sequence_state import ImplicitState, State
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
 Outputs = dict[str, np.ndarray]
-# Runs one request's feeds for the named outputs on the model (its scheduler's submit).
-Submit = Callable[[dict[str, np.ndarray], list[str]], Awaitable[Outputs]]
+
+
+class Submit(Protocol):
+    """Runs one request's feeds for the named outputs on the model (its scheduler's submit), on `instance`
+    alone when it is >= 0."""
+
+    def __call__(self, inputs: dict[str, np.ndarray], outputs: list[str], *, instance: int) -> Awaitable[Outputs]:
+        ...
+
 
 BACKLOG_PARAMETER = "max_sequence_backlog"
 DEFAULT_BACKLOG = 1000
@@ -52,7 +61,7 @@ class _Sequence:
     corrid: dict[str, np.ndarray]  # its CORRID control input (ControlTensors.corrid)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # FIFO: its requests run one at a time, in order
     users: int = 0  # requests running or waiting for the lock: a sequence in use is never idle
-    slot: bool = False
+    slot: int = -1  # its slot (instance = slot // slots per instance); -1 while it has none
     state: State | None = None  # None: the initial state
     live: bool = True  # in the table; False once it ended or idled out
 
@@ -72,10 +81,13 @@ class SequenceBatcher:
         if batching.HasField("oldest") and batching.oldest.max_candidate_sequences > 0:
             per_instance = batching.oldest.max_candidate_sequences
         self.slots = per_instance * max(1, instances)
+        self._per_instance = per_instance
+        self._pinned = instances > 1  # a sequence's requests go to its slot's instance alone
         self.backlog = natural_parameter(string_parameters(config), (BACKLOG_PARAMETER,), DEFAULT_BACKLOG)
         self.idle_s = batching.max_sequence_idle_microseconds / 1e6 or DEFAULT_IDLE_S
-        self._free = self.slots
-        self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        # Free slots, the instances taking turns: consecutive sequences start on different instances.
+        self._free = deque(i * per_instance + s for s in range(per_instance) for i in range(max(1, instances)))
+        self._slot_waiters: deque[asyncio.Future[int]] = deque()
         self._table: dict[int | str, _Sequence] = {}
         self._sweep_timer: Cancellable | None = None
         self._emptied: asyncio.Event | None = None  # what `finished` awaits
@@ -89,7 +101,7 @@ class SequenceBatcher:
         return len(self._table)
 
     def free_slots(self) -> int:
-        return self._free
+        return len(self._free)
 
     def is_open(self, sequence_id: int | str) -> bool:
         return sequence_id in self._table
@@ -135,14 +147,14 @@ class SequenceBatcher:
         try:
             if flags.start:
                 sequence.state = None  # a second START: the sequence so far ends early, a new one begins
-            if not sequence.slot:
-                await self._take_slot()
-                sequence.slot = True
+            if sequence.slot < 0:
+                sequence.slot = await self._take_slot()
+            instance = sequence.slot // self._per_instance if self._pinned else -1
             self.controls.fill(feeds, flags, sequence.corrid)
             if not self.state.tensors:
-                return await submit(feeds, names)
+                return await submit(feeds, names, instance=instance)
             feeds.update(sequence.state if sequence.state is not None else self.state.initial())
-            results = await submit(feeds, [*names, *self.state.output_names])
+            results = await submit(feeds, [*names, *self.state.output_names], instance=instance)
             sequence.state = self.state.take(self._label, results)
             return results
         finally:
@@ -175,9 +187,9 @@ class SequenceBatcher:
                 if not self._table and self._emptied is not None:
                     self._emptied.set()
         sequence.state = None
-        if sequence.slot:
-            sequence.slot = False
-            self._give_slot()
+        if sequence.slot >= 0:
+            self._give_slot(sequence.slot)
+            sequence.slot = -1
 
     def _sweep(self) -> None:
         """Release the sequences idle for idle_s; come back when the next one could be."""
@@ -196,26 +208,25 @@ class SequenceBatcher:
         if self._table:
             self._sweep_timer = self._clock.call_later(self.idle_s if soonest == math.inf else soonest, self._sweep)
 
-    async def _take_slot(self) -> None:
+    async def _take_slot(self) -> int:
         if self._free and not self._slot_waiters:
-            self._free -= 1
-            return
-        waiter = asyncio.get_running_loop().create_future()
+            return self._free.popleft()
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._slot_waiters.append(waiter)
         try:
-            await waiter
+            return await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self._give_slot()  # handed a slot just as its request went away: pass it on
+                self._give_slot(waiter.result())  # handed a slot just as its request went away: pass it on
             else:
                 with contextlib.suppress(ValueError):  # already passed over by _give_slot
                     self._slot_waiters.remove(waiter)
             raise
 
-    def _give_slot(self) -> None:
+    def _give_slot(self, slot: int) -> None:
         while self._slot_waiters:
             waiter = self._slot_waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(slot)
                 return
-        self._free += 1
+        self._free.append(slot)

@@ -18,7 +18,7 @@ from modelhost.core.sequence_controls import SequenceFlags, sequence_flags
 from modelhost.core.sequences import SequenceBatcher
 from modelhost.errors import ErrorKind, ModelhostError
 from tests.core.scheduler_harness import gated, rows_of, serving
-from tests.fakes import ManualClock
+from tests.fakes import Echo, ManualClock
 from tests.helpers import until
 
 CONFIG = """
@@ -47,8 +47,10 @@ class Accumulator:
         self.hold = False
         self.release = asyncio.Event()
         self.running: set[int] = set()  # the sequences with a call in progress
+        self.instances: list[int] = []  # the instance each call was pinned to
 
-    async def submit(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    async def submit(self, feeds: dict[str, np.ndarray], names: list[str], instance: int = -1) -> dict[str, np.ndarray]:
+        self.instances.append(instance)
         sequence = int(feeds["CORRID"][0, 0])
         assert sequence not in self.running, "two requests of one sequence at once"
         self.running.add(sequence)
@@ -157,6 +159,21 @@ def test_a_request_that_leaves_while_waiting_for_a_slot_takes_none() -> None:
     asyncio.run(scenario())
 
 
+def test_with_several_instances_a_sequence_keeps_to_its_slots_instance() -> None:
+    async def scenario() -> None:
+        sequences, model = batcher(max_batch_size=2, instances=2), Accumulator()
+        for step in range(3):
+            for sequence_id in (1, 2, 3):
+                await send(sequences, model, 1, sequence_id, start=step == 0)
+        # The instances take turns for new sequences: 1 and 3 on instance 0, 2 on instance 1.
+        assert model.instances == [0, 1, 0] * 3
+        single, alone = batcher(max_batch_size=2), Accumulator()
+        await send(single, alone, 1, 1, start=True)
+        assert alone.instances == [-1]  # one instance: nothing to pin
+
+    asyncio.run(scenario())
+
+
 def test_slots_are_per_instance_and_ids_checked() -> None:
     assert batcher(max_batch_size=4, instances=3).slots == 12
     assert batcher(max_batch_size=0).slots == 1
@@ -248,5 +265,24 @@ def test_over_the_scheduler_a_batch_holds_one_request_per_sequence() -> None:
             assert len(batch) == len(set(batch)), batches  # never two requests of one sequence in a batch
         assert sorted(i for batch in batches for i in batch) == [1, 1, 2, 2, 3]
         assert len(model.batches) < 5  # sequences batched together
+
+    asyncio.run(scenario())
+
+
+def test_over_the_scheduler_a_sequence_runs_on_its_instance_alone() -> None:
+    async def scenario() -> None:
+        first, second = Echo(), Echo()
+        async with serving(HARNESS_CONFIG, first, second) as harness:
+            sequences = SequenceBatcher("m", "m:1", parse_config(HARNESS_CONFIG), 2)
+
+            async def run(sequence_id: int) -> None:
+                for step in range(6):
+                    feeds = {"INPUT0": rows_of(sequence_id)}
+                    await sequences.run(SequenceFlags(sequence_id, step == 0, step == 5), feeds, ["OUTPUT0"], 1,
+                                        partial(harness.scheduler.submit, rows=1))
+
+            await asyncio.gather(*(run(sequence_id) for sequence_id in (1, 2, 3, 4)))
+        seen = [{int(i) for batch in model.batches for i in batch["CORRID"].ravel()} for model in (first, second)]
+        assert seen == [{1, 3}, {2, 4}]
 
     asyncio.run(scenario())

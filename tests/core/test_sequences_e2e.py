@@ -90,9 +90,45 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     (repo / "pystate" / "1").mkdir(parents=True)
     (repo / "pystate" / "config.pbtxt").write_text(PYSTATE_CONFIG)
     (repo / "pystate" / "1" / "model.py").write_text(PYSTATE)
+    (repo / "pinned" / "1").mkdir(parents=True)
+    (repo / "pinned" / "config.pbtxt").write_text(PINNED_CONFIG)
+    (repo / "pinned" / "1" / "model.py").write_text(PINNED)
     process = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*").wait_ready()
     yield process
     process.stop()
+
+
+PINNED_CONFIG = """
+backend: "python"
+max_batch_size: 2
+instance_group [ { count: 2 } ]
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "total" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "instance" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"""
+# Keeps each sequence's total in the instance itself (no implicit state), as Triton's stateful Python models do.
+PINNED = """
+import numpy as np
+
+class Model:
+    def initialize(self, args):
+        self.index = args["model_instance_index"]
+        self.totals = {}
+
+    def execute(self, inputs):
+        totals = []
+        for x, start, corrid in zip(inputs["x"], inputs["START"], inputs["CORRID"]):
+            key = int(corrid[0])
+            self.totals[key] = (0.0 if start[0] else self.totals[key]) + float(x[0])
+            totals.append([self.totals[key]])
+        rows = len(totals)
+        return {"total": np.array(totals, np.float32), "instance": np.full((rows, 1), self.index, np.int32)}
+"""
 
 
 def step(client: Any, module: Any, model: str, value: int, sequence_id: int | str, start: bool = False,
@@ -172,6 +208,26 @@ def test_a_grpc_stream_of_interleaved_sequences_keeps_each_in_order(server: Serv
     for sequence_id in (31, 32):
         step_value = sequence_id - 30
         assert [total for total, sid in answers if sid == sequence_id] == [step_value * n for n in range(1, 6)]
+
+
+def test_a_sequence_keeps_to_its_instance_whose_own_state_it_needs(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+
+    def send(x: float, sequence_id: int, start: bool = False) -> tuple[float, int]:
+        tensor = httpclient.InferInput("x", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[x]], np.float32))
+        result = http.infer("pinned", [tensor], sequence_id=sequence_id, sequence_start=start)
+        return float(result.as_numpy("total")[0, 0]), int(result.as_numpy("instance")[0, 0])
+
+    try:
+        answers = [send(1, 41, start=True), send(10, 42, start=True), send(100, 43, start=True)]
+        for _ in range(2):
+            answers += [send(1, 41), send(10, 42), send(100, 43)]
+    finally:
+        http.close()
+    assert [total for total, _ in answers] == [1, 10, 100, 2, 20, 200, 3, 30, 300]
+    instances = [instance for _, instance in answers]
+    assert instances == instances[:3] * 3 and len(set(instances[:3])) == 2  # each keeps its own; both used
 
 
 def test_concurrent_sequences_keep_their_order(server: ServerProcess) -> None:
