@@ -84,7 +84,6 @@ class ControlTensors:
             if len(entry.control) != 1:
                 raise ConfigError(f"sequence_batching control_input '{entry.name}' must have exactly one control")
             self._add(entry.name, entry.control[0])
-        self.names = frozenset(e.name for e in config.sequence_batching.control_input)
         self._bounds = (0, 0)
         if self._corrid is not None and self._corrid[1] != np.object_:
             info = np.iinfo(self._corrid[1])

@@ -36,7 +36,6 @@ class ImplicitState:
     def __init__(self, config: ModelConfig) -> None:
         batch = (1,) if config.max_batch_size > 0 else ()
         self.tensors = tuple(_tensor(state, batch) for state in config.sequence_batching.state)
-        self.input_names = frozenset(t.input_name for t in self.tensors)
         self.output_names = tuple(t.output_name for t in self.tensors)
 
     def initial(self) -> State:

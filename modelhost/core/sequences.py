@@ -93,10 +93,6 @@ class SequenceBatcher:
         self._emptied: asyncio.Event | None = None  # what `finished` awaits
         self.idled_out = 0  # sequences released for being idle, for tests and logs
 
-    def server_fed(self) -> frozenset[str]:
-        """Inputs the server fills (control inputs and state inputs): never the client's to send."""
-        return self.controls.names | self.state.input_names
-
     def open_sequences(self) -> int:
         return len(self._table)
 
@@ -143,7 +139,7 @@ class SequenceBatcher:
             if not flags.start or self._table.get(flags.id, sequence) is not sequence:
                 raise self._not_started(flags)
             sequence.live = True
-            self._table[flags.id] = sequence
+            self._insert(sequence)
         try:
             if flags.start:
                 sequence.state = None  # a second START: the sequence so far ends early, a new one begins
@@ -173,10 +169,13 @@ class SequenceBatcher:
                 f"{self.backlog} backlog places ({BACKLOG_PARAMETER}); retry later",
             )
         sequence = _Sequence(sequence_id, self._clock.now(), self.controls.corrid(sequence_id))
-        self._table[sequence_id] = sequence
-        if self._sweep_timer is None:
-            self._sweep_timer = self._clock.call_later(self.idle_s, self._sweep)
+        self._insert(sequence)
         return sequence
+
+    def _insert(self, sequence: _Sequence) -> None:
+        self._table[sequence.id] = sequence
+        if self._sweep_timer is None:  # the sweep runs while any sequence is open
+            self._sweep_timer = self._clock.call_later(self.idle_s, self._sweep)
 
     def _close(self, sequence: _Sequence) -> None:
         """Forget the sequence: out of the table, state dropped, slot to the oldest waiting sequence."""

@@ -109,6 +109,24 @@ def test_requests_of_a_sequence_run_one_at_a_time_in_order() -> None:
     asyncio.run(scenario())
 
 
+def test_a_start_queued_behind_the_end_of_its_id_opens_it_again() -> None:
+    async def scenario() -> None:
+        clock = ManualClock()
+        sequences, model = batcher(clock=clock), Accumulator()
+        model.hold = True
+        ending = asyncio.ensure_future(send(sequences, model, 1, 9, start=True, end=True))
+        again = asyncio.ensure_future(send(sequences, model, 5, 9, start=True))
+        late = asyncio.ensure_future(send(sequences, model, 1, 9))
+        await asyncio.sleep(0)
+        model.release.set()
+        assert await ending == 1 and await again == 5 and await late == 6
+        assert sequences.open_sequences() == 1 and sequences.free_slots() == 1
+        clock.advance(1.1)  # the default idle timeout
+        assert sequences.open_sequences() == 0 and sequences.free_slots() == 2
+
+    asyncio.run(scenario())
+
+
 def test_a_full_batcher_backlogs_new_sequences_then_refuses_them() -> None:
     async def scenario() -> None:
         sequences, model = batcher(max_batch_size=1, backlog=1), Accumulator()
