@@ -459,6 +459,9 @@ class ModelManager:
 
     async def stop(self) -> None:
         """Drain every model's in-flight requests, then unload them."""
+        for served in self._finishing:  # a reloaded-away version's open sequences do not hold the stop up
+            assert served.sequences is not None
+            served.sequences.close_all()
         await asyncio.gather(*(served.scheduler.stop() for served in self.served()), *self._retiring)
 
 

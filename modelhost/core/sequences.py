@@ -109,6 +109,12 @@ class SequenceBatcher:
                 self._emptied = asyncio.Event()
             await self._emptied.wait()
 
+    def close_all(self) -> None:
+        """Forget every open sequence (the server is stopping): `finished` returns; requests already running
+        finish, later ones of those sequences are refused."""
+        for sequence in list(self._table.values()):
+            self._close(sequence)
+
     async def run(self, flags: SequenceFlags | None, feeds: dict[str, np.ndarray], names: list[str], rows: int,
                   submit: Submit) -> Outputs:
         """Run one request of a sequence: after the sequence's earlier requests, with its control inputs and

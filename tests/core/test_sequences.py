@@ -127,6 +127,23 @@ def test_a_start_queued_behind_the_end_of_its_id_opens_it_again() -> None:
     asyncio.run(scenario())
 
 
+def test_close_all_lets_a_reloaded_version_stop() -> None:
+    async def scenario() -> None:
+        sequences, model = batcher(), Accumulator()
+        await send(sequences, model, 1, 1, start=True)
+        await send(sequences, model, 1, 2, start=True)
+        waiting = asyncio.ensure_future(sequences.finished())
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        sequences.close_all()
+        await asyncio.wait_for(waiting, 1)
+        assert sequences.free_slots() == 2
+        with pytest.raises(ModelhostError, match="must specify the START flag"):
+            await send(sequences, model, 1, 1)
+
+    asyncio.run(scenario())
+
+
 def test_a_full_batcher_backlogs_new_sequences_then_refuses_them() -> None:
     async def scenario() -> None:
         sequences, model = batcher(max_batch_size=1, backlog=1), Accumulator()
