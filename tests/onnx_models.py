@@ -124,3 +124,46 @@ def scale_model(factor: float, width: int = 4) -> onnx.ModelProto:
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])],
         initializer=[scale])
     return _finish(graph)
+
+
+# accumulator_model's control inputs and state, as a config's sequence_batching lists them.
+ACCUMULATOR_CONTROLS = """
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def accumulator_model(ready: int = 4) -> onnx.ModelProto:
+    """A sequence model's accumulator (tests/core/test_sequences_e2e.py): int32 [batch, 1] INPUT with control
+    inputs START, END, READY (int32) and CORRID (uint64) and the state STATE_IN -> OUTPUT = STATE_IN * (1 - START)
+    + INPUT (also STATE_OUT, the next state), FLAGS = START + 2 END + `ready` READY, CORRID_OUT = CORRID."""
+    def int32(name: str) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.INT32, ["batch", 1])
+
+    constants = [helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT32, [],
+                                                                                    [value]))
+                 for name, value in (("one", 1), ("two", 2), ("four", ready))]
+    nodes = [
+        *constants,
+        helper.make_node("Sub", ["one", "START"], ["carry"]),
+        helper.make_node("Mul", ["STATE_IN", "carry"], ["kept"]),
+        helper.make_node("Add", ["kept", "INPUT"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"]),
+        helper.make_node("Mul", ["END", "two"], ["end2"]),
+        helper.make_node("Mul", ["READY", "four"], ["ready4"]),
+        helper.make_node("Add", ["START", "end2"], ["start_end"]),
+        helper.make_node("Add", ["start_end", "ready4"], ["FLAGS"]),
+        helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]),
+    ]
+    corrid = helper.make_tensor_value_info("CORRID", TensorProto.UINT64, ["batch", 1])
+    corrid_out = helper.make_tensor_value_info("CORRID_OUT", TensorProto.UINT64, ["batch", 1])
+    graph = helper.make_graph(
+        nodes, "accumulator",
+        [int32("INPUT"), int32("START"), int32("END"), int32("READY"), corrid, int32("STATE_IN")],
+        [int32("OUTPUT"), int32("FLAGS"), corrid_out, int32("STATE_OUT")])
+    return _finish(graph)

@@ -77,18 +77,36 @@ def complete_config(
     completed.CopyFrom(config)
     # Like Triton's onnxruntime backend: inputs and outputs are completed independently.
     fill_inputs, fill_outputs = not completed.input, not completed.output
+    fed = _server_fed(completed)
     if fill_inputs or fill_outputs:
         if completed.max_batch_size == 0 and _supports_batching(model_inputs, model_outputs):
             completed.max_batch_size = default_max_batch_size
         skip = 1 if completed.max_batch_size > 0 else 0
         for spec in model_inputs if fill_inputs else ():
-            _fill(completed.input.add(), spec, skip)
+            if spec.name not in fed:
+                _fill(completed.input.add(), spec, skip)
         for spec in model_outputs if fill_outputs else ():
-            _fill(completed.output.add(), spec, skip)
+            if spec.name not in fed:
+                _fill(completed.output.add(), spec, skip)
     check_config(completed)
-    _check_against_model(completed, "input", completed.input, model_inputs, model_label)
+    _check_against_model(completed, "input", completed.input, [s for s in model_inputs if s.name not in fed],
+                         model_label)
     _check_against_model(completed, "output", completed.output, model_outputs, model_label)
     return completed
+
+
+def _server_fed(config: ModelConfig) -> set[str]:
+    """A sequence model's tensors that are the server's, not the client's: control inputs, state inputs and
+    outputs (core/sequences.py). The config lists none of them as inputs or outputs."""
+    sequences = config.sequence_batching
+    states = sequences.state
+    fed = ({c.name for c in sequences.control_input} | {s.input_name for s in states}
+           | {s.output_name for s in states})
+    for name in [t.name for t in config.input] + [t.name for t in config.output]:
+        if name in fed:
+            raise ConfigError(f"{CONFIG_FILENAME}: '{name}' is a sequence_batching control or state tensor, "
+                              "which the server fills and keeps: do not list it as an input or output")
+    return fed
 
 
 def _supports_batching(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:

@@ -11,6 +11,7 @@ from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.core.model_record import for_clients
 from modelhost.core.row_updates import apply_rows, checked_rows
 from modelhost.core.scheduler import Scheduler
+from modelhost.core.sequence_controls import SequenceFlags, refuse_sequence, sequence_flags
 from modelhost.core.served_model import ServedModel
 from modelhost.core.trace import INFER_RESPONSE_COMPLETE, REQUEST_END, REQUEST_START, Trace, Tracer
 from modelhost.core.trace_config import TraceStartup
@@ -143,14 +144,30 @@ class DataPlane:
         # Held for the whole request: ModelManager.acquire without its context manager objects (~1 µs less).
         served = self._manager.hold(request.model_name, request.model_version)
         try:
+            sequence = _sequence(served, request.parameters)
+            if sequence is not None and not request.model_version:
+                served = self._sequence_version(served, sequence)
             if request.trace is not None:
-                return await self._traced(served, request, request.trace)
+                return await self._traced(served, request, request.trace, sequence)
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request))
+                                       self.limits.max_output_bytes, request.signature, _spent(request),
+                                       sequence=sequence)
             return InferResponse(served.name, str(served.version), outputs, request.id)
         finally:
             served.pins.release()
+
+    def _sequence_version(self, served: ServedModel, sequence: SequenceFlags) -> ServedModel:
+        """The version a sequence's request runs on: the one it started on, which a reload may have replaced
+        (that one stays until its sequences end or idle out). `served` is held; so is the version returned."""
+        assert served.sequences is not None
+        if sequence.start or served.sequences.is_open(sequence.id):
+            return served
+        older = self._manager.hold_sequence(served.name, sequence.id)
+        if older is None:
+            return served  # not open anywhere: `run` refuses it with Triton's words
+        served.pins.release()
+        return older
 
     async def decode_and_infer(self, name: str, version: str, decode: Decode[T]) -> tuple[InferResponse, T]:
         """For a front-end whose wire format is read against the model's signature (TF Serving rows, SageMaker
@@ -161,16 +178,19 @@ class DataPlane:
         try:
             request, context = decode(self._metadata_of(served))
             request.model_name, request.model_version = name, version
+            sequence = _sequence(served, request.parameters)
             if request.trace is not None:
-                return await self._traced(served, request, request.trace), context
+                return await self._traced(served, request, request.trace, sequence), context
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request))
+                                       self.limits.max_output_bytes, request.signature, _spent(request),
+                                       sequence=sequence)
             return InferResponse(served.name, str(served.version), outputs, request.id), context
         finally:
             served.pins.release()
 
-    async def _traced(self, served: ServedModel, request: InferRequest, trace: Trace) -> InferResponse:
+    async def _traced(self, served: ServedModel, request: InferRequest, trace: Trace,
+                      sequence: SequenceFlags | None) -> InferResponse:
         """`infer` of a traced request: its stages stamped; finished here if it fails (else by its front-end,
         once the answer is sent)."""
         trace.model_version, trace.request_id = served.version, request.id
@@ -181,7 +201,8 @@ class DataPlane:
         try:
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request), trace)
+                                       self.limits.max_output_bytes, request.signature, _spent(request), trace,
+                                       sequence)
         except BaseException:
             self.tracer.finish(trace, REQUEST_END)
             raise
@@ -211,6 +232,17 @@ class DataPlane:
 def _spent(request: InferRequest) -> float:
     """Seconds since the server began receiving the request (0 when the front-end did not say)."""
     return max(time.monotonic() - request.received, 0.0) if request.received else 0.0
+
+
+def _sequence(served: ServedModel, parameters: dict[str, Any]) -> SequenceFlags | None:
+    """The request's sequence parameters for a sequence model; INVALID_INPUT for any on another model."""
+    if served.sequences is not None:
+        return sequence_flags(parameters)
+    # Inline, not a loop: every request to every other model passes here.
+    if parameters and ("sequence_id" in parameters or "sequence_start" in parameters
+                       or "sequence_end" in parameters):
+        refuse_sequence(served.name, parameters)
+    return None
 
 
 def _scheduling(parameters: dict[str, Any]) -> tuple[int, int]:

@@ -71,6 +71,8 @@ class ModelManager:
         self._records: dict[str, ModelRecord] = {}
         self._budget: LoadBudget | None = None
         self._retiring: set[asyncio.Task[None]] = set()
+        # Reloaded-away versions whose sequences go on (hold_sequence); a list: a ServedModel does not hash.
+        self._finishing: list[ServedModel] = []
         self._depends: dict[str, set[str]] = {}  # ensemble -> its composing models, as last planned
 
     def set_budget(self, budget: LoadBudget) -> None:
@@ -216,7 +218,7 @@ class ModelManager:
         wanted = [v for v in plan.versions if reload is None or v in reload or not record.has_served(v)]
         failures = await asyncio.gather(*(self._load_version(record, source, plan, v) for v in wanted))
         for version in [v for v in record.versions if v not in plan.versions]:
-            self._retire(record, version, "no longer selected by the version policy")
+            self._retire(record, version, "no longer selected by the version policy", finish_sequences=True)
         errors = [f"version {v}: {f}" for v, f in zip(wanted, failures) if f]
         if errors:
             raise unavailable(f"failed to load model '{record.name}': {'; '.join(errors)}")
@@ -246,7 +248,7 @@ class ModelManager:
         previous = status.served
         status.served, status.state, status.reason = served, ModelState.READY, ""
         if previous is not None:
-            self._retire_served(previous)
+            self._retire_served(previous, finish_sequences=True)
         backend = plan.backend.name if plan.backend else ENSEMBLE
         log.info("%s model %s version %d from %s (%s)", "reloaded" if previous else "loaded", record.name,
                  version, source.path, backend)
@@ -272,24 +274,42 @@ class ModelManager:
                 if not any(composing in r.composing for r in self._records.values() if r.ready_versions()):
                     await self.unload(composing, unload_dependents=True)
 
-    def _retire(self, record: ModelRecord, version: int, reason: str, keep: bool = False) -> asyncio.Task[None] | None:
-        """Stop routing to a version; its queued requests finish on it, then it unloads."""
+    def _retire(self, record: ModelRecord, version: int, reason: str, keep: bool = False,
+                finish_sequences: bool = False) -> asyncio.Task[None] | None:
+        """Stop routing to a version; its queued requests finish on it, then it unloads. `finish_sequences` (a
+        reload: another version takes the new requests): its open sequences go on on it until they end or idle
+        out (`hold_sequence`)."""
         status = record.versions[version] if keep else record.versions.pop(version)
         served, status.served = status.served, None
         status.state, status.reason = ModelState.UNAVAILABLE, reason
-        return self._retire_served(served) if served is not None else None
+        return self._retire_served(served, finish_sequences) if served is not None else None
 
-    def _retire_served(self, served: ServedModel) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._stop_when_released(served))
+    def _retire_served(self, served: ServedModel, finish_sequences: bool = False) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(self._stop_when_released(served, finish_sequences))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
         return task
 
-    @staticmethod
-    async def _stop_when_released(served: ServedModel) -> None:
-        """Requests holding the version finish on it (ModelManager.acquire); then its queue closes and drains."""
+    async def _stop_when_released(self, served: ServedModel, finish_sequences: bool) -> None:
+        """Requests holding the version finish on it (ModelManager.acquire), and, after a reload, its open
+        sequences (each ends or idles out); then its queue closes and drains."""
+        if finish_sequences and served.sequences is not None:
+            self._finishing.append(served)
+            try:
+                await served.sequences.finished()
+            finally:
+                self._finishing = [other for other in self._finishing if other is not served]
         await served.pins.released()
         await served.scheduler.stop()
+
+    def hold_sequence(self, name: str, sequence_id: int | str) -> ServedModel | None:
+        """A reloaded-away version of the model on which this sequence is open, pinned as `hold` pins; None when
+        there is none (the rare path: a sequence request the serving version does not know)."""
+        for served in self._finishing:
+            if served.name == name and served.sequences is not None and served.sequences.is_open(sequence_id):
+                served.pins.hold()
+                return served
+        return None
 
     # models that are not the store's (a multi-model endpoint's archives)
 
@@ -439,6 +459,9 @@ class ModelManager:
 
     async def stop(self) -> None:
         """Drain every model's in-flight requests, then unload them."""
+        for served in self._finishing:  # a reloaded-away version's open sequences do not hold the stop up
+            assert served.sequences is not None
+            served.sequences.close_all()
         await asyncio.gather(*(served.scheduler.stop() for served in self.served()), *self._retiring)
 
 

@@ -29,6 +29,7 @@ from modelhost.core.in_flight import InFlight
 from modelhost.core.latency_target import LatencyTarget
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
+from modelhost.core.sequences import SequenceBatcher
 from modelhost.core.served_model import ServedModel
 from modelhost.core.signature import Signature, named_signatures
 from modelhost.core.statistics import ModelStatistics
@@ -199,6 +200,8 @@ def load_version(
                                      parallel=instances[0].runs_async)
         policy = SchedulingPolicy.from_config(config)
         target = LatencyTarget.from_config(config, count)
+        sequences = (SequenceBatcher(source.name, f"{source.name}:{version}", config, count)
+                     if config.HasField("sequence_batching") else None)
         _warm_up(source, version, config, instances, warmup_reader)
     except BaseException:
         for instance in instances:
@@ -210,7 +213,7 @@ def load_version(
                           target=target)
     served = Signature.from_config(config)
     named = named_signatures(served, instances[0].signature_name(), signature.method, dict(instances[0].signatures()))
-    return ServedModel(source.name, version, config, served, scheduler, statistics, named=named)
+    return ServedModel(source.name, version, config, served, scheduler, statistics, named=named, sequences=sequences)
 
 
 def _load_instances(backend: Backend, path: Path, config: ModelConfig, indexes: range, threads: int,

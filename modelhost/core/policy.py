@@ -45,6 +45,8 @@ class SchedulingPolicy:
         inline_ns = None if inline_us is None else 1000 * inline_us
         # A latency target forms batches as a dynamic batcher of its own settings would (core/latency_target.py).
         targeted = TARGET_PARAMETER in string_parameters(config) and config.max_batch_size > 0
+        if config.WhichOneof("scheduling_choice") == "sequence_batching":
+            return _sequence_policy(cls, config, inline_ns)
         if config.WhichOneof("scheduling_choice") != "dynamic_batching" and not targeted:
             # Without a dynamic batcher requests run one by one; a request may still bring its own timeout.
             level = LevelPolicy(allow_timeout_override=True)
@@ -109,6 +111,21 @@ def _pad_sizes(config: ModelConfig) -> tuple[int, ...]:
         raise ConfigError(f"parameter {PAD_PARAMETER} needs preferred_batch_size values whose largest is "
                           f"max_batch_size {config.max_batch_size}, got {list(sizes)}")
     return sizes
+
+
+def _sequence_policy(cls: type[SchedulingPolicy], config: ModelConfig, inline_ns: int | None) -> SchedulingPolicy:
+    """A sequence model's queue (core/sequences.py): its requests batch across sequences with the strategy's
+    delay and, for `oldest`, its preferred sizes; never split (a sequence request has one row)."""
+    sequences = config.sequence_batching
+    strategy = sequences.oldest if sequences.HasField("oldest") else sequences.direct
+    preferred = tuple(sorted(set(sequences.oldest.preferred_batch_size), reverse=True))
+    for size in preferred:
+        if not 0 < size <= max(config.max_batch_size, 1):
+            raise ConfigError(f"sequence_batching oldest preferred_batch_size {size} must be between 1 and "
+                              f"max_batch_size {config.max_batch_size}")
+    level = LevelPolicy(allow_timeout_override=True)
+    return cls(config.max_batch_size > 0, config.max_batch_size, preferred,
+               strategy.max_queue_delay_microseconds / 1e6, False, (level,), 0, 0, inline_ns)
 
 
 def _natural_parameter(config: ModelConfig, name: str, default: int = 0) -> int:

@@ -42,6 +42,7 @@ class Pending:
     measures_handoff: bool = False  # queued alone with an instance free (core/loop_gate.py)
     spent: float = 0.0  # seconds the server had the request before it was queued (a latency target counts them)
     trace: Trace | None = None  # the request's, when it is traced: the instance thread stamps its compute
+    instance: int = -1  # the one instance that may run it (a sequence's, core/sequences.py); -1: any
 
 
 class RequestQueue:
@@ -56,6 +57,7 @@ class RequestQueue:
         self._levels: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
         self._delayed: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
         self._closed = False
+        self._pinned = 0  # queued requests that one instance alone may run
 
     def put(self, pending: Pending, model: str) -> None:
         level_policy = self._policy.levels[pending.level]
@@ -69,7 +71,11 @@ class RequestQueue:
             pending.enqueued = self._clock.now()
             queue.append(pending)
             self.rows += pending.rows
-            self._cond.notify()
+            if pending.instance < 0:
+                self._cond.notify()
+            else:  # only its instance's thread may take it: wake them all rather than maybe another
+                self._pinned += 1
+                self._cond.notify_all()
 
     def check_room(self, level: int, model: str) -> None:
         """OVERLOADED if `level`'s queue is full now, as `put` would find it. Lock-free (the lengths are read
@@ -91,10 +97,7 @@ class RequestQueue:
         with self._cond:
             if pending.taken:
                 return False
-            queue = (self._delayed if pending.delayed else self._levels)[pending.level]
-            queue.remove(pending)
-            pending.taken = True
-            self.rows -= pending.rows
+            self._remove(pending)
             return True
 
     def delay(self, pending: Pending) -> None:
@@ -119,17 +122,18 @@ class RequestQueue:
             self._closed = True
             self._cond.notify_all()
 
-    def take(self) -> list[Pending] | None:
-        """Block until a batch is due; None once closed and empty. Called by instance threads."""
+    def take(self, instance: int = -1) -> list[Pending] | None:
+        """Block until a batch is due; None once closed and empty (of what `instance` may run). Called by
+        instance threads, each with its index: requests pinned to another instance are not its to take."""
         with self._cond:
             while True:
-                head = self._head()
+                head = self._head(instance)
                 if head is None:
                     if self._closed:
                         return None
                     self._cond.wait()
                     continue
-                batch, complete = self._form(head)
+                batch, complete = self._form(head, instance)
                 wait = head.enqueued + self.limits.max_queue_delay_s - self._clock.now()
                 if complete or wait <= 0 or self._closed:
                     for pending in batch:
@@ -137,7 +141,9 @@ class RequestQueue:
                     return batch
                 self._clock.wait(self._cond, wait)
 
-    def _head(self) -> Pending | None:
+    def _head(self, instance: int) -> Pending | None:
+        if self._pinned:
+            return next((p for p in self._ordered() if p.instance in (-1, instance)), None)
         for queue, delayed in zip(self._levels, self._delayed):
             if queue:
                 return queue[0]
@@ -150,7 +156,7 @@ class RequestQueue:
             yield from queue
             yield from delayed
 
-    def _form(self, head: Pending) -> tuple[list[Pending], bool]:
+    def _form(self, head: Pending, instance: int) -> tuple[list[Pending], bool]:
         """The batch to run now, and whether it is as good as waiting could make it."""
         policy = self._policy
         if not policy.batching:
@@ -160,8 +166,11 @@ class RequestQueue:
         rows = 0
         # A request of more rows than a target's smaller batch size still runs (alone).
         max_rows = max(self.limits.max_batch_size, head.rows)
+        pinned = self._pinned
         for pending in self._ordered():
             if pending.key != head.key or rows + pending.rows > max_rows:
+                continue
+            if pinned and pending.instance not in (-1, instance):
                 continue
             batch.append(pending)
             rows += pending.rows
@@ -178,3 +187,5 @@ class RequestQueue:
         queue.remove(pending)
         pending.taken = True
         self.rows -= pending.rows
+        if pending.instance >= 0:
+            self._pinned -= 1

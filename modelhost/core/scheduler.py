@@ -90,16 +90,18 @@ class Scheduler:
         self._stopped: asyncio.Future[None] | None = None
         self._serving_lock = threading.Lock()
         for index, (instance, lock) in enumerate(self._instances):
-            instance_threads.start(partial(self._serve, instance, lock), f"{label}#{index}")
+            instance_threads.start(partial(self._serve, instance, lock, index), f"{label}#{index}")
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
-        trace: Trace | None = None,
+        trace: Trace | None = None, instance: int = -1,
     ) -> Outputs:
         """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest. `spent_s`: how
         long the server has had the request before this (receiving, decoding), which a latency target counts.
         `trace`: the request's, when it is traced (its queue and compute stages are stamped here).
+        `instance` >= 0 pins it to that instance (a sequence's slot, core/sequences.py): it queues for that
+        instance's thread alone.
 
         `entry` names the model's signature to run (`Model.infer_signature`; "" is `Model.infer`); a request
         that is not `batchable` (its signature has no batch dim) runs alone.
@@ -109,12 +111,12 @@ class Scheduler:
         """
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
-        if self._runs_async and self._may_run_async():
+        if self._runs_async and instance < 0 and self._may_run_async():
             result = await self._run_async(inputs, outputs, rows, entry, spent_s, trace)
             if result is not None:
                 return result
         size = _elements(inputs)
-        if self._may_run_now(size):
+        if instance < 0 and self._may_run_now(size):
             result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s, trace)
             if result is not None:
                 return result
@@ -124,7 +126,8 @@ class Scheduler:
             trace.stamp(QUEUE_START)
         split = self._policy.split_size if batchable else 0
         if not split or rows <= split:
-            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s, trace),
+            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s, trace,
+                                                  instance),
                                     timeout)
         # Every chunk is queued before the first await: a request that got this scheduler is in its queue
         # before a reload can stop it, so it drains on this version rather than failing.
@@ -155,7 +158,7 @@ class Scheduler:
             self._admit(1)
 
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, entry: str,
-                 batchable: bool, spent_s: float = 0.0, trace: Trace | None = None) -> Pending:
+                 batchable: bool, spent_s: float = 0.0, trace: Trace | None = None, instance: int = -1) -> Pending:
         loop = asyncio.get_running_loop()
         if not self._policy.batching:
             key: Any = None
@@ -166,7 +169,8 @@ class Scheduler:
         # Alone in the queue with an instance free: its round trip, less its execution, is a handoff's cost.
         alone = not self._queue.depth() and any(not lock.locked() for _, lock in self._instances)
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), entry,
-                          sequence=self._sequence, measures_handoff=alone, spent=spent_s, trace=trace)
+                          sequence=self._sequence, measures_handoff=alone, spent=spent_s, trace=trace,
+                          instance=instance)
         self._queue.put(pending, self._label)
         self._sequence += 1
         self._inflight += 1
@@ -358,9 +362,9 @@ class Scheduler:
 
     # instance threads
 
-    def _serve(self, instance: Model, lock: threading.Lock) -> None:
+    def _serve(self, instance: Model, lock: threading.Lock, index: int) -> None:
         try:
-            self._serve_until_closed(instance, lock)
+            self._serve_until_closed(instance, lock, index)
         finally:
             with self._serving_lock:
                 self._serving -= 1
@@ -369,11 +373,11 @@ class Scheduler:
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it
                     stopped.get_loop().call_soon_threadsafe(_set_done, stopped)
 
-    def _serve_until_closed(self, instance: Model, lock: threading.Lock) -> None:
+    def _serve_until_closed(self, instance: Model, lock: threading.Lock, index: int) -> None:
         compute_threads.enter()
         watch = compute_threads.execution_watch()
         spare, cores = self._spare, self._threads_per_instance
-        while (batch := self._queue.take()) is not None:
+        while (batch := self._queue.take(index)) is not None:
             loop = batch[0].future.get_loop()
             try:
                 with lock:

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +28,8 @@ from modelhost.types import RequestedOutput, SignatureSpec
 if TYPE_CHECKING:
     from modelhost.core.ensemble import EnsembleScheduler
     from modelhost.core.scheduler import Scheduler
+    from modelhost.core.sequence_controls import SequenceFlags
+    from modelhost.core.sequences import SequenceBatcher
     from modelhost.core.trace import Trace
 
 log = logging.getLogger("modelhost.served_model")
@@ -45,6 +48,7 @@ class ServedModel:
     pins: Pins = field(default_factory=Pins)  # requests holding this version (ModelManager.acquire)
     # Its signatures by name, for APIs whose requests name one (TF Serving's); `signature` is the config's view.
     named: dict[str, NamedSignature] = field(default_factory=dict)
+    sequences: SequenceBatcher | None = None  # a sequence model's batcher (config sequence_batching)
 
     signature_specs: dict[str, SignatureSpec] = field(init=False)
 
@@ -62,12 +66,14 @@ class ServedModel:
     async def run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int = 0,
         timeout_us: int = 0, max_output_bytes: int | None = None, signature: str | None = None,
-        spent_s: float = 0.0, trace: Trace | None = None,
+        spent_s: float = 0.0, trace: Trace | None = None, sequence: SequenceFlags | None = None,
     ) -> Outputs:
         """The requested outputs (all, in model order, when `outputs` is None or empty), in request order.
 
         `signature` names one of `named` (None: the config's signature, `signature`). `spent_s`: how long the
         server has had the request already (a latency target counts it). `trace`: the request's, when it is traced.
+        `sequence`: the request's sequence parameters, which a sequence model needs and any other model refuses
+        (the caller checks that).
 
         Raises INVALID_INPUT for inputs or outputs the signature refuses and for outputs over
         `max_output_bytes`; the scheduler's errors as they are; anything else the model raises as INTERNAL,
@@ -77,7 +83,7 @@ class ServedModel:
         ok = False
         try:
             result = await self._run(inputs, outputs, priority, timeout_us, max_output_bytes, signature, spent_s,
-                                     trace)
+                                     trace, sequence)
             ok = True
             return result
         finally:
@@ -86,7 +92,7 @@ class ServedModel:
     async def _run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int,
         timeout_us: int, max_output_bytes: int | None, signature_name: str | None, spent_s: float = 0.0,
-        trace: Trace | None = None,
+        trace: Trace | None = None, sequence: SequenceFlags | None = None,
     ) -> Outputs:
         if signature_name is None:
             signature, entry = self.signature, ""
@@ -95,9 +101,15 @@ class ServedModel:
             signature, entry = named.signature, named.entry
         feeds, rows = signature.check_inputs(inputs)
         names = signature.check_outputs(outputs)
+        batchable = signature.max_batch_size > 0
         try:
-            results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us, entry,
-                                                  signature.max_batch_size > 0, spent_s, trace)
+            if self.sequences is None:
+                results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us, entry, batchable,
+                                                      spent_s, trace)
+            else:
+                submit = partial(self.scheduler.submit, rows=rows, priority=priority, timeout_us=timeout_us,
+                                 entry=entry, batchable=batchable, spent_s=spent_s, trace=trace)
+                results = await self.sequences.run(sequence, dict(feeds), names, rows, submit)
         except ModelhostError:
             raise
         except Exception as exc:

@@ -361,9 +361,9 @@ def test_requests_that_await_between_lookup_and_submit_survive_reloads(tmp_path:
     write_versions(repo, "m", {1: 1.0})
     original = ServedModel.run
 
-    async def with_a_gap(self: ServedModel, *args: Any) -> Any:
+    async def with_a_gap(self: ServedModel, *args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(0.002)
-        return await original(self, *args)
+        return await original(self, *args, **kwargs)
 
     monkeypatch.setattr(ServedModel, "run", with_a_gap)
 

@@ -44,6 +44,7 @@ from modelhost.backends.python.user_model import (
     load_user_model,
 )
 from modelhost.client_log import client_log
+from modelhost.config.datatypes import v2_datatype
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError, config_to_json
 from modelhost.errors import ErrorKind, ModelhostError
@@ -164,9 +165,17 @@ def _spec(path: Path, config: ModelConfig, index: int, signature: ModelSignature
         module_name=f"modelhost_python_model_{safe}_{version}_{index}_{next(_loads)}",
         label=label,
         args=args,
-        outputs=tuple(OutputRule(s.name, s.datatype, s.shape) for s in signature.outputs),
+        outputs=tuple(OutputRule(s.name, s.datatype, s.shape) for s in signature.outputs) + _state_outputs(config),
         batching=config.max_batch_size > 0,
     )
+
+
+def _state_outputs(config: ModelConfig) -> tuple[OutputRule, ...]:
+    """A sequence model's state outputs (config sequence_batching.state, core/sequence_state.py): execute returns
+    them as it returns any output, and the server keeps them for the sequence's next request."""
+    batch = (-1,) if config.max_batch_size > 0 else ()
+    return tuple(OutputRule(s.output_name, v2_datatype(s.data_type), (*batch, *s.dims))
+                 for s in config.sequence_batching.state)
 
 
 def _no_tensors(path: Path) -> str:

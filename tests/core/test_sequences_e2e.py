@@ -1,0 +1,369 @@
+"""The sequence batcher end to end: one real server, tritonclient over HTTP and gRPC.
+
+Models, built here:
+- `accumulator` (ONNX, direct, 4 slots): START/END/READY (int32) and CORRID (uint64) control inputs and an
+  implicit int32 state; OUTPUT is the sequence's running sum, FLAGS = START + 2*END + 4*READY, CORRID_OUT the id;
+- `oneslot`: the same file with max_batch_size 1 (one slot) and a 300 ms idle timeout, for the backlog;
+- `pystate` (Python, oldest): a string CORRID, bool START, and an fp32 [2] state;
+- `plain`: an ONNX identity without a sequence batcher.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from onnx import TensorProto
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.onnx_models import ACCUMULATOR_CONTROLS as CONTROLS
+from tests.onnx_models import accumulator_model, identity_model, write_model
+from tests.server import ServerProcess
+
+ACCUMULATOR_CONFIG = """
+platform: "onnxruntime_onnx"
+max_batch_size: %d
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "CORRID_OUT" data_type: TYPE_UINT64 dims: [ 1 ] }
+]
+sequence_batching {
+  max_sequence_idle_microseconds: %d
+  direct { max_queue_delay_microseconds: 1000 }
+%s
+}
+"""
+PYSTATE_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "id" data_type: TYPE_STRING dims: [ 1 ] } ]
+sequence_batching {
+  oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 1000 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+  ]
+  state [ { input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_FP32 dims: [ 2 ]
+            initial_state [ { name: "zeros" data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } ] } ]
+}
+"""
+PYSTATE = """
+import numpy as np
+
+class Model:
+    def execute(self, inputs):
+        assert inputs["START"].dtype == np.bool_ and inputs["START"].shape == (len(inputs["x"]), 1)
+        acc = inputs["ACC_IN"] + inputs["x"]
+        return {"y": acc, "ACC_OUT": acc, "id": inputs["CORRID"]}
+"""
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sequence_repo")
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path) -> Iterator[ServerProcess]:
+    repo = repository
+    model = accumulator_model()
+    write_model(repo, "accumulator", model, ACCUMULATOR_CONFIG % (4, 5_000_000, CONTROLS))
+    write_model(repo, "oneslot", model, ACCUMULATOR_CONFIG % (1, 300_000, CONTROLS))
+    write_model(repo, "reloaded", model, ACCUMULATOR_CONFIG % (4, 5_000_000, CONTROLS))
+    write_model(repo, "plain", identity_model(TensorProto.INT32, dims=(1,)),
+                'platform: "onnxruntime_onnx" max_batch_size: 4 '
+                'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ] '
+                'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]')
+    (repo / "pystate" / "1").mkdir(parents=True)
+    (repo / "pystate" / "config.pbtxt").write_text(PYSTATE_CONFIG)
+    (repo / "pystate" / "1" / "model.py").write_text(PYSTATE)
+    (repo / "pinned" / "1").mkdir(parents=True)
+    (repo / "pinned" / "config.pbtxt").write_text(PINNED_CONFIG)
+    (repo / "pinned" / "1" / "model.py").write_text(PINNED)
+    process = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*").wait_ready()
+    yield process
+    process.stop()
+
+
+PINNED_CONFIG = """
+backend: "python"
+max_batch_size: 2
+instance_group [ { count: 2 } ]
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "total" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "instance" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"""
+# Keeps each sequence's total in the instance itself (no implicit state), as Triton's stateful Python models do.
+PINNED = """
+import numpy as np
+
+class Model:
+    def initialize(self, args):
+        self.index = args["model_instance_index"]
+        self.totals = {}
+
+    def execute(self, inputs):
+        totals = []
+        for x, start, corrid in zip(inputs["x"], inputs["START"], inputs["CORRID"]):
+            key = int(corrid[0])
+            self.totals[key] = (0.0 if start[0] else self.totals[key]) + float(x[0])
+            totals.append([self.totals[key]])
+        rows = len(totals)
+        return {"total": np.array(totals, np.float32), "instance": np.full((rows, 1), self.index, np.int32)}
+"""
+
+
+def step(client: Any, module: Any, model: str, value: int, sequence_id: int | str, start: bool = False,
+         end: bool = False) -> Any:
+    tensor = module.InferInput("INPUT", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], np.int32))
+    return client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+
+
+def summary(result: Any) -> tuple[int, int, int]:
+    return (int(result.as_numpy("OUTPUT")[0, 0]), int(result.as_numpy("FLAGS")[0, 0]),
+            int(result.as_numpy("CORRID_OUT")[0, 0]))
+
+
+def test_interleaved_sequences_over_http_and_grpc(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    rpc = grpcclient.InferenceServerClient(server.grpc_url)
+    big = 2**63 + 5  # past int64: JSON carries it as is
+    try:
+        assert summary(step(http, httpclient, "accumulator", 1, 11, start=True)) == (1, 1 + 4, 11)
+        assert summary(step(rpc, grpcclient, "accumulator", 10, 12, start=True)) == (10, 5, 12)
+        assert summary(step(http, httpclient, "accumulator", 100, big, start=True)) == (100, 5, big)
+        assert summary(step(rpc, grpcclient, "accumulator", 2, 11)) == (3, 4, 11)
+        assert summary(step(http, httpclient, "accumulator", 20, 12)) == (30, 4, 12)
+        assert summary(step(rpc, grpcclient, "accumulator", 3, 11, end=True)) == (6, 2 + 4, 11)
+        assert summary(step(http, httpclient, "accumulator", 200, big, end=True)) == (300, 6, big)
+        assert summary(step(rpc, grpcclient, "accumulator", 30, 12, end=True)) == (60, 6, 12)
+        # Ended: the id is free for a new sequence, which starts from the initial state.
+        assert summary(step(http, httpclient, "accumulator", 7, 11, start=True, end=True)) == (7, 7, 11)
+    finally:
+        http.close()
+        rpc.close()
+
+
+def test_an_id_past_int64_over_grpc_uint64_param(server: ServerProcess) -> None:
+    """tritonclient sends ids as int64_param; a client may send uint64_param, and ids up to 2**64-1 work."""
+    sequence_id = 2**64 - 3
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for value, start, end, total in ((4, True, False, 4), (5, False, True, 9)):
+            request = service_pb2.ModelInferRequest(model_name="accumulator")
+            tensor = request.inputs.add(name="INPUT", datatype="INT32", shape=[1, 1])
+            tensor.contents.int_contents.append(value)
+            request.parameters["sequence_id"].uint64_param = sequence_id
+            request.parameters["sequence_start"].bool_param = start
+            request.parameters["sequence_end"].bool_param = end
+            response = stub.ModelInfer(request)
+            outputs = {o.name: raw for o, raw in zip(response.outputs, response.raw_output_contents)}
+            assert np.frombuffer(outputs["OUTPUT"], np.int32).tolist() == [total]
+            assert np.frombuffer(outputs["CORRID_OUT"], np.uint64).tolist() == [sequence_id]
+
+
+def test_a_grpc_stream_of_interleaved_sequences_keeps_each_in_order(server: ServerProcess) -> None:
+    """The way Triton's clients usually drive sequences: every request on one stream, none awaited."""
+    answers: list[tuple[int, int]] = []
+    finished = threading.Event()
+    expected = 2 * 5
+
+    def callback(result: Any, error: Any) -> None:
+        answers.append((-1, -1) if error is not None else summary(result)[::2])
+        if len(answers) == expected:
+            finished.set()
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback)
+        for index in range(5):
+            for sequence_id in (31, 32):
+                tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[sequence_id - 30]], np.int32))
+                client.async_stream_infer("accumulator", [tensor], sequence_id=sequence_id,
+                                          sequence_start=index == 0, sequence_end=index == 4)
+        assert finished.wait(10), answers
+        client.stop_stream()
+    finally:
+        client.close()
+    for sequence_id in (31, 32):
+        step_value = sequence_id - 30
+        assert [total for total, sid in answers if sid == sequence_id] == [step_value * n for n in range(1, 6)]
+
+
+def test_a_sequence_keeps_to_its_instance_whose_own_state_it_needs(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+
+    def send(x: float, sequence_id: int, start: bool = False) -> tuple[float, int]:
+        tensor = httpclient.InferInput("x", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.array([[x]], np.float32))
+        result = http.infer("pinned", [tensor], sequence_id=sequence_id, sequence_start=start)
+        return float(result.as_numpy("total")[0, 0]), int(result.as_numpy("instance")[0, 0])
+
+    try:
+        answers = [send(1, 41, start=True), send(10, 42, start=True), send(100, 43, start=True)]
+        for _ in range(2):
+            answers += [send(1, 41), send(10, 42), send(100, 43)]
+    finally:
+        http.close()
+    assert [total for total, _ in answers] == [1, 10, 100, 2, 20, 200, 3, 30, 300]
+    instances = [instance for _, instance in answers]
+    assert instances == instances[:3] * 3 and len(set(instances[:3])) == 2  # each keeps its own; both used
+
+
+def test_concurrent_sequences_keep_their_order(server: ServerProcess) -> None:
+    errors: list[BaseException] = []
+
+    def run(sequence_id: int) -> None:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            total = 0
+            for index in range(1, 9):
+                total += index * sequence_id
+                result = step(client, grpcclient, "accumulator", index * sequence_id, sequence_id,
+                              start=index == 1, end=index == 8)
+                assert summary(result)[0] == total
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the test's thread
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(101, 107)]  # 6 sequences, 4 slots
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+
+
+def test_python_model_with_string_ids_and_implicit_state(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    rpc = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def send(client: Any, module: Any, x: list[float], sequence_id: str, **flags: bool) -> tuple[list[float], bytes]:
+        tensor = module.InferInput("x", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.array([x], np.float32))
+        result = client.infer("pystate", [tensor], sequence_id=sequence_id, **flags)
+        return result.as_numpy("y")[0].tolist(), result.as_numpy("id")[0, 0]
+
+    try:
+        assert send(http, httpclient, [1, 2], "alpha", sequence_start=True) == ([1, 2], b"alpha")
+        assert send(rpc, grpcclient, [5, 5], "beta", sequence_start=True) == ([5, 5], b"beta")
+        assert send(rpc, grpcclient, [1, 1], "alpha") == ([2, 3], b"alpha")
+        assert send(http, httpclient, [1, 1], "beta", sequence_end=True) == ([6, 6], b"beta")
+        # A second START of an open sequence begins it anew (Triton ends the earlier one early).
+        assert send(http, httpclient, [4, 4], "alpha", sequence_start=True) == ([4, 4], b"alpha")
+        assert send(rpc, grpcclient, [1, 0], "alpha", sequence_end=True) == ([5, 4], b"alpha")
+    finally:
+        http.close()
+        rpc.close()
+
+
+def error_of(call: Any, *args: Any, **kwargs: Any) -> str:
+    with pytest.raises(InferenceServerException) as caught:
+        call(*args, **kwargs)
+    return str(caught.value.message())
+
+
+def test_refused_requests(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    rpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for client, module in ((http, httpclient), (rpc, grpcclient)):
+            assert error_of(step, client, module, "accumulator", 1, 0) == (
+                "inference request to model 'accumulator' must specify a non-zero or non-empty correlation ID")
+            assert error_of(step, client, module, "accumulator", 1, 999) == (
+                "inference request for sequence 999 to model 'accumulator' must specify the START flag on the "
+                "first request of the sequence")
+            tensor = module.InferInput("INPUT0", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[1]], np.int32))
+            assert error_of(client.infer, "plain", [tensor], sequence_id=5,
+                            sequence_start=True) == (
+                "request parameter 'sequence_id' is for sequence models; model 'plain' has no sequence_batching "
+                "in its configuration")
+            tensor = module.InferInput("INPUT", [2, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[1], [2]], np.int32))
+            assert "must specify batch-size 1" in error_of(
+                client.infer, "accumulator", [tensor], sequence_id=7, sequence_start=True)
+        assert "is a string, but this model's CONTROL_SEQUENCE_CORRID is uint64" in error_of(
+            step, http, httpclient, "accumulator", 1, "text", start=True)
+        body = {"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [1]}],
+                "parameters": {"sequence_id": 3, "sequence_start": "yes"}}
+        answer = requests.post(f"{server.base}/v2/models/accumulator/infer", json=body, timeout=10)
+        assert answer.status_code == 400
+        assert answer.json()["error"] == "request parameter 'sequence_start' must be a boolean, got 'yes'"
+        # The control and state inputs are the server's: the model's metadata lists the client's input only.
+        metadata = http.get_model_metadata("accumulator")
+        assert [i["name"] for i in metadata["inputs"]] == ["INPUT"]
+        assert [o["name"] for o in metadata["outputs"]] == ["OUTPUT", "FLAGS", "CORRID_OUT"]
+    finally:
+        http.close()
+        rpc.close()
+
+
+def test_backlog_waits_for_a_slot_and_idle_sequences_are_released(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        assert summary(step(http, httpclient, "oneslot", 1, 1, start=True))[0] == 1  # takes the only slot
+        done: list[tuple[int, float]] = []
+        started = time.monotonic()
+
+        def second() -> None:
+            client = httpclient.InferenceServerClient(server.url)
+            try:
+                done.append((summary(step(client, httpclient, "oneslot", 5, 2, start=True))[0],
+                             time.monotonic() - started))
+            finally:
+                client.close()
+
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        waiter.join(5)
+        # Sequence 2 waited in the backlog until sequence 1, abandoned, idled out (300 ms) and freed the slot.
+        assert done and done[0][0] == 5 and done[0][1] >= 0.25, done
+        assert error_of(step, http, httpclient, "oneslot", 1, 1).startswith(
+            "inference request for sequence 1 to model 'oneslot' must specify the START flag")
+        assert summary(step(http, httpclient, "oneslot", 1, 2, end=True))[0] == 6
+    finally:
+        http.close()
+
+
+def test_a_reload_finishes_open_sequences_on_the_old_version(server: ServerProcess, repository: Path) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+
+    def version_and_summary(value: int, sequence_id: int, **flags: bool) -> tuple[str, tuple[int, int, int]]:
+        result = step(http, httpclient, "reloaded", value, sequence_id, **flags)
+        return result.get_response()["model_version"], summary(result)
+
+    try:
+        assert version_and_summary(1, 21, start=True) == ("1", (1, 5, 21))
+        # Version 2 answers READY with 8 where version 1 answers 4.
+        write_model(repository, "reloaded", accumulator_model(ready=8), None, version=2)
+        http.load_model("reloaded")
+        assert version_and_summary(2, 21) == ("1", (3, 4, 21))  # goes on where it started
+        assert version_and_summary(10, 22, start=True) == ("2", (10, 9, 22))  # a new one starts on the new
+        assert version_and_summary(3, 21, end=True) == ("1", (6, 6, 21))
+        assert version_and_summary(20, 22, end=True) == ("2", (30, 10, 22))
+        assert error_of(step, http, httpclient, "reloaded", 1, 21).startswith(
+            "inference request for sequence 21 to model 'reloaded' must specify the START flag")
+    finally:
+        http.close()
