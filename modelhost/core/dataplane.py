@@ -21,7 +21,8 @@ T = TypeVar("T")
 Decode = Callable[[ModelMetadata], tuple[InferRequest, T]]
 
 SERVER_NAME = "modelhost"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics")
+EXTENSIONS = ("classification", "binary_tensor_data", "model_configuration", "model_repository", "schedule_policy",
+              "statistics")
 
 
 class DataPlane:

@@ -23,6 +23,7 @@ from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides, apply_overrides
 from modelhost.config.pbtxt import ConfigError, read_config
 from modelhost.core import spare_cores
+from modelhost.core.classification import read_labels
 from modelhost.core.ensemble import Acquire, EnsemblePlan, EnsembleScheduler
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.in_flight import InFlight
@@ -198,6 +199,7 @@ def load_version(
         instances += _load_instances(backend, path, config, range(1, count), threads, lender,
                                      parallel=instances[0].runs_async)
         policy = SchedulingPolicy.from_config(config)
+        labels = read_labels(config, source.path)
         target = LatencyTarget.from_config(config, count)
         _warm_up(source, version, config, instances, warmup_reader)
     except BaseException:
@@ -210,7 +212,7 @@ def load_version(
                           target=target)
     served = Signature.from_config(config)
     named = named_signatures(served, instances[0].signature_name(), signature.method, dict(instances[0].signatures()))
-    return ServedModel(source.name, version, config, served, scheduler, statistics, named=named)
+    return ServedModel(source.name, version, config, served, scheduler, statistics, named=named, labels=labels)
 
 
 def _load_instances(backend: Backend, path: Path, config: ModelConfig, indexes: range, threads: int,

@@ -18,6 +18,7 @@ import numpy as np
 
 from modelhost.client_log import client_log
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.core.classification import Labels, check_classifiable, class_counts, classified
 from modelhost.core.model_hold import Pins
 from modelhost.core.signature import NamedSignature, Signature, check_output_bytes
 from modelhost.core.statistics import ModelStatistics
@@ -44,6 +45,8 @@ class ServedModel:
     pins: Pins = field(default_factory=Pins)  # requests holding this version (ModelManager.acquire)
     # Its signatures by name, for APIs whose requests name one (TF Serving's); `signature` is the config's view.
     named: dict[str, NamedSignature] = field(default_factory=dict)
+    # Outputs' class labels (their config's label_filename), read at load, for the classification extension.
+    labels: Labels = field(default_factory=dict)
 
     signature_specs: dict[str, SignatureSpec] = field(init=False)
 
@@ -92,6 +95,9 @@ class ServedModel:
             signature, entry = named.signature, named.entry
         feeds, rows = signature.check_inputs(inputs)
         names = signature.check_outputs(outputs)
+        counts = class_counts(outputs) if outputs else None
+        if counts:
+            check_classifiable(counts, {name: rule.datatype for name, rule in signature.outputs.items()})
         try:
             results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us, entry,
                                                   signature.max_batch_size > 0, spent_s)
@@ -102,6 +108,8 @@ class ServedModel:
                        exc_info=exc)
             raise ModelhostError(ErrorKind.INTERNAL, f"model '{self.name}' failed: {exc}") from exc
         shaped = signature.shape_outputs(results, names)
+        if counts:
+            shaped = classified(shaped, counts, self.labels, signature.max_batch_size > 0)
         if max_output_bytes is not None:
             check_output_bytes(shaped, max_output_bytes)
         return shaped

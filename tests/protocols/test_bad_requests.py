@@ -100,9 +100,12 @@ INFER_CASES = {
                                   400, ("'x'", "FP32", "numbers")),
     "json-floats-for-int64": Case("deepfm", {"inputs": [tensor("feat_ids", "INT64", [1, 39], [1.5] * 39),
                                                         DEEPFM_VALS]}, 400, ("'feat_ids'", "INT64", "integers")),
-    "classification-output": Case(
-        "tiny", {**GOOD_TINY, "outputs": [{"name": "y", "parameters": {"classification": 2}}]},
-        501, ("'y'", "classification")),
+    "classification-count-negative": Case(
+        "tiny", {**GOOD_TINY, "outputs": [{"name": "y", "parameters": {"classification": -2}}]},
+        400, ("'y'", "classification", "non-negative integer", "-2")),
+    "classification-count-not-a-number": Case(
+        "tiny", {**GOOD_TINY, "outputs": [{"name": "y", "parameters": {"classification": "3"}}]},
+        400, ("'y'", "classification", "'3'")),
     "output-without-name": Case("tiny", {**GOOD_TINY, "outputs": [{"parameters": {}}]}, 400, ("outputs[0]", "'name'")),
     # Triton's binary tensor data extension
     "binary-truncated": _binary_case("tiny", {"inputs": [tensor("x", "FP32", [1, 4], binary_data_size=16)]},

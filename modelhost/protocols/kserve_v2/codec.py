@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.errors import invalid
 from modelhost.protocols.json_body import json_object
 from modelhost.protocols.json_numbers import json_numbers
 from modelhost.types import (
@@ -205,10 +205,6 @@ def _requested_outputs(document: dict[str, Any]) -> list[RequestedOutput] | None
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise invalid(f"outputs[{index}] must be an object with a 'name'")
         parameters = _dict_field(entry, "parameters", f"output '{entry['name']}'")
-        if "classification" in parameters:
-            raise ModelhostError(
-                ErrorKind.UNSUPPORTED, f"output '{entry['name']}': the classification extension is not supported"
-            )
         outputs.append(RequestedOutput(entry["name"], parameters))
     return outputs
 

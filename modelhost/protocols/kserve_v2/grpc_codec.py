@@ -13,7 +13,8 @@ API (messages are grpc_service_pb2 classes):
     load_request_from_proto(message: RepositoryModelLoadRequest) -> LoadRequest    # Control.load()
     unload_dependents_from_proto(message: RepositoryModelUnloadRequest) -> bool  # Control.unload()
 Errors are ModelhostError(INVALID_INPUT), worded as the HTTP codec words the same problem (UNSUPPORTED for
-classification). Raw inputs become np.frombuffer views of the message's bytes: no copy in Python.
+a repository name). Requested outputs' parameters (`classification` included) pass to the core as they are.
+Raw inputs become np.frombuffer views of the message's bytes: no copy in Python.
 The codec only turns data into arrays of the declared datatype and shape; the core checks them against the model.
 """
 
@@ -166,10 +167,6 @@ def _requested_outputs(message: ModelInferRequest) -> list[RequestedOutput] | No
         if not entry.name:
             raise invalid(f"outputs[{index}] has no 'name'")
         parameters = parameters_from_proto(entry.parameters, f"output '{entry.name}'")
-        if "classification" in parameters:
-            raise ModelhostError(
-                ErrorKind.UNSUPPORTED, f"output '{entry.name}': the classification extension is not supported"
-            )
         outputs.append(RequestedOutput(entry.name, parameters))
     return outputs
 
