@@ -13,7 +13,7 @@ from modelhost.core.row_updates import apply_rows, checked_rows
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
 from modelhost.core.worker_statistics import WorkerStatistics, merge
-from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.errors import ErrorKind, ModelhostError, client_value, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
 
 T = TypeVar("T")
@@ -193,5 +193,5 @@ def _natural_parameter(parameters: dict[str, Any], name: str) -> int:
     """A request parameter that must be a non-negative integer (Triton's `priority`, `timeout` in µs)."""
     value = parameters.get(name, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise invalid(f"request parameter '{name}' must be a non-negative integer, got {value!r}")
+        raise invalid(f"request parameter '{name}' must be a non-negative integer, got {client_value(value)}")
     return value

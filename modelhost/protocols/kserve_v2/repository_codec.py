@@ -7,7 +7,7 @@ import binascii
 from typing import Any
 
 from modelhost.core.load_request import FILE_PREFIX, LoadRequest
-from modelhost.errors import invalid
+from modelhost.errors import client_value, invalid
 
 
 def _parameters(body: dict[str, Any]) -> dict[str, Any]:
@@ -47,5 +47,5 @@ def decode_unload_dependents(body: dict[str, Any]) -> bool:
     """`{"parameters": {"unload_dependents": true}}`; false when absent."""
     value = _parameters(body).get("unload_dependents", False)
     if not isinstance(value, bool):
-        raise invalid(f"unload parameter 'unload_dependents' must be true or false, got {value!r}")
+        raise invalid(f"unload parameter 'unload_dependents' must be true or false, got {client_value(value)}")
     return value
