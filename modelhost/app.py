@@ -140,7 +140,7 @@ class Server:
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy, warmup)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings),
-                                   settings.embedding_updates)
+                                   settings.embedding_updates, settings.server_name)
         self.tfserving = TfServing(self.dataplane, typed_outputs=tfserving is None or tfserving.typed_outputs)
         self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)
         self.torchserving = None if torchserve is None or self.mar_repository is None else TorchServing(

@@ -93,6 +93,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         f"(default {d.sagemaker_port}, or SAGEMAKER_BIND_TO_PORT)")
     add("--log-level", choices=_LOG_LEVELS, help=f"(default {d.log_level})")
     add("--strict-readiness", action="store_true", help="server ready only when every model loaded (Triton's default)")
+    add("--server-name", help=f"the name V2 server metadata reports (default {d.server_name}; 'triton' for "
+        "tools that check they talk to Triton)")
     add("--default-max-batch-size", type=int,
         help=f"max_batch_size given to auto-completed models that can batch (default {d.default_max_batch_size})")
     add("--http-max-body-bytes", type=_byte_size,

@@ -107,6 +107,7 @@ class ServerSettings:
     default_accept: the Accept used when a SageMaker request sends none or `*/*`.
     sagemaker_program: the handler module in a model's code/ directory.
     default_model_name: the name a single model (not a repository) is served under.
+    server_name: the `name` of V2 server metadata ("modelhost"; "triton" for tools that check they talk to Triton).
     grpc_port: the KServe V2 / Triton gRPC front-end; 0 turns it off.
     grpc_max_message_bytes: the largest gRPC message received or sent (tritonclient allows 2^31-1).
     grpc_keepalive_time_seconds, grpc_keepalive_timeout_seconds: how often the server pings an idle
@@ -171,6 +172,7 @@ class ServerSettings:
     grpc_port: int = 8001
     metrics_port: int = 8002
     log_level: str = "info"
+    server_name: str = "modelhost"
     strict_readiness: bool = False
     default_max_batch_size: int = 4
     http_max_body_bytes: int = 64 * 1024 * 1024
@@ -319,6 +321,8 @@ def check_settings(settings: ServerSettings) -> None:
                             "on first use and are evicted within --model-cache-bytes; use explicit (the repository "
                             "API loads and unloads through the cache) or none")
     # request and log limits (issue 12: codecs)
+    if not settings.server_name:
+        raise SettingsError("--server-name must not be empty")
     if not 1 <= settings.json_max_depth <= MAX_RANK:
         raise SettingsError(f"--json-max-depth must be between 1 and {MAX_RANK}, got {settings.json_max_depth}")
     for name in ("max_request_elements", "max_output_bytes"):

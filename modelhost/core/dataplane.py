@@ -27,9 +27,12 @@ EXTENSIONS = ("classification", "binary_tensor_data", "model_configuration", "mo
 
 class DataPlane:
     def __init__(self, manager: ModelManager, version: str, strict_readiness: bool,
-                 limits: RequestLimits = DEFAULT_LIMITS, row_updates: bool = False) -> None:
+                 limits: RequestLimits = DEFAULT_LIMITS, row_updates: bool = False,
+                 server_name: str = SERVER_NAME) -> None:
         """`row_updates`: whether clients may update models' tables (embedding rows; off unless the operator
-        turns them on: a client that can write rows can change every answer)."""
+        turns them on: a client that can write rows can change every answer). `server_name`: the metadata's
+        name (--server-name)."""
+        self._server_name = server_name
         # Front-ends pass `limits` to their codecs, which check each tensor before allocating it.
         self.limits = limits
         self._row_updates = row_updates
@@ -62,7 +65,7 @@ class DataPlane:
         return self._started and self._manager.all_serving()
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": self._version, "extensions": list(EXTENSIONS)}
+        return {"name": self._server_name, "version": self._version, "extensions": list(EXTENSIONS)}
 
     def knows(self, name: str) -> bool:
         """Whether the server has a model of this name, in any state (a cheap check for labelling figures)."""

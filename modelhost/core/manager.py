@@ -125,13 +125,13 @@ class ModelManager:
                 if not record.versions and self._records.get(name) is record:
                     del self._records[name]  # not in the repository: nothing to report in the index
                 log.error("cannot load model %s: %s", name, exc)
-                raise not_found(f"cannot load model '{name}': {exc}") from exc
+                raise not_found(f"failed to load '{name}', failed to poll from model repository: {exc}") from exc
             except ModelhostError as exc:  # the request's own fault (a bad name or path, refused code): its kind
                 self._fail(record, exc)
                 raise
             except Exception as exc:
                 self._fail(record, exc)
-                raise unavailable(f"failed to load model '{name}': {reason_of(exc)}") from exc
+                raise unavailable(f"failed to load '{name}': {reason_of(exc)}") from exc
             record.unloaded = False
             self._depends.pop(name, None)
             if plan.ensemble is not None:
@@ -192,7 +192,7 @@ class ModelManager:
             plan.ensemble.check_models(self.get)
         except Exception as exc:
             self._fail(record, exc)
-            raise unavailable(f"failed to load ensemble '{record.name}': {reason_of(exc)}") from exc
+            raise unavailable(f"failed to load '{record.name}' (an ensemble): {reason_of(exc)}") from exc
         record.composing = tuple(names)
 
     def _cycle(self, start: str) -> list[str]:
@@ -219,7 +219,7 @@ class ModelManager:
             self._retire(record, version, "no longer selected by the version policy")
         errors = [f"version {v}: {f}" for v, f in zip(wanted, failures) if f]
         if errors:
-            raise unavailable(f"failed to load model '{record.name}': {'; '.join(errors)}")
+            raise unavailable(f"failed to load '{record.name}': {'; '.join(errors)}")
 
     async def _load_version(self, record: ModelRecord, source: ModelSource, plan: LoadPlan, version: int) -> str:
         """Load one version beside what serves now and swap it in; returns the failure, or ""."""
@@ -315,7 +315,7 @@ class ModelManager:
             await self._evict_record(record)
             if isinstance(exc, ModelhostError) or not isinstance(exc, Exception):
                 raise
-            raise unavailable(f"model '{source.name}' failed to load: {reason_of(exc)}") from exc
+            raise unavailable(f"failed to load '{source.name}': {reason_of(exc)}") from exc
 
     async def evict(self, name: str) -> None:
         """Stop routing to a model at once, then let its in-flight requests finish, unload it and drop its record
