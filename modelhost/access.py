@@ -29,13 +29,14 @@ class Api(str, Enum):
     MODEL_CONFIG = "model-config"
     MODEL_REPOSITORY = "model-repository"  # index, load, unload; SageMaker's /models
     STATISTICS = "statistics"
+    LOGGING = "logging"  # Triton's logging extension: GET/POST /v2/logging, gRPC LogSettings
     METRICS = "metrics"  # GET /metrics on the metrics port (modelhost's own; Triton has none)
 
 
-# Names a Triton command line may use: `management` is ours (= model-repository); Triton's shared-memory,
-# trace and logging APIs do not exist in modelhost, so restricting them restricts nothing.
+# Names a Triton command line may use: `management` is ours (= model-repository); Triton's shared-memory
+# and trace APIs do not exist in modelhost, so restricting them restricts nothing.
 _ALIASES: dict[str, tuple[Api, ...]] = {"management": (Api.MODEL_REPOSITORY,), "shared-memory": (),
-                                        "trace": (), "logging": ()}
+                                        "trace": ()}
 API_NAMES = tuple(api.value for api in Api) + tuple(_ALIASES)
 
 

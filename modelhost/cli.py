@@ -93,6 +93,9 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         f"(default {d.sagemaker_port}, or SAGEMAKER_BIND_TO_PORT)")
     add("--log-level", choices=_LOG_LEVELS, help=f"(default {d.log_level})")
     add("--strict-readiness", action="store_true", help="server ready only when every model loaded (Triton's default)")
+    add("--logging-updates", action=argparse.BooleanOptionalAction,
+        help="let clients change log settings (POST /v2/logging, gRPC LogSettings; default: off; restrict the "
+             "logging API group when on)")
     add("--server-name", help=f"the name V2 server metadata reports (default {d.server_name}; 'triton' for "
         "tools that check they talk to Triton)")
     add("--default-max-batch-size", type=int,

@@ -107,6 +107,8 @@ class ServerSettings:
     default_accept: the Accept used when a SageMaker request sends none or `*/*`.
     sagemaker_program: the handler module in a model's code/ directory.
     default_model_name: the name a single model (not a repository) is served under.
+    logging_updates: whether clients may change log settings (Triton's logging extension, POST /v2/logging,
+    gRPC LogSettings; off: a client could hide its errors from the log or make every line a debug line).
     server_name: the `name` of V2 server metadata ("modelhost"; "triton" for tools that check they talk to Triton).
     grpc_port: the KServe V2 / Triton gRPC front-end; 0 turns it off.
     grpc_max_message_bytes: the largest gRPC message received or sent (tritonclient allows 2^31-1).
@@ -173,6 +175,7 @@ class ServerSettings:
     metrics_port: int = 8002
     log_level: str = "info"
     server_name: str = "modelhost"
+    logging_updates: bool = False
     strict_readiness: bool = False
     default_max_batch_size: int = 4
     http_max_body_bytes: int = 64 * 1024 * 1024

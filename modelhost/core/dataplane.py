@@ -22,7 +22,7 @@ Decode = Callable[[ModelMetadata], tuple[InferRequest, T]]
 
 SERVER_NAME = "modelhost"
 EXTENSIONS = ("classification", "binary_tensor_data", "model_configuration", "model_repository", "schedule_policy",
-              "statistics")
+              "statistics", "logging")
 
 
 class DataPlane:

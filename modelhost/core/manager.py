@@ -226,6 +226,7 @@ class ModelManager:
         status = record.versions.get(version)
         if status is None or status.served is None:
             status = record.versions[version] = VersionStatus(ModelState.LOADING)
+        log.debug("loading model %s version %d from %s", record.name, version, source.path)
         try:
             if plan.ensemble is not None:
                 served = load_ensemble_version(record.name, version, plan, self.acquire)

@@ -1,5 +1,6 @@
 """What Triton's clients and tools check, on one server started as tools that want Triton start it:
-`--server-name triton`, explicit model control. (Triton's words for load/unload refusals and failures are
+`--server-name triton`, explicit model control, Triton's `logging` API group restricted, log updates off
+(the default). (Triton's words for load/unload refusals and failures are
 held in tests/test_model_control.py, deep JSON in test_bad_requests.py.)"""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("compat")
     write_model(repo, "ident", identity_model(TensorProto.FLOAT, batch=False, dims=(2,)), None)
     process = ServerProcess(repo, "--server-name", "triton", "--model-control-mode", "explicit",
-                            "--load-model", "ident").wait_ready()
+                            "--load-model", "ident", "--http-restricted-api", "logging:admin-key=s3cret-logging-key",
+                            ).wait_ready()
     yield process
     process.stop()
 
@@ -61,3 +63,12 @@ def test_named_repository_over_grpc(server: ServerProcess) -> None:
                 call(request, timeout=10)
             assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
             assert NOT_SUPPORTED in (info.value.details() or "")
+
+
+def test_log_settings_are_tritons_logging_group_and_read_only_by_default(server: ServerProcess) -> None:
+    url, key = f"{server.base}/v2/logging", {"admin-key": "s3cret-logging-key"}
+    assert requests.get(url, timeout=10).status_code == 401  # the group Triton's --http-restricted-api names
+    assert requests.get(url, headers=key, timeout=10).json()["log_verbose_level"] == 0
+    response = requests.post(url, json={"log_verbose_level": 1}, headers=key, timeout=10)
+    assert_error(response, 501, "--logging-updates")
+    assert requests.post(url, json={"log_verbose_level": 0}, headers=key, timeout=10).status_code == 200  # no change
