@@ -86,7 +86,7 @@ def classify(name: str, array: np.ndarray, count: int, labels: tuple[bytes, ...]
     if rows.shape[0] * k > MAX_CLASS_RESULTS:
         raise invalid(f"output '{name}': {rows.shape[0]} rows of {k} classes is more than the "
                       f"{MAX_CLASS_RESULTS} class results an output may return; ask for fewer classes")
-    top = _descending(rows)[:, :k]
+    top = _top(rows, k)
     text = _float_text if rows.dtype.kind == "f" else _integer_text
     result = np.empty((rows.shape[0], k), dtype=object)
     for row in range(rows.shape[0]):
@@ -98,14 +98,19 @@ def classify(name: str, array: np.ndarray, count: int, labels: tuple[bytes, ...]
     return result if batched and array.ndim else result.reshape(k)
 
 
-def _descending(rows: np.ndarray) -> np.ndarray:
-    """Each row's indexes by value, highest first, equal values in index order, NaN last."""
-    if rows.dtype.kind == "f":
-        return np.argsort(-rows, axis=1, kind="stable")  # numpy sorts NaN last
-    # Integers cannot all be negated: a stable ascending sort of the reversed rows, reversed back.
-    reversed_order: np.ndarray = np.argsort(rows[:, ::-1], axis=1, kind="stable")[:, ::-1]
-    last: np.ndarray = rows.shape[1] - 1 - reversed_order
-    return last
+def _top(rows: np.ndarray, k: int) -> np.ndarray:
+    """Each row's `k` indexes of the highest values, highest first, equal values in index order, NaN last."""
+    # Ascending keys: -x reverses floats (NaN stays NaN, which numpy sorts last), ~x every integer type.
+    keys = -rows if rows.dtype.kind == "f" else ~rows
+    if k >= keys.shape[1] or k == 0:
+        return np.argsort(keys, axis=1, kind="stable")[:, :k]
+    # Partition finds each row's k-th key; only the keys up to it (ties included) are sorted, in index order.
+    kth = np.partition(keys, k - 1, axis=1)[:, k - 1]
+    top = np.empty((keys.shape[0], k), dtype=np.intp)
+    for row, (values, bound) in enumerate(zip(keys, kth)):
+        chosen = np.arange(values.shape[0]) if bound != bound else np.flatnonzero(values <= bound)  # NaN bound
+        top[row] = chosen[np.argsort(values[chosen], kind="stable")[:k]]
+    return top
 
 
 def _float_text(value: np.floating) -> bytes:
