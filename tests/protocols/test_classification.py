@@ -135,3 +135,26 @@ def test_nan_ranks_last_and_uint64_keeps_its_digits() -> None:
     assert classify("y", scores, 3, (), batched=True).tolist() == [[b"1.000000:1", b"-inf:2", b"nan:0"]]
     big = np.array([2**64 - 1, 1], dtype=np.uint64)
     assert classify("y", big, 1, (b"max",), batched=False).tolist() == [b"18446744073709551615:0:max"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8, np.uint8, np.int64, np.uint64])
+def test_ranking_matches_a_plain_sort(dtype: type) -> None:
+    # Highest first, equal values in index order, NaN last; the extremes of integer types included.
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        rows, width = int(rng.integers(1, 4)), int(rng.integers(1, 12))
+        if np.dtype(dtype).kind == "f":
+            data = rng.integers(-3, 3, (rows, width)).astype(dtype)
+            data[rng.random((rows, width)) < 0.2] = np.nan
+        else:
+            info = np.iinfo(dtype)
+            data = rng.choice(np.array([info.min, info.max, 0, 1, 2], dtype=dtype), (rows, width))
+        count = int(rng.integers(1, width + 2))
+        for row, classes in zip(data, classify("y", data, count, (), batched=True).tolist()):
+            def rank(i: int, row: np.ndarray = row) -> tuple[bool, float | int, int]:
+                if row.dtype.kind != "f":
+                    return False, -int(row[i]), i
+                return bool(np.isnan(row[i])), 0.0 if np.isnan(row[i]) else -float(row[i]), i
+
+            order = sorted(range(width), key=rank)
+            assert [int(c.split(b":")[1]) for c in classes] == order[:count]
