@@ -99,11 +99,19 @@ class LogSettings(logging.Filter):
                         ", ".join(f"{name}={value!r}" for name, value in sorted(wanted.items())))
         return self.current()
 
+    def _lowest_level(self) -> int:
+        values = self._values
+        for level, on in ((logging.DEBUG, values["log_verbose_level"]), (logging.INFO, values["log_info"]),
+                          (logging.WARNING, values["log_warning"]), (logging.ERROR, values["log_error"])):
+            if on:
+                return level
+        return logging.CRITICAL
+
     def _apply(self) -> None:
         root = getattr(self, "_root", None)
         if root is None:
             return
-        root.setLevel(logging.DEBUG if self._values["log_verbose_level"] else logging.INFO)
+        root.setLevel(self._lowest_level())  # records below it are never made; the filter drops the others
         line, dates = FORMATS[self._values["log_format"]]
         formatter = logging.Formatter(line, dates)
         if dates is not None:
