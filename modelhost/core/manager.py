@@ -19,6 +19,7 @@ from typing import Protocol
 from modelhost.backends import freeze_long_lived
 from modelhost.config.overrides import ModelOverrides
 from modelhost.core import compute_threads
+from modelhost.core.classification import read_labels
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.in_flight import InFlight
@@ -229,7 +230,8 @@ class ModelManager:
         log.debug("loading model %s version %d from %s", record.name, version, source.path)
         try:
             if plan.ensemble is not None:
-                served = load_ensemble_version(record.name, version, plan, self.acquire)
+                labels = await asyncio.to_thread(read_labels, plan.config, source.path)
+                served = load_ensemble_version(record.name, version, plan, self.acquire, labels)
             else:
                 served = await compute_threads.run_loading(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size,

@@ -1,7 +1,8 @@
 """Triton's classification extension over HTTP and gRPC, spoken by tritonclient (`class_count`).
 
 One server: `scores` batches (FP32 [batch, 5], labels in the model directory's labels.txt), `counts` does not
-(INT32 [6], no label file), `broken` names a label file that is not there (its load fails).
+(INT32 [6], no label file), `broken` names a label file that is not there (its load fails), `ranked` is an
+ensemble over `scores` with labels of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ max_batch_size: 0
 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 6 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 6 ] } ]
 """
+RANKED_CONFIG = """
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 5 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 5 ] label_filename: "names.txt" } ]
+ensemble_scheduling { step [
+  { model_name: "scores" model_version: -1
+    input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
 ROWS = np.array([[0.1, 0.7, 0.2, 0.9, -1.0], [3.5, 0.0, 3.5, 1.25, 2.0]], dtype=np.float32)
 COUNTS = np.array([4, 9, 4, -2, 100, 0], dtype=np.int32)
 
@@ -44,6 +55,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("classification")
     scores = write_model(repo, "scores", identity_model(TensorProto.FLOAT, dims=(5,)), SCORES_CONFIG)
     (scores / "labels.txt").write_text("\n".join(LABELS) + "\n")
+    (repo / "ranked" / "1").mkdir(parents=True)  # an ensemble over `scores`, with labels of its own
+    (repo / "ranked" / "config.pbtxt").write_text(RANKED_CONFIG)
+    (repo / "ranked" / "names.txt").write_text("A\nB\nC\nD\nE\n")
     write_model(repo, "counts", identity_model(TensorProto.INT32, batch=False, dims=(6,)), COUNTS_CONFIG)
     write_model(repo, "broken", identity_model(TensorProto.INT32, batch=False, dims=(6,)),
                 COUNTS_CONFIG.replace('"OUTPUT0" data_type: TYPE_INT32 dims: [ 6 ]',
@@ -78,6 +92,13 @@ def test_grpc_batched_with_labels(server: ServerProcess) -> None:
     output = result.get_output("OUTPUT0")
     assert (output.datatype, list(output.shape)) == ("BYTES", [2, 3])
     assert result.as_numpy("OUTPUT0").tolist() == EXPECTED_SCORES
+
+
+def test_ensemble_output_with_its_own_labels(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    entry = httpclient.InferInput("IN", [2, 5], "FP32").set_data_from_numpy(ROWS)
+    result = client.infer("ranked", [entry], outputs=[httpclient.InferRequestedOutput("OUT", class_count=1)])
+    assert result.as_numpy("OUT").tolist() == [[b"0.900000:3:D"], [b"3.500000:0:A"]]
 
 
 def test_unbatched_without_labels_and_more_classes_than_elements(server: ServerProcess) -> None:
