@@ -160,7 +160,7 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--handler-threads", type=int, help="threads that run SageMaker inference.py handlers, apart from model "
         "loading (default: min(32, CPUs + 4))")
     # request and log limits (issue 12: codecs)
-    add("--json-max-depth", type=int, help="how deeply a tensor's JSON data may nest lists, 1-64 "
+    add("--json-max-depth", type=int, help="how deeply a tensor's JSON data may nest lists, 1-64 (1-32 with numpy 1) "
         f"(default {d.json_max_depth})")
     add("--max-request-elements", type=int, help="elements one request's input tensors may hold together, "
         f"checked before they are allocated (default {d.max_request_elements})")

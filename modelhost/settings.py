@@ -121,7 +121,7 @@ class ServerSettings:
     Request and log limits (what one client can make the server spend; each default is far above what
     legitimate traffic needs, so that only abuse meets it):
     json_max_depth: how deeply a tensor's JSON data may nest lists (32; at most 64, numpy's limit on
-    dimensions). Models take tensors of rank 1-6; a deeper nesting is a malformed or hostile request.
+    dimensions, 32 with numpy 1). Models take tensors of rank 1-6; a deeper nesting is a malformed or hostile request.
     max_request_elements: elements of one request's input tensors together, checked from the declared
     shapes before anything is allocated (64 Mi = 67,108,864: every element of a 64 MiB body of UINT8, the
     default body limit's worth; a 500 x 1000 FP32 batch is 500,000). What it stops is a small request
