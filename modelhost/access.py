@@ -30,13 +30,13 @@ class Api(str, Enum):
     MODEL_REPOSITORY = "model-repository"  # index, load, unload; SageMaker's /models
     STATISTICS = "statistics"
     TRACE = "trace"  # the trace extension's settings
+    LOGGING = "logging"  # Triton's logging extension: GET/POST /v2/logging, gRPC LogSettings
     METRICS = "metrics"  # GET /metrics on the metrics port (modelhost's own; Triton has none)
 
 
 # Names a Triton command line may use: `management` is ours (= model-repository); Triton's shared-memory
-# and logging APIs do not exist in modelhost, so restricting them restricts nothing.
-_ALIASES: dict[str, tuple[Api, ...]] = {"management": (Api.MODEL_REPOSITORY,), "shared-memory": (),
-                                        "logging": ()}
+# API does not exist in modelhost, so restricting it restricts nothing.
+_ALIASES: dict[str, tuple[Api, ...]] = {"management": (Api.MODEL_REPOSITORY,), "shared-memory": ()}
 API_NAMES = tuple(api.value for api in Api) + tuple(_ALIASES)
 
 

@@ -37,6 +37,7 @@ from modelhost.core.worker_statistics import WorkerStatistics
 from modelhost.embeddings.store import StoreSettings, configure_store, shared_store
 from modelhost.embeddings.watcher import TableWatcher
 from modelhost.errors import ModelhostError, hide_paths_under
+from modelhost.log_settings import LogSettings, update_refusal
 from modelhost.metrics import MetricsExporter
 from modelhost.protocols import openapi
 from modelhost.protocols.front_end import FrontEnd
@@ -45,6 +46,7 @@ from modelhost.protocols.http.app import HttpApp
 from modelhost.protocols.http.limits import HttpLimits
 from modelhost.protocols.http.server import HttpServer, Listener
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
+from modelhost.protocols.kserve_v2 import logging_api
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.prometheus import MetricsFrontEnd
 from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMakerOptions, local_url
@@ -142,7 +144,8 @@ class Server:
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy, warmup)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings),
-                                   settings.embedding_updates, self._tracer())
+                                   settings.embedding_updates, self._tracer(), settings.server_name)
+        self.log_settings = LogSettings(settings.log_level, update_refusal(settings.logging_updates, settings.workers))
         self.tfserving = TfServing(self.dataplane, typed_outputs=tfserving is None or tfserving.typed_outputs)
         self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)
         self.torchserving = None if torchserve is None or self.mar_repository is None else TorchServing(
@@ -252,7 +255,7 @@ class Server:
                               s.grpc_keepalive_timeout_seconds, reuse_port=s.workers > 1)
         credentials = self.tls.grpc_credentials() if self.tls is not None and "grpc" not in s.tls_off else None
         reload = None if self.model_config_poller is None else self.model_config_poller.reload
-        services = [kserve_v2_grpc.service(self.dataplane, self.control),
+        services = [kserve_v2_grpc.service(self.dataplane, self.control), logging_api.service(self.log_settings),
                     kserve_v2_grpc.embedding_service(self.dataplane), *tfserving_grpc.services(self.tfserving, reload)]
         return GrpcServer(services, s.host, s.grpc_port, options, self.in_flight, self.grpc_access, credentials)
 
@@ -272,7 +275,7 @@ class Server:
 
     def build_asgi(self) -> HttpApp:
         return HttpApp(
-            kserve_v2_rest.routes(self.dataplane, self.control)
+            kserve_v2_rest.routes(self.dataplane, self.control) + logging_api.routes(self.log_settings)
             + tfserving_rest.routes(self.dataplane, self.tfserving,
                                     self.tfserving_setup.metrics_path if self.tfserving_setup else None)
             + openapi.routes(),
@@ -391,6 +394,7 @@ class Server:
 
     def run(self) -> None:
         s = self.settings
+        self.log_settings.install()  # on the handlers the command line configured
         log.info(
             "modelhost %s: HTTP %s:%d, gRPC %s, SageMaker %s, metrics %s",
             __version__, s.host, s.http_port, f"{s.host}:{s.grpc_port}" if s.grpc_port else "off",

@@ -93,6 +93,11 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         f"(default {d.sagemaker_port}, or SAGEMAKER_BIND_TO_PORT)")
     add("--log-level", choices=_LOG_LEVELS, help=f"(default {d.log_level})")
     add("--strict-readiness", action="store_true", help="server ready only when every model loaded (Triton's default)")
+    add("--logging-updates", action=argparse.BooleanOptionalAction,
+        help="let clients change log settings (POST /v2/logging, gRPC LogSettings; default: off; restrict the "
+             "logging API group when on)")
+    add("--server-name", help=f"the name V2 server metadata reports (default {d.server_name}; 'triton' for "
+        "tools that check they talk to Triton)")
     add("--default-max-batch-size", type=int,
         help=f"max_batch_size given to auto-completed models that can batch (default {d.default_max_batch_size})")
     add("--http-max-body-bytes", type=_byte_size,
@@ -159,7 +164,7 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--handler-threads", type=int, help="threads that run SageMaker inference.py handlers, apart from model "
         "loading (default: min(32, CPUs + 4))")
     # request and log limits (issue 12: codecs)
-    add("--json-max-depth", type=int, help="how deeply a tensor's JSON data may nest lists, 1-64 "
+    add("--json-max-depth", type=int, help="how deeply a tensor's JSON data may nest lists, 1-64 (1-32 with numpy 1) "
         f"(default {d.json_max_depth})")
     add("--max-request-elements", type=int, help="elements one request's input tensors may hold together, "
         f"checked before they are allocated (default {d.max_request_elements})")

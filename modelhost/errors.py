@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import os
 import re
+import reprlib
 
 
 class ErrorKind(enum.Enum):
@@ -83,3 +84,16 @@ def public_message(text: str) -> str:
 
 def _last_component(match: re.Match[str]) -> str:
     return match.group(0).rstrip("/").rsplit("/", 1)[-1]
+
+
+# A client's value in a message: bounded in depth and length, so a value nested a thousand lists deep (which
+# repr() cannot print) or a megabyte long makes a short message, not an internal error.
+_CLIENT_REPR = reprlib.Repr()
+_CLIENT_REPR.maxlevel = 3
+_CLIENT_REPR.maxstring = 60
+_CLIENT_REPR.maxother = 60
+
+
+def client_value(value: object) -> str:
+    """repr(value), shortened for an error message (deep lists end in '...', long strings are cut)."""
+    return _CLIENT_REPR.repr(value)

@@ -110,6 +110,9 @@ class ServerSettings:
     default_accept: the Accept used when a SageMaker request sends none or `*/*`.
     sagemaker_program: the handler module in a model's code/ directory.
     default_model_name: the name a single model (not a repository) is served under.
+    logging_updates: whether clients may change log settings (Triton's logging extension, POST /v2/logging,
+    gRPC LogSettings; off: a client could hide its errors from the log or make every line a debug line).
+    server_name: the `name` of V2 server metadata ("modelhost"; "triton" for tools that check they talk to Triton).
     grpc_port: the KServe V2 / Triton gRPC front-end; 0 turns it off.
     grpc_max_message_bytes: the largest gRPC message received or sent (tritonclient allows 2^31-1).
     grpc_keepalive_time_seconds, grpc_keepalive_timeout_seconds: how often the server pings an idle
@@ -121,7 +124,7 @@ class ServerSettings:
     Request and log limits (what one client can make the server spend; each default is far above what
     legitimate traffic needs, so that only abuse meets it):
     json_max_depth: how deeply a tensor's JSON data may nest lists (32; at most 64, numpy's limit on
-    dimensions). Models take tensors of rank 1-6; a deeper nesting is a malformed or hostile request.
+    dimensions, 32 with numpy 1). Models take tensors of rank 1-6; a deeper nesting is a malformed or hostile request.
     max_request_elements: elements of one request's input tensors together, checked from the declared
     shapes before anything is allocated (64 Mi = 67,108,864: every element of a 64 MiB body of UINT8, the
     default body limit's worth; a 500 x 1000 FP32 batch is 500,000). What it stops is a small request
@@ -174,6 +177,8 @@ class ServerSettings:
     grpc_port: int = 8001
     metrics_port: int = 8002
     log_level: str = "info"
+    server_name: str = "modelhost"
+    logging_updates: bool = False
     strict_readiness: bool = False
     default_max_batch_size: int = 4
     http_max_body_bytes: int = 64 * 1024 * 1024
@@ -327,6 +332,8 @@ def check_settings(settings: ServerSettings) -> None:
                             "on first use and are evicted within --model-cache-bytes; use explicit (the repository "
                             "API loads and unloads through the cache) or none")
     # request and log limits (issue 12: codecs)
+    if not settings.server_name:
+        raise SettingsError("--server-name must not be empty")
     if not 1 <= settings.json_max_depth <= MAX_RANK:
         raise SettingsError(f"--json-max-depth must be between 1 and {MAX_RANK}, got {settings.json_max_depth}")
     for name in ("max_request_elements", "max_output_bytes"):

@@ -50,7 +50,16 @@ def format_shape(shape: Sequence[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-MAX_RANK = 64  # numpy's limit on an array's dimensions
+def _numpy_max_rank() -> int:
+    """The most dimensions an array of the installed numpy may have: 64 in numpy 2, 32 before."""
+    try:
+        np.empty((1,) * 64)
+    except ValueError:
+        return 32
+    return 64
+
+
+MAX_RANK = _numpy_max_rank()  # shapes and JSON nesting past it are refused before numpy sees them
 
 
 @dataclass(frozen=True, slots=True)

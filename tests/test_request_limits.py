@@ -27,7 +27,7 @@ from modelhost.protocols.tfserving import predict_pb2 as tf
 from modelhost.protocols.tfserving.json_codec import decode_predict
 from modelhost.protocols.tfserving.tensor_proto import tensor_to_array
 from modelhost.settings import ServerSettings, SettingsError, check_settings, request_limits
-from modelhost.types import RequestedOutput, RequestLimits, TensorSpec
+from modelhost.types import MAX_RANK, RequestedOutput, RequestLimits, TensorSpec
 
 
 def refused(*fragments: str) -> pytest.RaisesExc:
@@ -223,3 +223,20 @@ def test_http_500_names_the_exception_type_only(caplog: pytest.LogCaptureFixture
     body = orjson.loads(sent[1]["body"])  # type: ignore[arg-type]
     assert body == {"error": "internal error (RuntimeError); the server log has the details"}
     assert "/srv/secret/models/x/model.py" in caplog.text
+
+
+def test_max_rank_is_the_installed_numpys() -> None:
+    # 64 dims in numpy 2, 32 in numpy 1 (which the project also takes): a shape or JSON nesting past what the
+    # installed numpy holds is a 400 naming the limit, not numpy's ValueError (a 500).
+    np.empty((1,) * MAX_RANK)
+    with pytest.raises(ValueError):
+        np.empty((1,) * (MAX_RANK + 1))
+    header = orjson.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1] * (MAX_RANK + 1),
+                                       "parameters": {"binary_data_size": 4}}]})
+    with refused("'x'", f"at most {MAX_RANK}"):
+        codec.decode_infer_request(header + bytes(4), len(header), "m")
+    text = b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ' + orjson.dumps(
+        nested(MAX_RANK + 1, "a")) + b"}]}"
+    with refused("'x'", "nested"):
+        codec.decode_infer_request(text, None, "m", limits=RequestLimits(max_json_depth=MAX_RANK))
+    assert modelhost_settings(["serve", "--json-max-depth", str(MAX_RANK)], {}).json_max_depth == MAX_RANK

@@ -41,8 +41,11 @@ class Control:
     def _check_mode(self, action: str, name: str) -> None:
         if self._mode != "explicit":
             how = "every model loads at start" if self._mode == "none" else "the repository's changes are polled"
+            # Triton's status and words, which its clients match (model_analyzer: "polling is enabled"), in every
+            # mode but explicit; then what it means here.
             raise ModelhostError(
-                ErrorKind.UNSUPPORTED,
-                f"cannot {action} model '{name}': model control mode is '{self._mode}' ({how}); "
-                "load and unload need --model-control-mode explicit",
+                ErrorKind.UNAVAILABLE,
+                f"explicit model load / unload is not allowed if polling is enabled: cannot {action} model "
+                f"'{name}': model control mode is '{self._mode}' ({how}); load and unload need "
+                "--model-control-mode explicit",
             )

@@ -16,7 +16,7 @@ from modelhost.core.served_model import ServedModel
 from modelhost.core.trace import INFER_RESPONSE_COMPLETE, REQUEST_END, REQUEST_START, Trace, Tracer
 from modelhost.core.trace_config import TraceStartup
 from modelhost.core.worker_statistics import WorkerStatistics, merge
-from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.errors import ErrorKind, ModelhostError, client_value, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
 
 T = TypeVar("T")
@@ -24,18 +24,19 @@ T = TypeVar("T")
 Decode = Callable[[ModelMetadata], tuple[InferRequest, T]]
 
 SERVER_NAME = "modelhost"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics",
-              "trace")
+EXTENSIONS = ("classification", "binary_tensor_data", "model_configuration", "model_repository", "schedule_policy",
+              "statistics", "trace", "logging")
 
 
 class DataPlane:
     def __init__(self, manager: ModelManager, version: str, strict_readiness: bool,
                  limits: RequestLimits = DEFAULT_LIMITS, row_updates: bool = False, tracer: Tracer | None = None,
-                 ) -> None:
+                 server_name: str = SERVER_NAME) -> None:
         """`row_updates`: whether clients may update models' tables (embedding rows; off unless the operator
         turns them on: a client that can write rows can change every answer). `tracer`: the trace extension's
-        (none: requests are never traced)."""
+        (none: requests are never traced). `server_name`: the metadata's name (--server-name)."""
         self.tracer = tracer or Tracer(TraceStartup())
+        self._server_name = server_name
         # Front-ends pass `limits` to their codecs, which check each tensor before allocating it.
         self.limits = limits
         self._row_updates = row_updates
@@ -68,7 +69,7 @@ class DataPlane:
         return self._started and self._manager.all_serving()
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": self._version, "extensions": list(EXTENSIONS)}
+        return {"name": self._server_name, "version": self._version, "extensions": list(EXTENSIONS)}
 
     def knows(self, name: str) -> bool:
         """Whether the server has a model of this name, in any state (a cheap check for labelling figures)."""
@@ -254,5 +255,5 @@ def _natural_parameter(parameters: dict[str, Any], name: str) -> int:
     """A request parameter that must be a non-negative integer (Triton's `priority`, `timeout` in µs)."""
     value = parameters.get(name, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise invalid(f"request parameter '{name}' must be a non-negative integer, got {value!r}")
+        raise invalid(f"request parameter '{name}' must be a non-negative integer, got {client_value(value)}")
     return value

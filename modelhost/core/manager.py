@@ -19,6 +19,7 @@ from typing import Protocol
 from modelhost.backends import freeze_long_lived
 from modelhost.config.overrides import ModelOverrides
 from modelhost.core import compute_threads
+from modelhost.core.classification import read_labels
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.in_flight import InFlight
@@ -127,13 +128,13 @@ class ModelManager:
                 if not record.versions and self._records.get(name) is record:
                     del self._records[name]  # not in the repository: nothing to report in the index
                 log.error("cannot load model %s: %s", name, exc)
-                raise not_found(f"cannot load model '{name}': {exc}") from exc
+                raise not_found(f"failed to load '{name}', failed to poll from model repository: {exc}") from exc
             except ModelhostError as exc:  # the request's own fault (a bad name or path, refused code): its kind
                 self._fail(record, exc)
                 raise
             except Exception as exc:
                 self._fail(record, exc)
-                raise unavailable(f"failed to load model '{name}': {reason_of(exc)}") from exc
+                raise unavailable(f"failed to load '{name}': {reason_of(exc)}") from exc
             record.unloaded = False
             self._depends.pop(name, None)
             if plan.ensemble is not None:
@@ -194,7 +195,7 @@ class ModelManager:
             plan.ensemble.check_models(self.get)
         except Exception as exc:
             self._fail(record, exc)
-            raise unavailable(f"failed to load ensemble '{record.name}': {reason_of(exc)}") from exc
+            raise unavailable(f"failed to load '{record.name}' (an ensemble): {reason_of(exc)}") from exc
         record.composing = tuple(names)
 
     def _cycle(self, start: str) -> list[str]:
@@ -221,16 +222,18 @@ class ModelManager:
             self._retire(record, version, "no longer selected by the version policy", finish_sequences=True)
         errors = [f"version {v}: {f}" for v, f in zip(wanted, failures) if f]
         if errors:
-            raise unavailable(f"failed to load model '{record.name}': {'; '.join(errors)}")
+            raise unavailable(f"failed to load '{record.name}': {'; '.join(errors)}")
 
     async def _load_version(self, record: ModelRecord, source: ModelSource, plan: LoadPlan, version: int) -> str:
         """Load one version beside what serves now and swap it in; returns the failure, or ""."""
         status = record.versions.get(version)
         if status is None or status.served is None:
             status = record.versions[version] = VersionStatus(ModelState.LOADING)
+        log.debug("loading model %s version %d from %s", record.name, version, source.path)
         try:
             if plan.ensemble is not None:
-                served = load_ensemble_version(record.name, version, plan, self.acquire)
+                labels = await asyncio.to_thread(read_labels, plan.config, source.path)
+                served = load_ensemble_version(record.name, version, plan, self.acquire, labels)
             else:
                 served = await compute_threads.run_loading(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size,
@@ -335,7 +338,7 @@ class ModelManager:
             await self._evict_record(record)
             if isinstance(exc, ModelhostError) or not isinstance(exc, Exception):
                 raise
-            raise unavailable(f"model '{source.name}' failed to load: {reason_of(exc)}") from exc
+            raise unavailable(f"failed to load '{source.name}': {reason_of(exc)}") from exc
 
     async def evict(self, name: str) -> None:
         """Stop routing to a model at once, then let its in-flight requests finish, unload it and drop its record

@@ -23,6 +23,7 @@ from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides, apply_overrides
 from modelhost.config.pbtxt import ConfigError, read_config
 from modelhost.core import spare_cores
+from modelhost.core.classification import read_labels
 from modelhost.core.ensemble import Acquire, EnsemblePlan, EnsembleScheduler
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.in_flight import InFlight
@@ -199,6 +200,7 @@ def load_version(
         instances += _load_instances(backend, path, config, range(1, count), threads, lender,
                                      parallel=instances[0].runs_async)
         policy = SchedulingPolicy.from_config(config)
+        labels = read_labels(config, source.path)
         target = LatencyTarget.from_config(config, count)
         sequences = (SequenceBatcher(source.name, f"{source.name}:{version}", config, count)
                      if config.HasField("sequence_batching") else None)
@@ -213,7 +215,8 @@ def load_version(
                           target=target)
     served = Signature.from_config(config)
     named = named_signatures(served, instances[0].signature_name(), signature.method, dict(instances[0].signatures()))
-    return ServedModel(source.name, version, config, served, scheduler, statistics, named=named, sequences=sequences)
+    return ServedModel(source.name, version, config, served, scheduler, statistics, named=named, sequences=sequences,
+                       labels=labels)
 
 
 def _load_instances(backend: Backend, path: Path, config: ModelConfig, indexes: range, threads: int,
@@ -255,10 +258,12 @@ def _warm_up(source: ModelSource, version: int, config: ModelConfig, instances: 
         run_warmup(samples, instance, outputs, f"{source.name}:{version}")
 
 
-def load_ensemble_version(name: str, version: int, plan: LoadPlan, acquire: Acquire) -> ServedModel:
-    """An ensemble version: its steps run on the composing models that `acquire` holds at request time."""
+def load_ensemble_version(name: str, version: int, plan: LoadPlan, acquire: Acquire,
+                          labels: dict[str, tuple[bytes, ...]] | None = None) -> ServedModel:
+    """An ensemble version: its steps run on the composing models that `acquire` holds at request time.
+    `labels`: its outputs' (read_labels, off the event loop, by the caller)."""
     assert plan.ensemble is not None
     scheduler = EnsembleScheduler(f"{name}:{version}", plan.ensemble, acquire)
     served = Signature.from_config(plan.config)
     return ServedModel(name, version, plan.config, served, scheduler, ModelStatistics(),
-                       named=named_signatures(served, "", "", {}))
+                       named=named_signatures(served, "", "", {}), labels=labels or {})

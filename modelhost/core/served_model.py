@@ -19,6 +19,7 @@ import numpy as np
 
 from modelhost.client_log import client_log
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.core.classification import Labels, check_classifiable, class_counts, classified
 from modelhost.core.model_hold import Pins
 from modelhost.core.signature import NamedSignature, Signature, check_output_bytes
 from modelhost.core.statistics import ModelStatistics
@@ -49,6 +50,8 @@ class ServedModel:
     # Its signatures by name, for APIs whose requests name one (TF Serving's); `signature` is the config's view.
     named: dict[str, NamedSignature] = field(default_factory=dict)
     sequences: SequenceBatcher | None = None  # a sequence model's batcher (config sequence_batching)
+    # Outputs' class labels (their config's label_filename), read at load, for the classification extension.
+    labels: Labels = field(default_factory=dict)
 
     signature_specs: dict[str, SignatureSpec] = field(init=False)
 
@@ -102,6 +105,9 @@ class ServedModel:
         feeds, rows = signature.check_inputs(inputs)
         names = signature.check_outputs(outputs)
         batchable = signature.max_batch_size > 0
+        counts = class_counts(outputs) if outputs else None
+        if counts:
+            check_classifiable(counts, {name: rule.datatype for name, rule in signature.outputs.items()})
         try:
             if self.sequences is None:
                 results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us, entry, batchable,
@@ -117,6 +123,8 @@ class ServedModel:
                        exc_info=exc)
             raise ModelhostError(ErrorKind.INTERNAL, f"model '{self.name}' failed: {exc}") from exc
         shaped = signature.shape_outputs(results, names)
+        if counts:
+            shaped = classified(shaped, counts, self.labels, signature.max_batch_size > 0)
         if max_output_bytes is not None:
             check_output_bytes(shaped, max_output_bytes)
         return shaped

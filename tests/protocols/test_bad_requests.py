@@ -67,6 +67,7 @@ def _binary_case(model: str, header: dict[str, Any], chunks: list[bytes], status
 
 
 X16 = np.arange(4, dtype=np.float32).reshape(1, 4).tobytes()  # tiny's x [1,4] FP32: 16 bytes
+DEEP_JSON = b"[" * 1000 + b"1" + b"]" * 1000
 DEEPFM_VALS = tensor("feat_vals", "FP32", [1, 39], [0.5] * 39)
 
 INFER_CASES = {
@@ -100,9 +101,23 @@ INFER_CASES = {
                                   400, ("'x'", "FP32", "numbers")),
     "json-floats-for-int64": Case("deepfm", {"inputs": [tensor("feat_ids", "INT64", [1, 39], [1.5] * 39),
                                                         DEEPFM_VALS]}, 400, ("'feat_ids'", "INT64", "integers")),
-    "classification-output": Case(
-        "tiny", {**GOOD_TINY, "outputs": [{"name": "y", "parameters": {"classification": 2}}]},
-        501, ("'y'", "classification")),
+    "classification-count-negative": Case(
+        "tiny", {**GOOD_TINY, "outputs": [{"name": "y", "parameters": {"classification": -2}}]},
+        400, ("'y'", "classification", "non-negative integer", "-2")),
+    "classification-count-not-a-number": Case(
+        "tiny", {**GOOD_TINY, "outputs": [{"name": "y", "parameters": {"classification": "3"}}]},
+        400, ("'y'", "classification", "'3'")),
+    # JSON nested past what repr() prints (1,000 lists) where a message shows the client's value: a 400, not a 500
+    "deep-shape": Case("tiny", b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": ' + DEEP_JSON
+                       + b', "data": [1]}]}', 400, ("'x'", "shape", "[[[[...]]]]")),
+    "deep-datatype": Case("tiny", b'{"inputs": [{"name": "x", "datatype": ' + DEEP_JSON + b', "shape": [1, 4]}]}',
+                          400, ("'x'", "unknown datatype")),
+    "deep-binary-size": Case(
+        "tiny", b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": '
+        + DEEP_JSON + b'}}]}', 400, ("'x'", "binary_data_size")),
+    "deep-priority": Case("tiny", b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], '
+                          b'"data": [1, 2, 3, 4]}], "parameters": {"priority": ' + DEEP_JSON + b'}}',
+                          400, ("'priority'", "non-negative")),
     "output-without-name": Case("tiny", {**GOOD_TINY, "outputs": [{"parameters": {}}]}, 400, ("outputs[0]", "'name'")),
     # Triton's binary tensor data extension
     "binary-truncated": _binary_case("tiny", {"inputs": [tensor("x", "FP32", [1, 4], binary_data_size=16)]},

@@ -233,11 +233,10 @@ class TestJsonRequestErrors:
     def test_not_an_object(self) -> None:
         invalid(b"[1, 2]", match="JSON object")
 
-    def test_classification_is_unsupported(self) -> None:
+    def test_classification_reaches_the_core(self) -> None:
+        # The codec carries the parameter; the core (core/classification.py) checks and applies it.
         body = json_body({"inputs": [], "outputs": [{"name": "y", "parameters": {"classification": 3}}]})
-        with pytest.raises(ModelhostError) as info:
-            decode(body)
-        assert info.value.kind is ErrorKind.UNSUPPORTED
+        assert decode(body).outputs == [RequestedOutput("y", {"classification": 3})]
 
 
 # --------------------------------------------------------------------------- binary requests

@@ -28,7 +28,7 @@ from modelhost.protocols.kserve_v2.grpc_codec import (
     parameters_to_proto,
     statistics_to_proto,
 )
-from modelhost.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
+from modelhost.types import InferRequest, InferResponse, ModelMetadata, RequestedOutput, TensorSpec
 
 SAMPLES: dict[str, np.ndarray] = {
     "BOOL": np.array([[True, False, True], [False, False, True]]),
@@ -275,9 +275,9 @@ def test_requested_output_without_name() -> None:
     rejects(message, r"outputs\[1\] has no 'name'")
 
 
-def test_classification_is_unsupported() -> None:
+def test_classification_reaches_the_core() -> None:
     message = client_request({"x": SAMPLES["FP32"]}, outputs=[InferRequestedOutput("y", class_count=3)])
-    rejects(message, r"output 'y': the classification extension is not supported", ErrorKind.UNSUPPORTED)
+    assert decode_infer_request(message).outputs == [RequestedOutput("y", {"classification": 3})]
 
 
 def test_parameter_without_value() -> None:

@@ -97,8 +97,7 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
     extensions = metadata["extensions"]
     assert isinstance(extensions, list) and all(isinstance(e, str) for e in extensions)
     assert {"binary_tensor_data", "model_configuration", "model_repository"} <= set(extensions)
-    # Only what is implemented is advertised: classification requests are answered UNSUPPORTED.
-    assert "classification" not in extensions
+    assert "classification" in extensions
 
 
 EXPECTED_METADATA = {

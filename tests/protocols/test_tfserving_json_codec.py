@@ -12,7 +12,7 @@ import pytest
 
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.protocols.tfserving.json_codec import COLUMNAR, ROW, decode_predict, encode_predict
-from modelhost.types import TensorSpec
+from modelhost.types import RequestLimits, TensorSpec
 
 X = TensorSpec("x", "FP32", (-1, 2))
 IDS = TensorSpec("ids", "INT64", (-1, 3))
@@ -189,3 +189,15 @@ def test_bad_bodies_name_the_offending_field(body: Any, specs: list[TensorSpec],
         decode_predict(raw, specs)
     assert info.value.kind is ErrorKind.INVALID_INPUT
     assert all(name in info.value.message for name in names), info.value.message
+
+
+def test_instances_at_the_largest_depth_limit_are_a_400() -> None:
+    # With --json-max-depth 64 (numpy's limit on dims), 'instances' of 64-deep rows nest 65 deep in all: for an
+    # input of 64 dims a batch, a 400 naming the input, never numpy's IndexError (a 500).
+    row: Any = 1
+    for _ in range(64):
+        row = [row]
+    body = b'{"instances": [' + orjson.dumps(row) + b"]}"
+    with pytest.raises(ModelhostError) as info:
+        decode_predict(body, [TensorSpec("x", "INT32", (-1,) * 65)], RequestLimits(max_json_depth=64))
+    assert info.value.kind is ErrorKind.INVALID_INPUT and "'x'" in info.value.message

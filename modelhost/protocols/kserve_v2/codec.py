@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.errors import client_value, invalid
 from modelhost.protocols.json_body import json_object
 from modelhost.protocols.json_numbers import json_numbers
 from modelhost.types import (
@@ -59,7 +59,8 @@ def decode_infer_request(
         size = parameters.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise invalid(f"input '{name}': binary_data_size must be a non-negative integer, got {size!r}")
+                raise invalid(f"input '{name}': binary_data_size must be a non-negative integer, "
+                              f"got {client_value(size)}")
             if offset + size > len(body):
                 raise invalid(
                     f"input '{name}': binary_data_size {size} exceeds the {len(body) - offset} bytes "
@@ -117,13 +118,14 @@ def _tensor_header(entry: Any, where: str) -> tuple[str, str, tuple[int, ...], d
     if not isinstance(name, str) or not name:
         raise invalid(f"{where} has no 'name'")
     datatype = entry.get("datatype")
-    if datatype not in DATATYPE_DTYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPE_DTYPES:  # a list is not hashable
         if datatype is None:
             raise invalid(f"input '{name}' has no 'datatype'")
-        raise invalid(f"input '{name}' has unknown datatype {datatype!r}; known: {', '.join(DATATYPE_DTYPES)}")
+        raise invalid(f"input '{name}' has unknown datatype {client_value(datatype)}; "
+                      f"known: {', '.join(DATATYPE_DTYPES)}")
     shape = entry.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise invalid(f"input '{name}' needs 'shape' as a list of non-negative integers, got {shape!r}")
+        raise invalid(f"input '{name}' needs 'shape' as a list of non-negative integers, got {client_value(shape)}")
     return name, datatype, tuple(shape), _dict_field(entry, "parameters", f"input '{name}'")
 
 
@@ -205,10 +207,6 @@ def _requested_outputs(document: dict[str, Any]) -> list[RequestedOutput] | None
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise invalid(f"outputs[{index}] must be an object with a 'name'")
         parameters = _dict_field(entry, "parameters", f"output '{entry['name']}'")
-        if "classification" in parameters:
-            raise ModelhostError(
-                ErrorKind.UNSUPPORTED, f"output '{entry['name']}': the classification extension is not supported"
-            )
         outputs.append(RequestedOutput(entry["name"], parameters))
     return outputs
 

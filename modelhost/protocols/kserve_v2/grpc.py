@@ -27,6 +27,7 @@ from modelhost.protocols.kserve_v2.grpc_codec import (
     statistics_to_proto,
     unload_dependents_from_proto,
 )
+from modelhost.protocols.kserve_v2.repository_codec import no_repository
 from modelhost.protocols.kserve_v2.trace_setting import trace_rpc
 
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -72,6 +73,7 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         return statistics_to_proto(await dataplane.statistics(request.name, request.version))
 
     async def repository_index(request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        no_repository(request.repository_name, "index")
         return index_to_proto(await control.index(request.ready))
 
     async def load(request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:

@@ -13,7 +13,8 @@ API (messages are grpc_service_pb2 classes):
     load_request_from_proto(message: RepositoryModelLoadRequest) -> LoadRequest    # Control.load()
     unload_dependents_from_proto(message: RepositoryModelUnloadRequest) -> bool  # Control.unload()
 Errors are ModelhostError(INVALID_INPUT), worded as the HTTP codec words the same problem (UNSUPPORTED for
-classification). Raw inputs become np.frombuffer views of the message's bytes: no copy in Python.
+a repository name). Requested outputs' parameters (`classification` included) pass to the core as they are.
+Raw inputs become np.frombuffer views of the message's bytes: no copy in Python.
 The codec only turns data into arrays of the declared datatype and shape; the core checks them against the model.
 """
 
@@ -28,7 +29,7 @@ from google.protobuf import json_format
 from google.protobuf.internal.containers import MessageMap
 
 from modelhost.core.load_request import FILE_PREFIX, LoadRequest
-from modelhost.errors import ErrorKind, ModelhostError, invalid
+from modelhost.errors import invalid
 from modelhost.protocols.kserve_v2.codec import tensor_from_bytes, tensor_to_bytes
 from modelhost.protocols.kserve_v2.grpc_service_pb2 import (
     InferParameter,
@@ -43,6 +44,7 @@ from modelhost.protocols.kserve_v2.grpc_service_pb2 import (
     RepositoryModelLoadRequest,
     RepositoryModelUnloadRequest,
 )
+from modelhost.protocols.kserve_v2.repository_codec import no_repository
 from modelhost.types import (
     DATATYPE_DTYPES,
     DEFAULT_LIMITS,
@@ -166,10 +168,6 @@ def _requested_outputs(message: ModelInferRequest) -> list[RequestedOutput] | No
         if not entry.name:
             raise invalid(f"outputs[{index}] has no 'name'")
         parameters = parameters_from_proto(entry.parameters, f"output '{entry.name}'")
-        if "classification" in parameters:
-            raise ModelhostError(
-                ErrorKind.UNSUPPORTED, f"output '{entry.name}': the classification extension is not supported"
-            )
         outputs.append(RequestedOutput(entry.name, parameters))
     return outputs
 
@@ -261,7 +259,7 @@ def statistics_to_proto(stats_json: list[dict[str, Any]]) -> ModelStatisticsResp
 
 def load_request_from_proto(message: RepositoryModelLoadRequest) -> LoadRequest:
     """`config` as string_param and `file:<version>/<path>` as bytes_param, as tritonclient sends them."""
-    _no_repository(message.repository_name, "load", message.model_name)
+    no_repository(message.repository_name, f"load model '{message.model_name}'")
     config: str | None = None
     files: dict[str, bytes] = {}
     unknown: list[str] = []
@@ -280,17 +278,11 @@ def load_request_from_proto(message: RepositoryModelLoadRequest) -> LoadRequest:
 
 
 def unload_dependents_from_proto(message: RepositoryModelUnloadRequest) -> bool:
-    _no_repository(message.repository_name, "unload", message.model_name)
+    no_repository(message.repository_name, f"unload model '{message.model_name}'")
     value = parameters_from_proto(message.parameters, "unload").get("unload_dependents", False)
     if not isinstance(value, bool):
         raise invalid(f"unload parameter 'unload_dependents' must be a bool_param, got {value!r}")
     return value
-
-
-def _no_repository(repository: str, action: str, model: str) -> None:
-    if repository:
-        raise ModelhostError(ErrorKind.UNSUPPORTED, f"cannot {action} model '{model}' from repository "
-                             f"'{repository}': this server has one repository; leave repository_name empty")
 
 
 def index_to_proto(entries: Iterable[IndexEntry]) -> RepositoryIndexResponse:

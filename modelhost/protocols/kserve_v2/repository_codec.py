@@ -1,4 +1,5 @@
-"""The JSON bodies of the repository extension's load and unload (Triton's `parameters`)."""
+"""The JSON bodies of the repository extension's load and unload (Triton's `parameters`), and its repository
+names (HTTP's /v2/repository/{repository}/..., gRPC's repository_name), which Triton refuses as this server does."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ import binascii
 from typing import Any
 
 from modelhost.core.load_request import FILE_PREFIX, LoadRequest
-from modelhost.errors import invalid
+from modelhost.errors import ErrorKind, ModelhostError, client_value, invalid
+
+
+def no_repository(repository: str, action: str) -> None:
+    """UNSUPPORTED, in Triton's words, when a request names a repository (`action`: "index", "load model 'm'")."""
+    if repository:
+        raise ModelhostError(ErrorKind.UNSUPPORTED, f"'repository_name' specification is not supported: cannot "
+                             f"{action} in repository '{repository}'; this server has one repository, which "
+                             "requests leave unnamed")
 
 
 def _parameters(body: dict[str, Any]) -> dict[str, Any]:
@@ -47,5 +56,5 @@ def decode_unload_dependents(body: dict[str, Any]) -> bool:
     """`{"parameters": {"unload_dependents": true}}`; false when absent."""
     value = _parameters(body).get("unload_dependents", False)
     if not isinstance(value, bool):
-        raise invalid(f"unload parameter 'unload_dependents' must be true or false, got {value!r}")
+        raise invalid(f"unload parameter 'unload_dependents' must be true or false, got {client_value(value)}")
     return value

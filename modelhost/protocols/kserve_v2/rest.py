@@ -14,12 +14,17 @@ from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, error
 from modelhost.protocols.json_body import json_object
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
 from modelhost.protocols.kserve_v2.raw_codec import decode_raw_request
-from modelhost.protocols.kserve_v2.repository_codec import decode_load_request, decode_unload_dependents
+from modelhost.protocols.kserve_v2.repository_codec import (
+    decode_load_request,
+    decode_unload_dependents,
+    no_repository,
+)
 from modelhost.protocols.kserve_v2.trace_setting import trace_routes
 from modelhost.types import InferRequest, ModelMetadata, TensorSpec
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
 _HEADER_LENGTH = b"inference-header-content-length"
+_REPOSITORY = r"/v2/repository(?:/(?P<repository>[^/]+))?"
 
 
 def routes(dataplane: DataPlane, control: Control) -> list[Route]:
@@ -88,6 +93,7 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         return json_response({"model_stats": stats})
 
     async def index(request: HttpRequest) -> HttpResponse:
+        no_repository(request.params.get("repository", ""), "index")
         body = json_object(request.body)
         ready_only = body.get("ready", False) is True
         entries = [
@@ -97,10 +103,12 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         return json_response(entries)
 
     async def load(request: HttpRequest) -> HttpResponse:
+        no_repository(request.params.get("repository", ""), f"load model '{request.params['model']}'")
         await control.load(request.params["model"], decode_load_request(json_object(request.body)))
         return HttpResponse(200, (), [])
 
     async def unload(request: HttpRequest) -> HttpResponse:
+        no_repository(request.params.get("repository", ""), f"unload model '{request.params['model']}'")
         await control.unload(request.params["model"], decode_unload_dependents(json_object(request.body)))
         return HttpResponse(200, (), [])
 
@@ -115,10 +123,11 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         Route("GET", _MODEL, model_metadata, Api.METADATA),
         Route("GET", _MODEL + "/ready", model_ready, Api.HEALTH),  # Triton counts model readiness as health
         Route("GET", _MODEL + "/config", model_config, Api.MODEL_CONFIG),
-        Route("POST", "/v2/repository/index", index, Api.MODEL_REPOSITORY),
+        # Triton's routes name a repository optionally (/v2/repository/{repository}/...), which it then refuses.
+        Route("POST", _REPOSITORY + "/index", index, Api.MODEL_REPOSITORY),
         # Any name reaches the core (the path is unquoted: %2F is "/"), whose name rule answers 400.
-        Route("POST", r"/v2/repository/models/(?P<model>.+)/load", load, Api.MODEL_REPOSITORY),
-        Route("POST", r"/v2/repository/models/(?P<model>.+)/unload", unload, Api.MODEL_REPOSITORY),
+        Route("POST", _REPOSITORY + r"/models/(?P<model>.+)/load", load, Api.MODEL_REPOSITORY),
+        Route("POST", _REPOSITORY + r"/models/(?P<model>.+)/unload", unload, Api.MODEL_REPOSITORY),
         *trace_routes(dataplane),
     ]
 

@@ -134,6 +134,8 @@ def _stack_instances(spec: TensorSpec, values: list[Any], max_depth: int) -> np.
         raise invalid(f"input '{spec.name}' is a scalar, so it cannot be sent in 'instances'; use 'inputs'")
     if spec.shape[0] not in (-1, len(values)):
         raise invalid(f"input '{spec.name}' takes exactly {spec.shape[0]} instances, got {len(values)}")
+    if len(spec.shape) > MAX_RANK:  # numpy cannot stack the instances into one array
+        raise invalid(f"input '{spec.name}' has {len(spec.shape)} dimensions; at most {MAX_RANK} are supported")
     instance_shape = spec.shape[1:]
     if spec.datatype != "BYTES":
         # Every instance at once (one conversion of the whole nested list, 4x faster for 500 rows); a batch that

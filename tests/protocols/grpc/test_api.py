@@ -102,7 +102,8 @@ def test_load_and_unload_are_unimplemented_with_the_http_message(client: grpccli
     try:
         for grpc_call, http_call in ((client.load_model, http.load_model), (client.unload_model, http.unload_model)):
             error = grpc_error(partial(grpc_call, "simple"))
-            assert error.status() == "StatusCode.UNIMPLEMENTED"
+            assert error.status() == "StatusCode.UNAVAILABLE"  # Triton's status and words
+            assert error.message().startswith("explicit model load / unload is not allowed if polling is enabled")
             assert "model control mode is 'none'" in error.message()
             assert error.message() == grpc_error(partial(http_call, "simple")).message()
     finally:
