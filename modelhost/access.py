@@ -30,11 +30,12 @@ class Api(str, Enum):
     MODEL_REPOSITORY = "model-repository"  # index, load, unload; SageMaker's /models
     STATISTICS = "statistics"
     METRICS = "metrics"  # GET /metrics on the metrics port (modelhost's own; Triton has none)
+    SHARED_MEMORY = "shared-memory"  # register, status, unregister of client shared memory regions
 
 
-# Names a Triton command line may use: `management` is ours (= model-repository); Triton's shared-memory,
-# trace and logging APIs do not exist in modelhost, so restricting them restricts nothing.
-_ALIASES: dict[str, tuple[Api, ...]] = {"management": (Api.MODEL_REPOSITORY,), "shared-memory": (),
+# Names a Triton command line may use: `management` is ours (= model-repository); Triton's trace and logging
+# APIs do not exist in modelhost, so restricting them restricts nothing.
+_ALIASES: dict[str, tuple[Api, ...]] = {"management": (Api.MODEL_REPOSITORY,),
                                         "trace": (), "logging": ()}
 API_NAMES = tuple(api.value for api in Api) + tuple(_ALIASES)
 

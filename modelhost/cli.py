@@ -128,6 +128,13 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--embedding-updates", action=argparse.BooleanOptionalAction,
         help="let clients update embedding rows over HTTP and gRPC (default: off; restrict the model-repository "
              "API group when on)")
+    add("--allow-client-shm", action=argparse.BooleanOptionalAction,
+        help="let clients on this host register system shared memory regions and send inputs and outputs through "
+             "them (Triton's extension; default: off; restrict the shared-memory API group when on)")
+    add("--client-shm-max-regions", type=int,
+        help=f"shared memory regions registered at once (default {d.client_shm_max_regions})")
+    add("--client-shm-max-bytes", type=_byte_size, help="byte sizes of the registered shared memory regions "
+        f"together (default {d.client_shm_max_bytes // 1024**3}GiB)")
     add("--embedding-cache-policy", choices=("tinylfu", "clock"),
         help=f"how the embedding cache picks rows to keep (default {d.embedding_cache_policy})")
     add("--max-archive-members", type=int,

@@ -12,6 +12,7 @@ from modelhost.core.model_record import for_clients
 from modelhost.core.row_updates import apply_rows, checked_rows
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.served_model import ServedModel
+from modelhost.core.shared_memory import SharedMemory
 from modelhost.core.worker_statistics import WorkerStatistics, merge
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
@@ -21,14 +22,18 @@ T = TypeVar("T")
 Decode = Callable[[ModelMetadata], tuple[InferRequest, T]]
 
 SERVER_NAME = "modelhost"
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics")
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "model_repository", "schedule_policy", "statistics",
+              "system_shared_memory")
 
 
 class DataPlane:
     def __init__(self, manager: ModelManager, version: str, strict_readiness: bool,
-                 limits: RequestLimits = DEFAULT_LIMITS, row_updates: bool = False) -> None:
+                 limits: RequestLimits = DEFAULT_LIMITS, row_updates: bool = False,
+                 shared_memory: SharedMemory | None = None) -> None:
         """`row_updates`: whether clients may update models' tables (embedding rows; off unless the operator
-        turns them on: a client that can write rows can change every answer)."""
+        turns them on: a client that can write rows can change every answer). `shared_memory`: the clients'
+        registered regions, which the V2 front-ends read inputs from and write outputs to (off by default)."""
+        self.shared_memory = shared_memory or SharedMemory(False, 0, 0)
         # Front-ends pass `limits` to their codecs, which check each tensor before allocating it.
         self.limits = limits
         self._row_updates = row_updates

@@ -14,6 +14,7 @@ from modelhost.core.dataplane import DataPlane
 from modelhost.errors import ModelhostError
 from modelhost.protocols.grpc_server import Service, Stream, Unary
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
+from modelhost.protocols.kserve_v2 import shm_grpc
 from modelhost.protocols.kserve_v2.grpc_codec import (
     config_to_proto,
     decode_infer_request,
@@ -24,6 +25,7 @@ from modelhost.protocols.kserve_v2.grpc_codec import (
     statistics_to_proto,
     unload_dependents_from_proto,
 )
+from modelhost.protocols.kserve_v2.shm_tensors import write_outputs
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 EMBEDDING_SERVICE_NAME = "modelhost.EmbeddingService"
@@ -46,9 +48,10 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         return metadata_to_proto(dataplane.metadata(request.name, request.version))
 
     async def model_infer(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        infer_request = decode_infer_request(request, dataplane.limits)
+        infer_request = decode_infer_request(request, dataplane.limits, dataplane.shared_memory)
         response = await dataplane.infer(infer_request)
-        return encode_infer_response(response, infer_request)
+        placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else None
+        return encode_infer_response(response, infer_request, placed)
 
     async def stream_answer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
         return pb.ModelStreamInferResponse(infer_response=await model_infer(request))
@@ -83,6 +86,7 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         Unary("RepositoryIndex", pb.RepositoryIndexRequest, repository_index, Api.MODEL_REPOSITORY),
         Unary("RepositoryModelLoad", pb.RepositoryModelLoadRequest, load, Api.MODEL_REPOSITORY),
         Unary("RepositoryModelUnload", pb.RepositoryModelUnloadRequest, unload, Api.MODEL_REPOSITORY),
+        *shm_grpc.rpcs(dataplane.shared_memory),
     ])
 
 

@@ -13,6 +13,7 @@ from modelhost.protocols.json_body import json_object
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
 from modelhost.protocols.kserve_v2.raw_codec import decode_raw_request
 from modelhost.protocols.kserve_v2.repository_codec import decode_load_request, decode_unload_dependents
+from modelhost.protocols.kserve_v2.shm_tensors import write_outputs
 from modelhost.types import InferRequest, ModelMetadata, TensorSpec
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
@@ -31,10 +32,12 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
 
             response, infer_request = await dataplane.decode_and_infer(model, version, raw)
         else:
-            infer_request = decode_infer_request(request.body, header_length, model, version, dataplane.limits)
+            infer_request = decode_infer_request(request.body, header_length, model, version, dataplane.limits,
+                                                 dataplane.shared_memory)
             infer_request.received = request.received
             response = await dataplane.infer(infer_request)
-        parts, json_length = encode_infer_response(response, infer_request)
+        placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else None
+        parts, json_length = encode_infer_response(response, infer_request, placed)
         if json_length is None:
             return HttpResponse(200, parts, [(b"content-type", b"application/json")])
         headers = [(b"content-type", b"application/octet-stream"), (_HEADER_LENGTH, str(json_length).encode())]
