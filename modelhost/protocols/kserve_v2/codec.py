@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -226,9 +227,9 @@ def _requested_outputs(document: dict[str, Any], regions: SharedMemory | None) -
 
 
 def encode_infer_response(response: InferResponse, request: InferRequest,
-                          placed: dict[str, dict[str, Any]] | None = None) -> tuple[list[bytes], int | None]:
+                          placed: Collection[str] = ()) -> tuple[list[bytes], int | None]:
     """Body parts of a V2 infer response, and the JSON header length when binary parts follow. Outputs in
-    `placed` were written to shared memory: their entries carry these parameters and no data."""
+    `placed` were written to shared memory: their entries carry no data (and no parameters, as Triton's)."""
     default_binary = request.parameters.get("binary_data_output") is True
     binary_of = {o.name: o.parameters.get("binary_data", default_binary) is True for o in request.outputs or ()}
     outputs = []
@@ -236,7 +237,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest,
     for name, array in response.outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
         if placed and name in placed:
-            entry["parameters"] = placed[name]
+            pass  # its data is in the client's region
         elif binary_of.get(name, default_binary):
             data = tensor_to_bytes(array)
             entry["parameters"] = {"binary_data_size": len(data)}

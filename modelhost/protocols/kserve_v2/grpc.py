@@ -50,7 +50,7 @@ def service(dataplane: DataPlane, control: Control) -> Service:
     async def model_infer(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         infer_request = decode_infer_request(request, dataplane.limits, dataplane.shared_memory)
         response = await dataplane.infer(infer_request)
-        placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else None
+        placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else ()
         return encode_infer_response(response, infer_request, placed)
 
     async def stream_answer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:

@@ -20,7 +20,7 @@ The codec only turns data into arrays of the declared datatype and shape; the co
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -234,21 +234,20 @@ def parameters_to_proto(params: Mapping[str, Any], target: MessageMap[str, Infer
 
 
 def encode_infer_response(response: InferResponse, request: InferRequest,
-                          placed: Mapping[str, Mapping[str, Any]] | None = None) -> ModelInferResponse:
+                          placed: Collection[str] = ()) -> ModelInferResponse:
     """A ModelInferResponse with every output in raw_output_contents (what tritonclient.grpc reads).
 
     `request` is the decoded request the response answers (kept for per-output options; none apply today).
-    Outputs in `placed` were written to shared memory: they carry these parameters, and an empty
-    raw_output_contents entry keeps the others at their outputs' index (tritonclient reads them by index).
+    Outputs in `placed` were written to shared memory: an empty raw_output_contents entry each keeps the
+    others at their outputs' index (tritonclient reads them by index).
     """
     message = ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id
     )
     parameters_to_proto(response.parameters, message.parameters)
     for name, array in response.outputs.items():
-        entry = message.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
+        message.outputs.add(name=name, datatype=datatype_of(array), shape=array.shape)
         if placed and name in placed:
-            parameters_to_proto(placed[name], entry.parameters)
             message.raw_output_contents.append(b"")
         else:
             message.raw_output_contents.append(tensor_to_bytes(array))

@@ -36,7 +36,7 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
                                                  dataplane.shared_memory)
             infer_request.received = request.received
             response = await dataplane.infer(infer_request)
-        placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else None
+        placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else ()
         parts, json_length = encode_infer_response(response, infer_request, placed)
         if json_length is None:
             return HttpResponse(200, parts, [(b"content-type", b"application/json")])

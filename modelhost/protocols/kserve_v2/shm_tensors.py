@@ -3,8 +3,10 @@
 An input or requested output whose parameters name `shared_memory_region` (with `shared_memory_byte_size` and
 an optional `shared_memory_offset`) lives in a registered region (core/shared_memory.py): an input is read as
 a read-only numpy view of the region (no copy), and an output is written into the region after inference,
-its response entry carrying the region's parameters and no data. Parameters arrive as plain dicts (JSON, or
-grpc_codec.parameters_from_proto), so one set of rules serves both protocols.
+its response entry carrying its name, datatype and shape only: no data, and no parameters, as Triton answers
+(Triton's C++ HTTP client, perf_analyzer's, reads `binary_data_size` from any output that has parameters).
+Parameters arrive as plain dicts (JSON, or grpc_codec.parameters_from_proto), so one set of rules serves both
+protocols.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from modelhost.types import DATATYPE_DTYPES, InferRequest, InferResponse, Reques
 REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
-# Where an output was placed: its response entry's parameters, by output name.
-Placed = dict[str, dict[str, Any]]
 
 
 def placement(parameters: Mapping[str, Any], where: str) -> tuple[str, int, int] | None:
@@ -73,9 +73,9 @@ def check_output_regions(regions: SharedMemory | None, outputs: Sequence[Request
                 _regions(regions, where).region(region, where).span(offset, size, where).release()
 
 
-def write_outputs(regions: SharedMemory | None, response: InferResponse, request: InferRequest) -> Placed:
-    """After inference: copy each output requested in a region into it; the entries' parameters by name."""
-    placed: Placed = {}
+def write_outputs(regions: SharedMemory | None, response: InferResponse, request: InferRequest) -> set[str]:
+    """After inference: copy each output requested in a region into it; the names of those written."""
+    placed: set[str] = set()
     for output in request.outputs or ():
         if not output.parameters:
             continue
@@ -91,7 +91,7 @@ def write_outputs(regions: SharedMemory | None, response: InferResponse, request
         span = _regions(regions, where).region(region, where).span(offset, len(data), where)
         span[:] = data
         span.release()
-        placed[output.name] = {REGION: region, BYTE_SIZE: len(data), **({OFFSET: offset} if offset else {})}
+        placed.add(output.name)
     return placed
 
 
