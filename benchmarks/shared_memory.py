@@ -11,10 +11,11 @@ Python cells: `c` threads, each with its own tritonclient client, send the same 
   out of its output region. The socket carries only the JSON header.
 - HTTP binary: tritonclient.http, the binary tensor extension both ways (2 MB request body).
 - gRPC: tritonclient.grpc (raw_input_contents).
-The in-process limit: onnxruntime in this process on the same array, no server, no client (one session on every
-core called by one thread at c=1; at c=4 the better of that and four single-core sessions at once, as
-benchmarks/tuning.py measures it). Each cell's figure is its median over the rounds (interleaved, so the shared
-machine's noise falls on all cells alike), and the ratio is in-process req/s over the cell's (1.0: no overhead).
+The in-process limit is a cell like the others: `c` threads calling onnxruntime in this process on the same array,
+no server, no client, one session set up as the server sets up the model's one instance (intra-op threads on
+every core, no spinning). Each figure is a median over the rounds (interleaved, so the shared machine's noise
+falls on all cells alike); the ratios are the cell's p50 (and p10: on a loaded machine the least disturbed
+requests) latency over the in-process one, and in-process req/s over the cell's (1.0: no overhead).
 perf_analyzer (C++, benchmarks/peers/perf_analyzer.py) runs HTTP with and without `--shared-memory system` at the
 same concurrencies: a client whose own cost is small, so the difference is the server's and the socket's.
 """
@@ -43,11 +44,11 @@ import tritonclient.http as httpclient  # noqa: E402
 import tritonclient.utils.shared_memory as shm  # noqa: E402
 
 from benchmarks.peers import perf_analyzer  # noqa: E402
-from benchmarks.tuning import MODEL, ROWS, in_process_limit, rank_repository  # noqa: E402
+from benchmarks.tuning import MODEL, ROWS, rank_repository  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
 
 CONCURRENCIES = (1, 4)
-WAYS = ("shm", "http binary", "grpc")
+WAYS = ("in-process", "shm", "http binary", "grpc")
 Send = Callable[[], np.ndarray]
 Maker = Callable[[], Send]  # called in the thread that sends: tritonclient.http's (gevent) client stays in one
 
@@ -112,6 +113,26 @@ def grpc_sender(url: str, features: np.ndarray) -> Send:
     return send
 
 
+def in_process_sender(session: Any, features: np.ndarray) -> Send:  # a Maker, given its arguments
+    def send() -> np.ndarray:
+        return session.run(None, {"features": features})[0]
+
+    return send
+
+
+def server_like_session(model: Path) -> Any:
+    """An onnxruntime session as modelhost's onnx backend makes the example's rank instance."""
+    import os
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+
+
 def run_cell(makers: list[Maker], expected: np.ndarray, seconds: float) -> dict[str, float]:
     """req/s and p50 ms of one thread per maker, each sending in a loop for `seconds` after 0.5 s of warm-up
     (its first answer checked)."""
@@ -132,17 +153,19 @@ def run_cell(makers: list[Maker], expected: np.ndarray, seconds: float) -> dict[
         thread.start()
     for thread in threads:
         thread.join()
-    every = [x for lane in latencies for x in lane]
-    return {"rps": len(every) / seconds, "p50_ms": 1000 * statistics.median(every)}
+    every = sorted(x for lane in latencies for x in lane)
+    return {"rps": len(every) / seconds, "p50_ms": 1000 * statistics.median(every),
+            "p10_ms": 1000 * every[len(every) // 10]}
 
 
-def measure_round(server: ServerProcess, features: np.ndarray, expected: np.ndarray,
+def measure_round(server: ServerProcess, session: Any, features: np.ndarray, expected: np.ndarray,
                   seconds: float) -> dict[str, float]:
     """One round of every Python cell: (way, c) -> req/s and p50."""
     figures: dict[str, float] = {}
     for c in CONCURRENCIES:
         shm_senders = [ShmSender(server.url, features) for _ in range(c)]
         makers: dict[str, list[Maker]] = {
+            "in-process": [lambda: in_process_sender(session, features)] * c,
             "shm": [sender.make for sender in shm_senders],
             "http binary": [lambda: http_sender(server.url, features)] * c,
             "grpc": [lambda: grpc_sender(server.grpc_url, features)] * c,
@@ -152,6 +175,7 @@ def measure_round(server: ServerProcess, features: np.ndarray, expected: np.ndar
                 cell = run_cell(makers[way], expected, seconds)
                 figures[f"{way} c={c}"] = cell["rps"]
                 figures[f"{way} c={c} p50"] = cell["p50_ms"]
+                figures[f"{way} c={c} p10"] = cell["p10_ms"]
         finally:
             for sender in shm_senders:
                 sender.close()
@@ -181,53 +205,48 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="modelhost-shm-"))
     features = np.random.default_rng(0).standard_normal((ROWS, 1000), dtype=np.float32)
     repo = rank_repository(workdir)
-    import onnxruntime as ort
-
-    expected = ort.InferenceSession(str(repo / MODEL / "1" / "model.onnx")).run(None, {"features": features})[0]
+    session = server_like_session(repo / MODEL / "1" / "model.onnx")
+    expected = session.run(None, {"features": features})[0]
     server = ServerProcess(repo, "--allow-client-shm")
     server.wait_ready()
     rounds: list[dict[str, float]] = []
-    limits: list[dict[str, float]] = []
     try:
         for _ in range(args.rounds):
-            limits.append(in_process_limit(repo, [{"features": features}], args.seconds))
-            rounds.append(measure_round(server, features, expected, args.seconds))
+            rounds.append(measure_round(server, session, features, expected, args.seconds))
         analyzer = {} if args.no_perf_analyzer else analyzer_cells(server, features, workdir, 3 * args.seconds)
     finally:
         server.stop()
-    results = summarize(rounds, limits, analyzer)
+    results = summarize(rounds, analyzer)
     print_tables(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
 
-def summarize(rounds: list[dict[str, float]], limits: list[dict[str, float]],
-              analyzer: dict[str, Any]) -> dict[str, Any]:
+def summarize(rounds: list[dict[str, float]], analyzer: dict[str, Any]) -> dict[str, Any]:
     medians = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    one, many = list(limits[0])
-    limit = {1: statistics.median(x[one] for x in limits),
-             4: statistics.median(max(x[one], x[many]) for x in limits)}
-    return {"medians": medians, "limit": limit, "rounds": rounds, "limits": limits, "perf_analyzer": analyzer}
+    return {"medians": medians, "rounds": rounds, "perf_analyzer": analyzer}
 
 
 def print_tables(results: dict[str, Any]) -> None:
-    medians, limit = results["medians"], results["limit"]
-    print("| way | c | req/s (median) | p50 ms | in-process / this |")
-    print("|---|---|---|---|---|")
+    medians = results["medians"]
+    print("| way | c | req/s | p50 ms | p10 ms | p50 / in-process p50 | p10 / in-process p10 "
+          "| in-process req/s / this |")
+    print("|---|---|---|---|---|---|---|---|")
     for c in CONCURRENCIES:
-        print(f"| in-process onnxruntime | {c} | {limit[c]:.1f} | {1000 / limit[c] if c == 1 else float('nan'):.1f} "
-              "| 1.00 |")
+        limit = {k: medians[f"in-process c={c}{k}"] for k in ("", " p50", " p10")}
         for way in WAYS:
-            rps = medians[f"{way} c={c}"]
-            print(f"| {way} | {c} | {rps:.1f} | {medians[f'{way} c={c} p50']:.1f} | {limit[c] / rps:.2f} |")
+            rps, p50, p10 = (medians[f"{way} c={c}{k}"] for k in ("", " p50", " p10"))
+            print(f"| {way} | {c} | {rps:.1f} | {p50:.2f} | {p10:.2f} | {p50 / limit[' p50']:.2f} "
+                  f"| {p10 / limit[' p10']:.2f} | {limit[''] / rps:.2f} |")
     if results["perf_analyzer"]:
         print()
-        print("| perf_analyzer | req/s | p50 ms | p99 ms | in-process / this |")
-        print("|---|---|---|---|---|")
+        print("| perf_analyzer | req/s | p50 ms | p99 ms | p50 / in-process p50 | in-process req/s / this |")
+        print("|---|---|---|---|---|---|")
         for name, cell in results["perf_analyzer"].items():
             c = int(name.rsplit("=", 1)[1])
-            print(f"| {name} | {cell['rps']:.1f} | {cell['p50']:.1f} | {cell['p99']:.1f} "
-                  f"| {limit[c] / cell['rps']:.2f} |")
+            limit_rps, limit_p50 = medians[f"in-process c={c}"], medians[f"in-process c={c} p50"]
+            print(f"| {name} | {cell['rps']:.1f} | {cell['p50']:.2f} | {cell['p99']:.1f} "
+                  f"| {cell['p50'] / limit_p50:.2f} | {limit_rps / cell['rps']:.2f} |")
 
 
 if __name__ == "__main__":

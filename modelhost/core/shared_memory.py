@@ -136,13 +136,14 @@ class SharedMemory:
 
 def object_name(key: str) -> str:
     """The file name under /dev/shm of a shared-memory key as shm_open reads it (leading slashes dropped); a key
-    is a name, never a path: '/', NUL, '.' and '..' in what remains are refused."""
+    is a name, never a path: '/', NUL (and every unprintable character), '.' and '..' in what remains are
+    refused."""
     if not isinstance(key, str):
         raise invalid(f"shared memory key must be a string, got {type(key).__name__}")
     name = key.lstrip("/")
-    if not name or "/" in name or "\0" in name or name in (".", "..") or len(name) > 255:
+    if not name or "/" in name or not name.isprintable() or name in (".", "..") or len(name.encode()) > 255:
         raise invalid(f"shared memory key {key!r} is not the name of a shared memory object "
-                      "('/name': one name, without '/', NUL, '.' or '..')")
+                      "('/name': one name of at most 255 bytes, without '/' or control characters, not '.' or '..')")
     return name
 
 

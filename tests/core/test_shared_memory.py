@@ -23,7 +23,7 @@ def block() -> Iterator[shared_memory.SharedMemory]:
     made.unlink()
 
 
-@pytest.mark.parametrize("key", ["", "/", "a/b", "../x", "/..", ".", "x\0y", "/" + "n" * 256])
+@pytest.mark.parametrize("key", ["", "/", "a/b", "../x", "/..", ".", "x\0y", "x\ud800", "a\nb", "/" + "n" * 256])
 def test_a_key_is_one_name(key: str) -> None:
     with pytest.raises(ModelhostError, match="not the name of a shared memory object"):
         object_name(key)

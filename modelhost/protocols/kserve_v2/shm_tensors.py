@@ -77,7 +77,7 @@ def write_outputs(regions: SharedMemory | None, response: InferResponse, request
     """After inference: copy each output requested in a region into it; the names of those written."""
     placed: set[str] = set()
     for output in request.outputs or ():
-        if not output.parameters:
+        if REGION not in output.parameters:  # every output of an ordinary request: one lookup
             continue
         where = f"output '{output.name}'"
         place = placement(output.parameters, where)
