@@ -3,7 +3,9 @@ gRPC, against the in-process limit; and perf_analyzer's `--shared-memory system`
 
     python benchmarks/shared_memory.py [--seconds 2] [--rounds 3] [--json results.json]
 
-One `modelhost serve --allow-client-shm` on the example repository's rank model (one instance, no batcher).
+One `modelhost serve --allow-client-shm --compute-priority normal` on the example repository's rank model (one
+instance, no batcher). Normal priority: on 2 CPUs `auto` runs the model's threads at SCHED_IDLE, which on a
+machine shared with other jobs waits behind all of them while the in-process limit, at normal priority, does not.
 Python cells: `c` threads, each with its own tritonclient client, send the same 500 x 1000 array for `seconds`
 (after a short warm-up) and count answers; every answer is checked against onnxruntime's. The three ways:
 - shm: tritonclient.http with the input and output in regions: each request copies the array into the thread's
@@ -16,6 +18,9 @@ no server, no client, one session set up as the server sets up the model's one i
 every core, no spinning). Each figure is a median over the rounds (interleaved, so the shared machine's noise
 falls on all cells alike); the ratios are the cell's p50 (and p10: on a loaded machine the least disturbed
 requests) latency over the in-process one, and in-process req/s over the cell's (1.0: no overhead).
+Paired at c=1: one thread sends one request each way in turn (the in-process call included, the order rotating),
+`--pairs` times; each way's figure is the median over the turns of its latency over the in-process call's of the
+same turn. Noise slower than a turn (a neighbour's job on the shared cores) falls on both sides of each ratio.
 perf_analyzer (C++, benchmarks/peers/perf_analyzer.py) runs HTTP with and without `--shared-memory system` at the
 same concurrencies: a client whose own cost is small, so the difference is the server's and the socket's.
 """
@@ -182,6 +187,43 @@ def measure_round(server: ServerProcess, session: Any, features: np.ndarray, exp
     return figures
 
 
+def paired(makers: dict[str, Maker], expected: np.ndarray, pairs: int) -> dict[str, float]:
+    """Median over turns of each way's latency over the in-process call's in the same turn (see the docstring)."""
+    sends = {way: make() for way, make in makers.items()}
+    for send in sends.values():
+        np.testing.assert_allclose(send(), expected, rtol=1e-4, atol=1e-5)
+    ways = list(sends)
+    ratios: dict[str, list[float]] = {way: [] for way in ways if way != "in-process"}
+    for turn in range(pairs):
+        took: dict[str, float] = {}
+        for way in ways[turn % len(ways):] + ways[:turn % len(ways)]:
+            start = time.perf_counter()
+            sends[way]()
+            took[way] = time.perf_counter() - start
+        for way in ratios:
+            ratios[way].append(took[way] / took["in-process"])
+    return {way: statistics.median(values) for way, values in ratios.items()}
+
+
+def paired_round(server: ServerProcess, session: Any, features: np.ndarray, expected: np.ndarray,
+                 pairs: int) -> dict[str, float]:
+    sender = ShmSender(server.url, features)
+    result: dict[str, float] = {}
+
+    def run() -> None:
+        result.update(paired({"in-process": lambda: in_process_sender(session, features), "shm": sender.make,
+                              "http binary": lambda: http_sender(server.url, features),
+                              "grpc": lambda: grpc_sender(server.grpc_url, features)}, expected, pairs))
+
+    thread = threading.Thread(target=run)  # tritonclient.http's client lives and dies in one thread
+    try:
+        thread.start()
+        thread.join()
+    finally:
+        sender.close()
+    return result
+
+
 def analyzer_cells(server: ServerProcess, features: np.ndarray, workdir: Path, seconds: float) -> dict[str, Any]:
     # One step, each request's 500 rows made of it: perf_analyzer's shared memory registers a region per step
     # (500 of 2 MB with a step per row), so both modes send this same batch of one row 500 times.
@@ -199,6 +241,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=2.0, help="each cell of each round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=300, help="turns of the paired c=1 measurement")
     parser.add_argument("--no-perf-analyzer", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -207,16 +250,18 @@ def main() -> None:
     repo = rank_repository(workdir)
     session = server_like_session(repo / MODEL / "1" / "model.onnx")
     expected = session.run(None, {"features": features})[0]
-    server = ServerProcess(repo, "--allow-client-shm")
+    server = ServerProcess(repo, "--allow-client-shm", "--compute-priority", "normal")
     server.wait_ready()
     rounds: list[dict[str, float]] = []
     try:
+        pairs = paired_round(server, session, features, expected, args.pairs)
         for _ in range(args.rounds):
             rounds.append(measure_round(server, session, features, expected, args.seconds))
         analyzer = {} if args.no_perf_analyzer else analyzer_cells(server, features, workdir, 3 * args.seconds)
     finally:
         server.stop()
     results = summarize(rounds, analyzer)
+    results["paired"] = pairs
     print_tables(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
@@ -229,6 +274,9 @@ def summarize(rounds: list[dict[str, float]], analyzer: dict[str, Any]) -> dict[
 
 def print_tables(results: dict[str, Any]) -> None:
     medians = results["medians"]
+    print("Paired at c=1, median of (this way's latency / the in-process call's), same turn: " + ", ".join(
+        f"{way} {ratio:.2f}" for way, ratio in results["paired"].items()))
+    print()
     print("| way | c | req/s | p50 ms | p10 ms | p50 / in-process p50 | p10 / in-process p10 "
           "| in-process req/s / this |")
     print("|---|---|---|---|---|---|---|---|")
