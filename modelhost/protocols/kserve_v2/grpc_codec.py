@@ -94,12 +94,15 @@ def decode_infer_request(message: ModelInferRequest, limits: RequestLimits = DEF
     inputs: dict[str, np.ndarray] = {}
     budget = limits.budget()
     placed = 0  # inputs so far that are in shared memory, which raw_input_contents skips
+    # When raw_input_contents holds every input (tritonclient's ordinary request) none is in a region: the
+    # parameters are not looked at (~0.25 µs an input).
+    may_be_placed = not raw or len(raw) != len(message.inputs)
     for index, tensor in enumerate(message.inputs):
         name, datatype, shape = _tensor_header(tensor, index)
         if name in inputs:
             raise invalid(f"input '{name}' appears twice in the request")
         budget.take(f"input '{name}'", shape)
-        if tensor.parameters and _REGION in tensor.parameters:
+        if may_be_placed and tensor.parameters and _REGION in tensor.parameters:
             from modelhost.protocols.kserve_v2 import shm_tensors  # a rare path: imported when used
 
             parameters = parameters_from_proto(tensor.parameters, f"input '{name}'")
