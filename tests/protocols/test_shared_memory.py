@@ -288,3 +288,23 @@ def test_grpc_hostile_key_and_offset(grpc_client: grpcclient.InferenceServerClie
     with pytest.raises(InferenceServerException, match="outside shared memory region") as caught:
         grpc_client.infer("simple", inputs)
     assert caught.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
+
+
+@pytest.mark.parametrize(("parameters", "problem"), [
+    ({"shared_memory_region": "r", "shared_memory_byte_size": "128"}, "shared_memory_byte_size must be a non-negative"),
+    ({"shared_memory_region": "r", "shared_memory_byte_size": 128, "shared_memory_offset": -8},
+     "shared_memory_offset must be a non-negative"),
+    ({"shared_memory_region": "r"}, "sets no shared_memory_byte_size"),
+    ({"shared_memory_region": 7, "shared_memory_byte_size": 128}, "must be the name of a registered region"),
+])
+def test_malformed_region_parameters(server: ServerProcess, parameters: dict[str, object], problem: str) -> None:
+    def tensor(name: str, **fields: object) -> dict[str, object]:
+        return {"name": name, "datatype": "FP32", "shape": [BATCH, WIDTH], **fields}
+
+    in_region = {"inputs": [tensor("INPUT0", parameters=parameters), tensor("INPUT1", data=[0.0] * 32)]}
+    into_region = {"inputs": [tensor("INPUT0", data=[0.0] * 32), tensor("INPUT1", data=[0.0] * 32)],
+                   "outputs": [{"name": "OUTPUT0", "parameters": parameters}]}
+    for body in (in_region, into_region):
+        answer = requests.post(f"{server.base}/v2/models/simple/infer", json=body, timeout=10)
+        assert answer.status_code == 400
+        assert problem in answer.json()["error"]
