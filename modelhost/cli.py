@@ -45,6 +45,13 @@ def _byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _true_or_false(text: str) -> bool:
+    """A Triton-style boolean flag's value (`--allow-client-shm=true`)."""
+    if text.lower() not in ("true", "1", "false", "0"):
+        raise argparse.ArgumentTypeError(f"must be true or false, got '{text}'")
+    return text.lower() in ("true", "1")
+
+
 def _restriction(prefix: str) -> Callable[[str], Restriction]:
     def parse(text: str) -> Restriction:
         try:
@@ -128,9 +135,10 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--embedding-updates", action=argparse.BooleanOptionalAction,
         help="let clients update embedding rows over HTTP and gRPC (default: off; restrict the model-repository "
              "API group when on)")
-    add("--allow-client-shm", action=argparse.BooleanOptionalAction,
+    add("--allow-client-shm", nargs="?", const=True, type=_true_or_false, metavar="true|false",
         help="let clients on this host register system shared memory regions and send inputs and outputs through "
-             "them (Triton's extension; default: off; restrict the shared-memory API group when on)")
+             "them (Triton's extension and flag: also --allow-client-shm=true; default: off; restrict the "
+             "shared-memory API group when on)")
     add("--client-shm-max-regions", type=int,
         help=f"shared memory regions registered at once (default {d.client_shm_max_regions})")
     add("--client-shm-max-bytes", type=_byte_size, help="byte sizes of the registered shared memory regions "
