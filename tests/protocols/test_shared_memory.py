@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -21,18 +22,20 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, write_model
-from tests.server import ServerProcess
+from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, slow_loop_config, slow_loop_model, write_model
+from tests.server import ServerProcess, pending, wait_for
 
 BATCH, WIDTH = 2, 16
 TENSOR_BYTES = BATCH * WIDTH * 4
 MAX_REGIONS = 6
+SLOW = 16  # the slow model's X is [batch, SLOW, SLOW]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("shm_repo")
     write_model(repo, "simple", add_sub_model(), ADD_SUB_CONFIG)
+    write_model(repo, "slow", slow_loop_model(SLOW, True), slow_loop_config(SLOW, 4))
     process = ServerProcess(repo, "--allow-client-shm", "--client-shm-max-regions", str(MAX_REGIONS))
     try:
         yield process.wait_ready()
@@ -308,3 +311,32 @@ def test_malformed_region_parameters(server: ServerProcess, parameters: dict[str
         answer = requests.post(f"{server.base}/v2/models/simple/infer", json=body, timeout=10)
         assert answer.status_code == 400
         assert problem in answer.json()["error"]
+
+
+def test_unregister_while_a_request_holds_its_view(server: ServerProcess, http: httpclient.InferenceServerClient,
+                                                   regions: list[shm.SharedMemoryRegion]) -> None:
+    x = np.arange(SLOW * SLOW, dtype=np.float32).reshape(1, SLOW, SLOW)
+    handle, name, key = _region(regions, x.nbytes)
+    shm.set_shared_memory_region(handle, [x])
+    http.register_system_shared_memory(name, key, x.nbytes)
+
+    def body(iterations: int, x_entry: dict[str, object]) -> dict[str, object]:
+        return {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, SLOW, SLOW], **x_entry},
+                           {"name": "ITERATIONS", "datatype": "INT64", "shape": [1, 1], "data": [iterations]}]}
+
+    url = f"{server.base}/v2/models/slow/infer"
+    blocker = body(150_000, {"data": [0.0] * (SLOW * SLOW)})
+    with ThreadPoolExecutor(3) as pool:
+        # The model's one instance runs one blocker while the other waits; then the shm request waits behind it
+        # in the queue, decoded, holding its view of the region.
+        blockers = [pool.submit(requests.post, url, json=blocker, timeout=60) for _ in range(2)]
+        wait_for(lambda: pending(server, "slow") == 1, 10, "a blocker to run and one to queue")
+        held = pool.submit(requests.post, url, json=body(1, {"parameters": {
+            "shared_memory_region": name, "shared_memory_byte_size": x.nbytes}}), timeout=60)
+        wait_for(lambda: pending(server, "slow") == 2, 10, "the shm request to queue")
+        http.unregister_system_shared_memory(name)  # the region goes; its mapping stays with the request
+        assert http.get_system_shared_memory_status() == []
+        answer = held.result()
+        assert [b.result().status_code for b in blockers] == [200, 200]
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_array_equal(np.array(answer.json()["outputs"][0]["data"]).reshape(x.shape), x + 1)
