@@ -32,11 +32,11 @@ class Api(str, Enum):
     TRACE = "trace"  # the trace extension's settings
     LOGGING = "logging"  # Triton's logging extension: GET/POST /v2/logging, gRPC LogSettings
     METRICS = "metrics"  # GET /metrics on the metrics port (modelhost's own; Triton has none)
+    SHARED_MEMORY = "shared-memory"  # register, status, unregister of client shared memory regions
 
 
-# Names a Triton command line may use: `management` is ours (= model-repository); Triton's shared-memory
-# API does not exist in modelhost, so restricting it restricts nothing.
-_ALIASES: dict[str, tuple[Api, ...]] = {"management": (Api.MODEL_REPOSITORY,), "shared-memory": ()}
+# Names a Triton command line may use: `management` is ours (= model-repository).
+_ALIASES: dict[str, tuple[Api, ...]] = {"management": (Api.MODEL_REPOSITORY,)}
 API_NAMES = tuple(api.value for api in Api) + tuple(_ALIASES)
 
 

@@ -29,6 +29,7 @@ from modelhost.core.in_flight import InFlight
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import ModelCache
 from modelhost.core.repository_poll import RepositoryPoller
+from modelhost.core.shared_memory import SharedMemory
 from modelhost.core.spare_cores import FILE_NAME as SPARE_CORES_FILE
 from modelhost.core.spare_cores import SpareCores
 from modelhost.core.trace import Tracer
@@ -46,7 +47,7 @@ from modelhost.protocols.http.app import HttpApp
 from modelhost.protocols.http.limits import HttpLimits
 from modelhost.protocols.http.server import HttpServer, Listener
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
-from modelhost.protocols.kserve_v2 import logging_api
+from modelhost.protocols.kserve_v2 import logging_api, shm_rest
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.prometheus import MetricsFrontEnd
 from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMakerOptions, local_url
@@ -144,7 +145,9 @@ class Server:
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
                                     settings.model_overrides, self.work_dir, self.code_policy, warmup)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings),
-                                   settings.embedding_updates, self._tracer(), settings.server_name)
+                                   settings.embedding_updates, self._tracer(), settings.server_name,
+                                   SharedMemory(settings.allow_client_shm, settings.client_shm_max_regions,
+                                                settings.client_shm_max_bytes))
         self.log_settings = LogSettings(settings.log_level, update_refusal(settings.logging_updates, settings.workers))
         self.tfserving = TfServing(self.dataplane, typed_outputs=tfserving is None or tfserving.typed_outputs)
         self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)
@@ -276,6 +279,7 @@ class Server:
     def build_asgi(self) -> HttpApp:
         return HttpApp(
             kserve_v2_rest.routes(self.dataplane, self.control) + logging_api.routes(self.log_settings)
+            + shm_rest.routes(self.dataplane.shared_memory)
             + tfserving_rest.routes(self.dataplane, self.tfserving,
                                     self.tfserving_setup.metrics_path if self.tfserving_setup else None)
             + openapi.routes(),
@@ -387,6 +391,7 @@ class Server:
             await self.cache.stop()
         await self.manager.stop()
         await self.dataplane.tracer.close()  # the answered requests' traces, written or exported
+        self.dataplane.shared_memory.close()
         if self.worker_statistics is not None:
             await self.worker_statistics.stop()
         await asyncio.to_thread(shutil.rmtree, self.work_dir, True)

@@ -45,6 +45,13 @@ def _byte_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _true_or_false(text: str) -> bool:
+    """A Triton-style boolean flag's value (`--allow-client-shm=true`)."""
+    if text.lower() not in ("true", "1", "false", "0"):
+        raise argparse.ArgumentTypeError(f"must be true or false, got '{text}'")
+    return text.lower() in ("true", "1")
+
+
 def _restriction(prefix: str) -> Callable[[str], Restriction]:
     def parse(text: str) -> Restriction:
         try:
@@ -137,6 +144,14 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help="Triton's trace settings (repeatable), e.g. triton,file=/var/log/trace.json, level=TIMESTAMPS, "
              "rate=1000, count=-1, triton,log-frequency=100, mode=opentelemetry, opentelemetry,url=URL "
              "(default: no tracing)")
+    add("--allow-client-shm", nargs="?", const=True, type=_true_or_false, metavar="true|false",
+        help="let clients on this host register system shared memory regions and send inputs and outputs through "
+             "them (Triton's extension and flag: also --allow-client-shm=true; default: off; restrict the "
+             "shared-memory API group when on)")
+    add("--client-shm-max-regions", type=int,
+        help=f"shared memory regions registered at once (default {d.client_shm_max_regions})")
+    add("--client-shm-max-bytes", type=_byte_size, help="byte sizes of the registered shared memory regions "
+        f"together (default {d.client_shm_max_bytes // 1024**3}GiB)")
     add("--embedding-cache-policy", choices=("tinylfu", "clock"),
         help=f"how the embedding cache picks rows to keep (default {d.embedding_cache_policy})")
     add("--max-archive-members", type=int,

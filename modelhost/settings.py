@@ -103,6 +103,11 @@ class ServerSettings:
     rows can change every answer; delta files and new versions, the operator's files, are taken either way).
     trace_config: Triton's `--trace-config [MODE,]SETTING=VALUE` entries (docs/tracing.md): tracing is off unless
     they give it somewhere to go (a file, or an OpenTelemetry receiver); clients change only how much is traced.
+    allow_client_shm: whether clients may register system shared memory regions and send inputs and receive
+    outputs through them (Triton's --allow-client-shm; off: a client that can register a region can read and write
+    any /dev/shm object the server's user can open). client_shm_max_regions and client_shm_max_bytes bound the
+    regions registered at once and their byte sizes together (64 and 16 GiB: mapped, not copied; the memory is
+    the client's shared memory object, the server's cost is address space and page tables).
     max_archive_members: the most entries (files, directories, links) one model archive may hold (10,000: a
     model with its code and variable shards has tens to hundreds; each entry costs a file and inode to unpack).
     invocation_timeout_seconds: how long one SageMaker invocation may take.
@@ -204,6 +209,9 @@ class ServerSettings:
     embedding_poll_seconds: float = 2.0
     embedding_updates: bool = False
     trace_config: tuple[str, ...] = ()
+    allow_client_shm: bool = False
+    client_shm_max_regions: int = 64
+    client_shm_max_bytes: int = 16 * GIB
     s3_endpoint_url: str | None = None
     invocation_timeout_seconds: float = 60.0
     handler_threads: int = 0
@@ -322,6 +330,12 @@ def check_settings(settings: ServerSettings) -> None:
     if settings.load_models and settings.model_control_mode != "explicit":
         raise SettingsError(f"--load-model needs --model-control-mode explicit (the mode is "
                             f"'{settings.model_control_mode}', which loads every model)")
+    if settings.allow_client_shm and settings.workers > 1:
+        raise SettingsError(f"--allow-client-shm cannot be combined with --workers {settings.workers}: each process "
+                            "would hold its own shared memory regions, so a region registered with one would be "
+                            "unknown to the others")
+    if settings.client_shm_max_regions < 1 or settings.client_shm_max_bytes < 1:
+        raise SettingsError("--client-shm-max-regions and --client-shm-max-bytes must be positive")
     if settings.model_control_mode == "explicit" and settings.workers > 1:
         raise SettingsError(f"--model-control-mode explicit cannot be combined with --workers {settings.workers}: "
                             f"a load or unload request would reach one process of the {settings.workers}")

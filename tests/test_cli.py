@@ -42,6 +42,17 @@ class TestModelhostServe:
         assert settings.s3_endpoint_url == "http://127.0.0.1:9000"
         assert (settings.invocation_timeout_seconds, settings.log_level) == (5.0, "debug")
 
+    @pytest.mark.parametrize(("flags", "allowed"), [
+        ([], False), (["--allow-client-shm"], True), (["--allow-client-shm=true"], True),
+        (["--allow-client-shm=false"], False), (["--allow-client-shm", "0"], False),
+    ])
+    def test_allow_client_shm_as_triton_spells_it(self, flags: list[str], allowed: bool) -> None:
+        settings = modelhost_settings(["serve", *flags, "--client-shm-max-bytes", "1GiB"], {})
+        assert (settings.allow_client_shm, settings.client_shm_max_bytes) == (allowed, GIB)
+
+    def test_allow_client_shm_takes_only_true_or_false(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert "must be true or false, got 'yes'" in serve_error(capsys, ["serve", "--allow-client-shm=yes"], {})
+
     def test_model_repository_is_a_string(self, tmp_path: Path) -> None:
         assert modelhost_settings(["serve", "--model-repository", str(tmp_path)], {}).model_repository == str(tmp_path)
 

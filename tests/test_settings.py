@@ -228,6 +228,8 @@ class TestCheckSettings:
         ({"invocation_timeout_seconds": 0.0}, "--invocation-timeout-seconds must be positive"),
         ({"handler_threads": -1}, r"--handler-threads must be 0 \(automatic\) or more, got -1"),
         ({"unpacked_cache_bytes": -1}, r"--unpacked-cache-bytes must be 0 \(automatic\) or more, got -1"),
+        ({"allow_client_shm": True, "workers": 2}, "--allow-client-shm cannot be combined with --workers 2"),
+        ({"client_shm_max_regions": 0}, "--client-shm-max-regions and --client-shm-max-bytes must be positive"),
     ])
     def test_errors(self, changes: dict[str, Any], message: str) -> None:
         with pytest.raises(SettingsError, match=message):

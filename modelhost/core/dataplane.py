@@ -13,6 +13,7 @@ from modelhost.core.row_updates import apply_rows, checked_rows
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.sequence_controls import SequenceFlags, refuse_sequence, sequence_flags
 from modelhost.core.served_model import ServedModel
+from modelhost.core.shared_memory import SharedMemory
 from modelhost.core.trace import INFER_RESPONSE_COMPLETE, REQUEST_END, REQUEST_START, Trace, Tracer
 from modelhost.core.trace_config import TraceStartup
 from modelhost.core.worker_statistics import WorkerStatistics, merge
@@ -25,18 +26,21 @@ Decode = Callable[[ModelMetadata], tuple[InferRequest, T]]
 
 SERVER_NAME = "modelhost"
 EXTENSIONS = ("classification", "binary_tensor_data", "model_configuration", "model_repository", "schedule_policy",
-              "statistics", "trace", "logging")
+              "statistics", "trace", "logging", "system_shared_memory")
 
 
 class DataPlane:
     def __init__(self, manager: ModelManager, version: str, strict_readiness: bool,
                  limits: RequestLimits = DEFAULT_LIMITS, row_updates: bool = False, tracer: Tracer | None = None,
-                 server_name: str = SERVER_NAME) -> None:
+                 server_name: str = SERVER_NAME, shared_memory: SharedMemory | None = None) -> None:
         """`row_updates`: whether clients may update models' tables (embedding rows; off unless the operator
         turns them on: a client that can write rows can change every answer). `tracer`: the trace extension's
-        (none: requests are never traced). `server_name`: the metadata's name (--server-name)."""
+        (none: requests are never traced). `server_name`: the metadata's name (--server-name). `shared_memory`:
+        the clients' registered regions, which the V2 front-ends read inputs from and write outputs to (off by
+        default)."""
         self.tracer = tracer or Tracer(TraceStartup())
         self._server_name = server_name
+        self.shared_memory = shared_memory or SharedMemory(False, 0, 0)
         # Front-ends pass `limits` to their codecs, which check each tensor before allocating it.
         self.limits = limits
         self._row_updates = row_updates

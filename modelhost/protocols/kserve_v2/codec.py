@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -28,18 +29,22 @@ from modelhost.types import (
     format_shape,
 )
 
+if TYPE_CHECKING:
+    from modelhost.core.shared_memory import SharedMemory
+
 _JSON_ONLY_BINARY = ("FP16", "BF16")
 _U32 = struct.Struct("<I")
 
 
 def decode_infer_request(
     body: bytes, header_length: int | None, model_name: str, model_version: str = "",
-    limits: RequestLimits = DEFAULT_LIMITS,
+    limits: RequestLimits = DEFAULT_LIMITS, regions: SharedMemory | None = None,
 ) -> InferRequest:
     """Parse a V2 infer body; `header_length` is Inference-Header-Content-Length (None: all JSON; 0, a raw
     binary request, is read against the model's metadata by raw_codec instead).
 
-    Each input's shape is checked against `limits` before its array is made."""
+    Each input's shape is checked against `limits` before its array is made. Inputs and outputs that name a
+    shared memory region are `regions`' (shm_tensors)."""
     if header_length is None:
         header_length = len(body)
     elif not 0 < header_length <= len(body):
@@ -70,6 +75,10 @@ def decode_infer_request(
             offset += size
         elif "data" in entry:
             inputs[name] = tensor_from_json(name, datatype, shape, entry["data"], limits.max_json_depth)
+        elif "shared_memory_region" in parameters:
+            from modelhost.protocols.kserve_v2 import shm_tensors  # a rare path: imported when used
+
+            inputs[name] = shm_tensors.input_from_region(regions, name, datatype, shape, parameters)
         else:
             raise invalid(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
     if offset != len(body):
@@ -79,7 +88,7 @@ def decode_infer_request(
         model_version=model_version,
         inputs=inputs,
         id=_string_field(document, "id"),
-        outputs=_requested_outputs(document),
+        outputs=_requested_outputs(document, regions),
         parameters=_dict_field(document, "parameters", "request"),
     )
 
@@ -198,7 +207,7 @@ def _flatten_strings(name: str, data: list[Any]) -> list[bytes]:
     return flat
 
 
-def _requested_outputs(document: dict[str, Any]) -> list[RequestedOutput] | None:
+def _requested_outputs(document: dict[str, Any], regions: SharedMemory | None) -> list[RequestedOutput] | None:
     entries = _list_field(document, "outputs")
     if not entries:
         return None
@@ -208,18 +217,26 @@ def _requested_outputs(document: dict[str, Any]) -> list[RequestedOutput] | None
             raise invalid(f"outputs[{index}] must be an object with a 'name'")
         parameters = _dict_field(entry, "parameters", f"output '{entry['name']}'")
         outputs.append(RequestedOutput(entry["name"], parameters))
+        if parameters and "shared_memory_region" in parameters:
+            from modelhost.protocols.kserve_v2 import shm_tensors
+
+            shm_tensors.check_output_regions(regions, outputs[-1:])
     return outputs
 
 
-def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[list[bytes], int | None]:
-    """Body parts of a V2 infer response, and the JSON header length when binary parts follow."""
+def encode_infer_response(response: InferResponse, request: InferRequest,
+                          placed: Collection[str] = ()) -> tuple[list[bytes], int | None]:
+    """Body parts of a V2 infer response, and the JSON header length when binary parts follow. Outputs in
+    `placed` were written to shared memory: their entries carry no data (and no parameters, as Triton's)."""
     default_binary = request.parameters.get("binary_data_output") is True
     binary_of = {o.name: o.parameters.get("binary_data", default_binary) is True for o in request.outputs or ()}
     outputs = []
     chunks: list[bytes] = []
     for name, array in response.outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
-        if binary_of.get(name, default_binary):
+        if placed and name in placed:
+            pass  # its data is in the client's region
+        elif binary_of.get(name, default_binary):
             data = tensor_to_bytes(array)
             entry["parameters"] = {"binary_data_size": len(data)}
             chunks.append(data)

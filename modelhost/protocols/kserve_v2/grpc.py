@@ -17,6 +17,7 @@ from modelhost.core.trace import GRPC_SEND_END, GRPC_SEND_START
 from modelhost.errors import ModelhostError
 from modelhost.protocols.grpc_server import Service, Stream, Unary
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
+from modelhost.protocols.kserve_v2 import shm_grpc
 from modelhost.protocols.kserve_v2.grpc_codec import (
     config_to_proto,
     decode_infer_request,
@@ -28,6 +29,7 @@ from modelhost.protocols.kserve_v2.grpc_codec import (
     unload_dependents_from_proto,
 )
 from modelhost.protocols.kserve_v2.repository_codec import no_repository
+from modelhost.protocols.kserve_v2.shm_tensors import write_outputs
 from modelhost.protocols.kserve_v2.trace_setting import trace_rpc
 
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -54,10 +56,11 @@ def service(dataplane: DataPlane, control: Control) -> Service:
 
     async def model_infer(request: pb.ModelInferRequest, context: Any = None) -> pb.ModelInferResponse:
         trace = tracer.begin_grpc(request.model_name, context) if tracer.active else None
-        infer_request = decode_infer_request(request, dataplane.limits)
+        infer_request = decode_infer_request(request, dataplane.limits, dataplane.shared_memory)
         infer_request.trace = trace
         response = await dataplane.infer(infer_request)
-        answer = encode_infer_response(response, infer_request)
+        placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else ()
+        answer = encode_infer_response(response, infer_request, placed)
         if trace is not None:
             trace.stamp(GRPC_SEND_START)
             tracer.finish(trace, GRPC_SEND_END)  # grpc writes the answer after this returns: not seen here
@@ -98,6 +101,7 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         Unary("RepositoryModelLoad", pb.RepositoryModelLoadRequest, load, Api.MODEL_REPOSITORY),
         Unary("RepositoryModelUnload", pb.RepositoryModelUnloadRequest, unload, Api.MODEL_REPOSITORY),
         trace_rpc(dataplane),
+        *shm_grpc.rpcs(dataplane.shared_memory),
     ])
 
 

@@ -19,6 +19,7 @@ from modelhost.protocols.kserve_v2.repository_codec import (
     decode_unload_dependents,
     no_repository,
 )
+from modelhost.protocols.kserve_v2.shm_tensors import write_outputs
 from modelhost.protocols.kserve_v2.trace_setting import trace_routes
 from modelhost.types import InferRequest, ModelMetadata, TensorSpec
 
@@ -42,10 +43,12 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
 
             response, infer_request = await dataplane.decode_and_infer(model, version, raw)
         else:
-            infer_request = decode_infer_request(request.body, header_length, model, version, dataplane.limits)
+            infer_request = decode_infer_request(request.body, header_length, model, version, dataplane.limits,
+                                                 dataplane.shared_memory)
             infer_request.received, infer_request.trace = request.received, trace
             response = await dataplane.infer(infer_request)
-        parts, json_length = encode_infer_response(response, infer_request)
+        placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else ()
+        parts, json_length = encode_infer_response(response, infer_request, placed)
         if json_length is None:
             answer = HttpResponse(200, parts, [(b"content-type", b"application/json")])
         else:
