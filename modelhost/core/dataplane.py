@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 from modelhost.config.pbtxt import config_to_json
+from modelhost.core.decoupled import Response, responses
 from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.core.model_record import for_clients
 from modelhost.core.row_updates import apply_rows, checked_rows
@@ -137,10 +139,41 @@ class DataPlane:
         # Held for the whole request: ModelManager.acquire without its context manager objects (~1 µs less).
         served = self._manager.hold(request.model_name, request.model_version)
         try:
+            return await self._answer(served, request)
+        finally:
+            served.pins.release()
+
+    async def _answer(self, served: ServedModel, request: InferRequest) -> InferResponse:
+        priority, timeout_us = _scheduling(request.parameters)
+        outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
+                                   self.limits.max_output_bytes, request.signature, _spent(request))
+        return InferResponse(served.name, str(served.version), outputs, request.id)
+
+    async def infer_or_stream(self, request: InferRequest) -> InferResponse | AsyncGenerator[Response, None]:
+        """`infer`, or for a decoupled model (model_transaction_policy decoupled) `stream`'s responses: for a
+        front-end that answers either way (gRPC ModelStreamInfer), with one lookup for an ordinary model."""
+        served = self._manager.hold(request.model_name, request.model_version)
+        if served.decoupled:
+            served.pins.release()  # `stream` holds the version from its first response to its last
+            return self.stream(request)
+        try:
+            return await self._answer(served, request)
+        finally:
+            served.pins.release()
+
+    async def stream(self, request: InferRequest) -> AsyncGenerator[Response, None]:
+        """The responses to `request`, each with whether it is the last: a decoupled model's as it sends them
+        (core/decoupled.py), another model's one answer. Raises what fails the request before its first."""
+        served = self._manager.hold(request.model_name, request.model_version)
+        try:
+            if not served.decoupled:
+                yield await self._answer(served, request), True
+                return
             priority, timeout_us = _scheduling(request.parameters)
-            outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request))
-            return InferResponse(served.name, str(served.version), outputs, request.id)
+            answers = responses(served, request, self.limits.max_output_bytes, priority, timeout_us, _spent(request))
+            async with aclosing(answers):
+                async for response in answers:
+                    yield response
         finally:
             served.pins.release()
 

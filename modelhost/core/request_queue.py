@@ -38,6 +38,7 @@ class Pending:
     delayed: bool = False
     measures_handoff: bool = False  # queued alone with an instance free (core/loop_gate.py)
     spent: float = 0.0  # seconds the server had the request before it was queued (a latency target counts them)
+    responses: Any = None  # where a decoupled model's responses to it go (core/partial_answers.py), if it streams
 
 
 class RequestQueue:

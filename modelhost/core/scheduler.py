@@ -88,15 +88,19 @@ class Scheduler:
         self._serving = len(self._instances)
         self._stopped: asyncio.Future[None] | None = None
         self._serving_lock = threading.Lock()
+        # Models that take a batch's requests one by one (Triton's Python API) are handed them so.
+        self._run_batch = _run_each if all(i.takes_requests for i in instances) else _run
         for index, (instance, lock) in enumerate(self._instances):
             instance_threads.start(partial(self._serve, instance, lock), f"{label}#{index}")
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
+        responses: Any = None,
     ) -> Outputs:
         """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest. `spent_s`: how
         long the server has had the request before this (receiving, decoding), which a latency target counts.
+        `responses`: where a decoupled model sends its responses to the request (core/partial_answers.py).
 
         `entry` names the model's signature to run (`Model.infer_signature`; "" is `Model.infer`); a request
         that is not `batchable` (its signature has no batch dim) runs alone.
@@ -119,7 +123,8 @@ class Scheduler:
             self._admit(rows, spent_s)
         split = self._policy.split_size if batchable else 0
         if not split or rows <= split:
-            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s), timeout)
+            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s, responses),
+                                    timeout)
         # Every chunk is queued before the first await: a request that got this scheduler is in its queue
         # before a reload can stop it, so it drains on this version rather than failing.
         pendings: list[Pending] = []
@@ -149,7 +154,7 @@ class Scheduler:
             self._admit(1)
 
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, entry: str,
-                 batchable: bool, spent_s: float = 0.0) -> Pending:
+                 batchable: bool, spent_s: float = 0.0, responses: Any = None) -> Pending:
         loop = asyncio.get_running_loop()
         if not self._policy.batching:
             key: Any = None
@@ -160,7 +165,7 @@ class Scheduler:
         # Alone in the queue with an instance free: its round trip, less its execution, is a handoff's cost.
         alone = not self._queue.depth() and any(not lock.locked() for _, lock in self._instances)
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), entry,
-                          sequence=self._sequence, measures_handoff=alone, spent=spent_s)
+                          sequence=self._sequence, measures_handoff=alone, spent=spent_s, responses=responses)
         self._queue.put(pending, self._label)
         self._sequence += 1
         self._inflight += 1
@@ -370,7 +375,7 @@ class Scheduler:
                     if spare is not None:
                         spare.computing(cores)
                     try:
-                        results, timing = _run(instance, batch, self._clock.now(), self._policy.pad_sizes)
+                        results, timing = self._run_batch(instance, batch, self._clock.now(), self._policy.pad_sizes)
                     finally:
                         if spare is not None:
                             spare.computing(-cores)
@@ -468,6 +473,15 @@ def _run(instance: Model, batch: list[Pending], taken: float,
     return results, timing
 
 
+def _run_each(instance: Model, batch: list[Pending], taken: float,
+              pad_sizes: tuple[int, ...] = ()) -> tuple[list[Any], ExecutionTiming]:
+    """`_run` for a model that takes requests one by one: no concatenation, each request's outputs or error."""
+    queue_ns = [int((taken - p.enqueued) * 1e9) for p in batch]
+    started = time.monotonic_ns()
+    results = instance.infer_requests([(p.inputs, p.responses) for p in batch], batch[0].outputs)
+    return results, ExecutionTiming(queue_ns, 0, time.monotonic_ns() - started, 0)
+
+
 def _padded_size(rows: int, pad_sizes: tuple[int, ...]) -> int:
     return next((size for size in pad_sizes if size >= rows), rows)
 
@@ -485,5 +499,7 @@ def _resolve(future: asyncio.Future[Outputs], result: Outputs | None, error: Bas
         return
     if error is not None:
         future.set_exception(error)
+    elif isinstance(result, Exception):  # one request's own error, from a model that takes requests one by one
+        future.set_exception(result)
     else:
         future.set_result(result)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,9 +46,12 @@ class ServedModel:
     named: dict[str, NamedSignature] = field(default_factory=dict)
 
     signature_specs: dict[str, SignatureSpec] = field(init=False)
+    # Its requests are answered by a stream of responses (model_transaction_policy { decoupled: true }).
+    decoupled: bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "signature_specs", {name: named.spec() for name, named in self.named.items()})
+        object.__setattr__(self, "decoupled", self.config.model_transaction_policy.decoupled)
 
     def named_signature(self, name: str) -> NamedSignature:
         """INVALID_INPUT naming the model's signatures when it has none of that name."""
@@ -61,12 +64,13 @@ class ServedModel:
     async def run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int = 0,
         timeout_us: int = 0, max_output_bytes: int | None = None, signature: str | None = None,
-        spent_s: float = 0.0,
+        spent_s: float = 0.0, responses: Any = None,
     ) -> Outputs:
         """The requested outputs (all, in model order, when `outputs` is None or empty), in request order.
 
         `signature` names one of `named` (None: the config's signature, `signature`). `spent_s`: how long the
-        server has had the request already (a latency target counts it).
+        server has had the request already (a latency target counts it). `responses`: where a decoupled model sends
+        its responses (core/partial_answers.py; its outputs here are then empty).
 
         Raises INVALID_INPUT for inputs or outputs the signature refuses and for outputs over
         `max_output_bytes`; the scheduler's errors as they are; anything else the model raises as INTERNAL,
@@ -75,7 +79,8 @@ class ServedModel:
         started = time.monotonic_ns()
         ok = False
         try:
-            result = await self._run(inputs, outputs, priority, timeout_us, max_output_bytes, signature, spent_s)
+            result = await self._run(inputs, outputs, priority, timeout_us, max_output_bytes, signature, spent_s,
+                                     responses)
             ok = True
             return result
         finally:
@@ -84,6 +89,7 @@ class ServedModel:
     async def _run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int,
         timeout_us: int, max_output_bytes: int | None, signature_name: str | None, spent_s: float = 0.0,
+        responses: Any = None,
     ) -> Outputs:
         if signature_name is None:
             signature, entry = self.signature, ""
@@ -94,13 +100,15 @@ class ServedModel:
         names = signature.check_outputs(outputs)
         try:
             results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us, entry,
-                                                  signature.max_batch_size > 0, spent_s)
+                                                  signature.max_batch_size > 0, spent_s, responses)
         except ModelhostError:
             raise
         except Exception as exc:
             client_log(log, logging.ERROR, "model-failed", "model %s version %d failed", self.name, self.version,
                        exc_info=exc)
             raise ModelhostError(ErrorKind.INTERNAL, f"model '{self.name}' failed: {exc}") from exc
+        if responses is not None:
+            return results  # a decoupled model's outputs go to `responses`
         shaped = signature.shape_outputs(results, names)
         if max_output_bytes is not None:
             check_output_bytes(shaped, max_output_bytes)
