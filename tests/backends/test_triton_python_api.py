@@ -8,17 +8,16 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
 - `per_request`: dynamic batching; each response says how many requests its execute got (the requests of a batch
   come one by one, each with its own batch dimension);
 - `bls`: calls add_sub with InferenceRequest(...).exec(), and with async_exec() from `async def execute`;
-- `repeat`: decoupled; sends IN's elements one response each, then the final flag alone.
+- `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
+  alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>.
 """
 
 from __future__ import annotations
 
 import json
 import queue
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.backends.test_python_server import write_model
-from tests.server import ServerProcess
+from tests.server import ServerProcess, wait_for
 
 ADD_SUB_CONFIG = """
 backend: "python"
@@ -129,12 +128,13 @@ output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "IDX" data_t
 REPEAT = """
 import threading
 import time
+from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.cancelled = []
+        self.directory = Path(args["model_repository"])
 
     def execute(self, requests):
         for request in requests:
@@ -148,7 +148,7 @@ class TritonPythonModel:
             if value < 0:  # a slow, long stream: stops when the client goes away
                 while not request.is_cancelled():
                     time.sleep(0.01)
-                self.cancelled.append(True)
+                (self.directory / f"cancelled{-value}").write_text("")
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
             out = pb_utils.Tensor("OUT", np.array([value], np.int32))
@@ -166,6 +166,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "bls", BLS_CONFIG, BLS)
     write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
     process = ServerProcess(repo)
+    process.repository = repo
     try:
         yield process.wait_ready()
     finally:
@@ -288,6 +289,9 @@ def test_decoupled_refuses_unary_infer(server: ServerProcess) -> None:
     with pytest.raises(InferenceServerException, match="decoupled") as raised:
         client.infer("repeat", [data])
     assert raised.value.status() == "StatusCode.UNIMPLEMENTED"
+    body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
+    answer = requests.post(f"{server.base}/v2/models/repeat/infer", json=body, timeout=10)
+    assert answer.status_code == 501 and "decoupled" in answer.json()["error"]
 
 
 def test_generate_stream_sse(server: ServerProcess) -> None:
@@ -309,15 +313,23 @@ def test_generate_non_streaming(server: ServerProcess) -> None:
 
 
 def test_client_leaving_cancels_the_request(server: ServerProcess) -> None:
-    # A value < 0 makes the model wait for request.is_cancelled(); the client closes its stream, and the model
-    # sees the cancellation (its final send is dropped), so a later stream is served as usual.
+    # The model streams until request.is_cancelled(); the client closing its HTTP stream, or its gRPC stream,
+    # cancels it (the model says so with a file), and later streams are served as usual.
     answer = requests.post(f"{server.base}/v2/models/repeat/generate_stream", json={"IN": [1, -1]}, stream=True,
                            timeout=10)
     lines = answer.iter_lines()
     assert json.loads(next(line for line in lines if line).removeprefix(b"data: "))["OUT"] == 1
     answer.close()
-    received = _stream(server, [2])
-    assert int(received[0].as_numpy("OUT")[0]) == 2
+    wait_for(lambda: (server.repository / "repeat" / "cancelled1").exists(), what="the model to see the cancel")
 
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    data = grpcclient.InferInput("IN", [2], "INT32")
+    data.set_data_from_numpy(np.array([5, -2], np.int32))
+    client.async_stream_infer("repeat", [data])
+    assert int(answers.get(timeout=10).as_numpy("OUT")[0]) == 5
+    client.stop_stream(cancel_requests=True)
+    wait_for(lambda: (server.repository / "repeat" / "cancelled2").exists(), what="the model to see the cancel")
+    assert int(_stream(server, [2])[0].as_numpy("OUT")[0]) == 2
 
-_ = (partial, threading)
