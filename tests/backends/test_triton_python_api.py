@@ -8,6 +8,7 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
 - `per_request`: dynamic batching; each response says how many requests its execute got (the requests of a batch
   come one by one, each with its own batch dimension);
 - `bls`: calls add_sub with InferenceRequest(...).exec(), and with async_exec() from `async def execute`;
+- `add_sub_isolated`, `repeat_isolated`: the same model.py files, each instance in a worker process;
 - `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
   alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>.
 """
@@ -157,6 +158,8 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
 
+ISOLATED = 'parameters { key: "isolation" value: { string_value: "process" } }\n'
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
@@ -165,6 +168,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "per_request", PER_REQUEST_CONFIG, PER_REQUEST)
     write_model(repo, "bls", BLS_CONFIG, BLS)
     write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
+    write_model(repo, "add_sub_isolated", ADD_SUB_CONFIG + ISOLATED, ADD_SUB)
+    write_model(repo, "repeat_isolated", REPEAT_CONFIG + ISOLATED, REPEAT)
     process = ServerProcess(repo)
     process.repository = repo
     try:
@@ -180,30 +185,32 @@ def _add_sub_inputs(module: Any, in0: np.ndarray) -> list[Any]:
     return inputs
 
 
-@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
-def test_add_sub(server: ServerProcess, module: Any) -> None:
+@pytest.mark.parametrize(("module", "model"), [(httpclient, "add_sub"), (grpcclient, "add_sub"),
+                                               (httpclient, "add_sub_isolated")], ids=["http", "grpc", "isolated"])
+def test_add_sub(server: ServerProcess, module: Any, model: str) -> None:
     client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
     in0 = np.arange(4, dtype=np.float32)
-    result = client.infer("add_sub", _add_sub_inputs(module, in0))
+    result = client.infer(model, _add_sub_inputs(module, in0))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), in0 + 1)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), in0 - 1)
 
 
-def test_error_response_and_raise(server: ServerProcess) -> None:
+@pytest.mark.parametrize("model", ["add_sub", "add_sub_isolated"])
+def test_error_response_and_raise(server: ServerProcess, model: str) -> None:
     # The model's own InferenceResponse(error=TritonError(..., INVALID_ARG)) is a 400 with its message; an
     # exception from execute fails the request with 500 naming it, and the server goes on.
     body = {"inputs": [{"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [-1, -1, -1, -1]},
                        {"name": "INPUT1", "shape": [4], "datatype": "FP32", "data": [1, 1, 1, 1]}]}
-    answer = requests.post(f"{server.base}/v2/models/add_sub/infer", json=body, timeout=10)
+    answer = requests.post(f"{server.base}/v2/models/{model}/infer", json=body, timeout=10)
     assert answer.status_code == 400
     assert answer.json() == {"error": "INPUT0 must not be all -1"}
     body["inputs"][0]["data"] = [-2, -2, -2, -2]
-    answer = requests.post(f"{server.base}/v2/models/add_sub/infer", json=body, timeout=10)
+    answer = requests.post(f"{server.base}/v2/models/{model}/infer", json=body, timeout=10)
     assert answer.status_code == 500
     assert "ValueError: INPUT0 of -2 breaks this model" in answer.json()["error"]
     client = grpcclient.InferenceServerClient(server.grpc_url)
     with pytest.raises(InferenceServerException) as raised:
-        client.infer("add_sub", _add_sub_inputs(grpcclient, np.full(4, -1, np.float32)))
+        client.infer(model, _add_sub_inputs(grpcclient, np.full(4, -1, np.float32)))
     assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert raised.value.message() == "INPUT0 must not be all -1"
 
@@ -244,14 +251,14 @@ def test_bls_to_a_missing_model_is_the_callers_error(server: ServerProcess) -> N
         client.infer("bls", [*_add_sub_inputs(httpclient, np.zeros(4, np.float32)), chosen])
 
 
-def _stream(server: ServerProcess, values: list[int], **options: Any) -> list[Any]:
+def _stream(server: ServerProcess, values: list[int], model: str = "repeat", **options: Any) -> list[Any]:
     """Every callback of one decoupled request over ModelStreamInfer, up to its final response."""
     answers: queue.Queue[Any] = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: answers.put(error or result))
     data = grpcclient.InferInput("IN", [len(values)], "INT32")
     data.set_data_from_numpy(np.array(values, np.int32))
-    client.async_stream_infer("repeat", [data], request_id="r1", **options)
+    client.async_stream_infer(model, [data], request_id="r1", **options)
     received = []
     while True:
         answer = answers.get(timeout=10)
@@ -266,8 +273,9 @@ def _stream(server: ServerProcess, values: list[int], **options: Any) -> list[An
     return received
 
 
-def test_decoupled_over_grpc_stream(server: ServerProcess) -> None:
-    received = _stream(server, [7, 8, 9])
+@pytest.mark.parametrize("model", ["repeat", "repeat_isolated"])
+def test_decoupled_over_grpc_stream(server: ServerProcess, model: str) -> None:
+    received = _stream(server, [7, 8, 9], model)
     assert [int(r.as_numpy("OUT")[0]) for r in received] == [7, 8, 9]
     assert [int(r.as_numpy("IDX")[0]) for r in received] == [0, 1, 2]
     assert {r.get_response().id for r in received} == {"r1"}

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
-from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions
+from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions, WorkerProcess
+from modelhost.backends.python.triton_isolated import IsolatedTritonModel
 from modelhost.backends.python.triton_model import TritonUserModel
 from modelhost.backends.python.user_model import (
     ExecuteError,
@@ -82,7 +83,9 @@ class PythonBackend(Backend):
         spec = _spec(path, config, instance.index, signature)
         try:
             if isolated:
-                return IsolatedModel(spec, options, signature)
+                worker = WorkerProcess(spec, options)  # what it loaded decides how its batches are sent
+                isolated_class = IsolatedTritonModel if worker.kind == "triton" else IsolatedModel
+                return isolated_class(spec, options, signature, worker=worker)
             user = load_user_model(spec)
             if isinstance(user, TritonUserModel):
                 return TritonModel(user, signature)

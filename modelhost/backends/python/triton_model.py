@@ -62,6 +62,8 @@ def triton_args(spec: UserCodeSpec) -> dict[str, str]:
 class TritonUserModel:
     """One loaded instance of a TritonPythonModel; not thread-safe (one batch at a time)."""
 
+    kind = "triton"  # what an isolated worker tells the server it loaded
+
     def __init__(self, spec: UserCodeSpec, instance: Any) -> None:
         self._spec = spec
         self._instance = instance
