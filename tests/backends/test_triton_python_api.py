@@ -7,7 +7,8 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
   with INVALID_ARG, an INPUT0 of all -2 raises in execute;
 - `per_request`: dynamic batching; each response says how many requests its execute got (the requests of a batch
   come one by one, each with its own batch dimension);
-- `bls`: calls add_sub with InferenceRequest(...).exec(), and with async_exec() from `async def execute`;
+- `bls`: calls add_sub with InferenceRequest(...).exec(), and with async_exec() from `async def execute`, or
+  repeat with exec(decoupled=True);
 - `add_sub_isolated`, `repeat_isolated`: the same model.py files, each instance in a worker process;
 - `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
   alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>.
@@ -107,6 +108,15 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0].decode()
+            if mode == "stream":  # a decoupled model's responses: OUTPUT0 is the sum of their OUTs
+                in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy().astype(np.int32)
+                call = pb_utils.InferenceRequest(model_name="repeat", requested_output_names=["OUT"],
+                                                 inputs=[pb_utils.Tensor("IN", in0)])
+                outs = [pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0]
+                        for r in call.exec(decoupled=True) if r.output_tensors()]
+                total = np.full(4, sum(outs) * 100 + len(outs), np.float32)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", total)]))
+                continue
             call = pb_utils.InferenceRequest(
                 model_name="add_sub" if mode != "missing" else "no_such_model",
                 requested_output_names=["OUTPUT1"],
@@ -241,6 +251,14 @@ def test_bls(server: ServerProcess, mode: str) -> None:
     chosen.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
     result = client.infer("bls", [*inputs, chosen])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), (np.arange(4) - 1) * 10)
+
+
+def test_bls_to_a_decoupled_model(server: ServerProcess) -> None:
+    client = httpclient.InferenceServerClient(server.url)
+    chosen = httpclient.InferInput("MODE", [1], "BYTES")
+    chosen.set_data_from_numpy(np.array([b"stream"], dtype=np.object_))
+    result = client.infer("bls", [*_add_sub_inputs(httpclient, np.array([1, 2, 3, 4], np.float32)), chosen])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [1004] * 4)  # 4 responses summing to 10
 
 
 def test_bls_to_a_missing_model_is_the_callers_error(server: ServerProcess) -> None:
