@@ -336,6 +336,13 @@ def test_generate_non_streaming(server: ServerProcess) -> None:
     assert answer.status_code == 200, answer.text
     assert answer.json() == {"model_name": "add_sub", "model_version": "1", "OUTPUT0": [2, 3, 4, 5],
                              "OUTPUT1": [0, 1, 2, 3]}
+    body = {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1], "MODE": "sync", "parameters": {"temperature": 0}}
+    answer = requests.post(f"{server.base}/v2/models/bls/generate", json=body, timeout=10)
+    assert answer.json()["OUTPUT0"] == [0, 10, 20, 30]  # a string for a BYTES input, a parameter beside
+    answer = requests.post(f"{server.base}/v2/models/repeat/generate", json={"IN": [1, 2]}, timeout=10)
+    assert answer.status_code == 400 and "sent 2 responses" in answer.json()["error"]
+    answer = requests.post(f"{server.base}/v2/models/add_sub/generate", json={"INPUT0": [1], "x": [1]}, timeout=10)
+    assert answer.status_code == 400 and "'x'" in answer.json()["error"]
 
 
 def test_client_leaving_cancels_the_request(server: ServerProcess) -> None:
