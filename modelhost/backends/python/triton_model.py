@@ -23,6 +23,7 @@ import numpy as np
 
 from modelhost.backends.python import triton_utils as pb
 from modelhost.backends.python.user_model import UserCodeSpec, call_user, check_outputs, execute_error
+from modelhost.client_log import client_log
 from modelhost.errors import ErrorKind, ModelhostError
 
 log = logging.getLogger("modelhost.backends.python.triton_model")
@@ -96,8 +97,8 @@ class TritonUserModel:
         answers = self._run(requests)
         if self.decoupled:
             if answers is not None:
-                log.warning("%s: a decoupled model's execute returned %s, not None: ignored", self._spec.label,
-                            type(answers).__name__)
+                client_log(log, logging.WARNING, "python-model-failed", "%s: a decoupled model's execute "
+                           "returned %s, not None: ignored", self._spec.label, type(answers).__name__)
             return results
         if not isinstance(answers, list | tuple) or len(answers) != len(requests):
             count = len(answers) if isinstance(answers, list | tuple) else type(answers).__name__
@@ -162,8 +163,8 @@ class TritonUserModel:
         arrays = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
         try:
             return check_outputs(self._spec.label, self._rules, arrays, outputs, rows)
-        except ModelhostError as exc:
-            log.error("%s", exc.message)
+        except ModelhostError as exc:  # the model's bug, not the client's: the operator should see it
+            client_log(log, logging.ERROR, "python-model-failed", "%s", exc.message)
             return exc
 
 
