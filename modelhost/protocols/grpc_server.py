@@ -46,6 +46,7 @@ _INT32_MAX = 2**31 - 1
 # Clients may ping an idle connection this often (gRPC's server default, 5 minutes, answers a client
 # that keeps alive every 10 s with GOAWAY "too_many_pings").
 MIN_CLIENT_PING_INTERVAL_MS = 5000
+MAX_QUEUED_PART_BYTES = 16 * 1024**2  # a stream's messages of several-message answers queued, unwritten
 
 
 class ListenError(Exception):
@@ -375,6 +376,10 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
         reading = True
+        # Answers of several messages wait while this many bytes are queued unwritten: a client that reads slower
+        # than a model streams holds the model's stream back (where its unread part is bounded), not this queue.
+        queued = [0]
+        room = asyncio.Event()
 
         async def run(request: Any) -> None:
             result = await answer(request)
@@ -382,6 +387,10 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
                 answers.put_nowait(result)
                 return
             async for part in parts(*result):
+                while queued[0] >= MAX_QUEUED_PART_BYTES:
+                    room.clear()
+                    await room.wait()
+                queued[0] += len(part)
                 answers.put_nowait(part)
 
         def finished(task: asyncio.Task[None]) -> None:
@@ -405,6 +414,9 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
         try:
             while (message := await answers.get()) is not None:
                 yield message
+                if queued[0]:
+                    queued[0] = max(0, queued[0] - len(message))
+                    room.set()
             await reader  # a failed read ends the stream with its error
         finally:
             # The client is gone or the stream failed: requests still queued are dropped.
