@@ -9,7 +9,7 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
   come one by one, each with its own batch dimension);
 - `bls`: calls add_sub with InferenceRequest(...).exec(), and with async_exec() from `async def execute`, or
   repeat with exec(decoupled=True);
-- `add_sub_isolated`, `repeat_isolated`: the same model.py files, each instance in a worker process;
+- `add_sub_isolated`, `repeat_isolated`, `bls_isolated`: the same model.py files, each instance in a worker process;
 - `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
   alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>.
 """
@@ -180,6 +180,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
     write_model(repo, "add_sub_isolated", ADD_SUB_CONFIG + ISOLATED, ADD_SUB)
     write_model(repo, "repeat_isolated", REPEAT_CONFIG + ISOLATED, REPEAT)
+    write_model(repo, "bls_isolated", BLS_CONFIG + ISOLATED, BLS)
     process = ServerProcess(repo)
     process.repository = repo
     try:
@@ -243,30 +244,33 @@ def test_requests_of_a_batch_come_one_by_one(server: ServerProcess) -> None:
     assert max(int(answer[0, 0]) // 100 for answer in answers) > 1  # some execute got several requests
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_bls(server: ServerProcess, mode: str) -> None:
+@pytest.mark.parametrize(("model", "mode"), [("bls", "sync"), ("bls", "async"), ("bls_isolated", "sync"),
+                                           ("bls_isolated", "async")])
+def test_bls(server: ServerProcess, model: str, mode: str) -> None:
     client = httpclient.InferenceServerClient(server.url)
     inputs = _add_sub_inputs(httpclient, np.arange(4, dtype=np.float32))
     chosen = httpclient.InferInput("MODE", [1], "BYTES")
     chosen.set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
-    result = client.infer("bls", [*inputs, chosen])
+    result = client.infer(model, [*inputs, chosen])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), (np.arange(4) - 1) * 10)
 
 
-def test_bls_to_a_decoupled_model(server: ServerProcess) -> None:
+@pytest.mark.parametrize("model", ["bls", "bls_isolated"])
+def test_bls_to_a_decoupled_model(server: ServerProcess, model: str) -> None:
     client = httpclient.InferenceServerClient(server.url)
     chosen = httpclient.InferInput("MODE", [1], "BYTES")
     chosen.set_data_from_numpy(np.array([b"stream"], dtype=np.object_))
-    result = client.infer("bls", [*_add_sub_inputs(httpclient, np.array([1, 2, 3, 4], np.float32)), chosen])
+    result = client.infer(model, [*_add_sub_inputs(httpclient, np.array([1, 2, 3, 4], np.float32)), chosen])
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [1004] * 4)  # 4 responses summing to 10
 
 
-def test_bls_to_a_missing_model_is_the_callers_error(server: ServerProcess) -> None:
+@pytest.mark.parametrize("model", ["bls", "bls_isolated"])
+def test_bls_to_a_missing_model_is_the_callers_error(server: ServerProcess, model: str) -> None:
     client = httpclient.InferenceServerClient(server.url)
     chosen = httpclient.InferInput("MODE", [1], "BYTES")
     chosen.set_data_from_numpy(np.array([b"missing"], dtype=np.object_))
     with pytest.raises(InferenceServerException, match="no_such_model"):
-        client.infer("bls", [*_add_sub_inputs(httpclient, np.zeros(4, np.float32)), chosen])
+        client.infer(model, [*_add_sub_inputs(httpclient, np.zeros(4, np.float32)), chosen])
 
 
 def _stream(server: ServerProcess, values: list[int], model: str = "repeat", **options: Any) -> list[Any]:

@@ -89,13 +89,18 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.process.pid
 
-    def call(self, message: tuple[Any, ...], timeout_s: float, partial: Partial | None = None) -> tuple[Any, ...]:
+    def call(self, message: tuple[Any, ...], timeout_s: float, partial: Partial | None = None,
+             on_call: Callable[[Any], Any] | None = None) -> tuple[Any, ...]:
         """Send one message and wait for its reply; raises TimeoutError or ChannelClosed. The worker's partial
-        answers before the reply go to `partial(index, answer)` (dropped when None)."""
+        answers before the reply go to `partial(index, answer)` (dropped when None); its own calls to the server
+        before the reply (("call", what): a Triton model's BLS) are answered with ("answer", on_call(what))."""
         deadline = time.monotonic() + timeout_s if timeout_s else None
         self.channel.send(message, deadline)
         while True:
             reply: tuple[Any, ...] = self.channel.receive(deadline)
+            if reply[0] == "call" and on_call is not None:
+                self.channel.send(("answer", on_call(reply[1])), deadline)
+                continue
             if reply[0] != "partial":
                 return reply
             if partial is not None:
@@ -228,10 +233,10 @@ class IsolatedModel(Model):
         return self._answer(worker, reply)
 
     def exchange(self, worker: WorkerProcess, message: tuple[Any, ...], timeout: float,
-                 partial: Partial | None) -> tuple[Any, ...]:
+                 partial: Partial | None, on_call: Callable[[Any], Any] | None = None) -> tuple[Any, ...]:
         """The worker's reply to one batch's message; a worker that times out or dies fails it, and restarts."""
         try:
-            return worker.call(message, timeout, partial)
+            return worker.call(message, timeout, partial, on_call)
         except TimeoutError:
             raise self._fail(worker, _timed_out(timeout), ErrorKind.TIMEOUT) from None
         except ChannelClosed:

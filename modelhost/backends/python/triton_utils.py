@@ -7,8 +7,8 @@ and there is no real package of that name to shadow (Triton ships it inside its 
 What the model sees: `InferenceRequest` (its inputs as `Tensor`s, id, requested outputs, response sender,
 cancellation; or, made by the model, a BLS call to another model: `exec`/`async_exec`), `InferenceResponse`
 (output tensors, or an error), `TritonError`, and the config helpers. A BLS call goes to whatever `connect`
-registered (backends/python/triton_bls.py in the server); in a worker process none is, and exec answers an
-error response saying so. Light on purpose: numpy only, as the worker imports it.
+registered (backends/python/triton_bls.py in the server, triton_worker.py in an isolated model's worker).
+Light on purpose: numpy only, as the worker imports it.
 """
 
 from __future__ import annotations
@@ -204,11 +204,11 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on the model it names (BLS): its InferenceResponse (its error set where it failed),
         or with decoupled=True an iterator over a decoupled model's responses."""
-        return _bls().call(self, decoupled)
+        return _host.call(self, decoupled)
 
     def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` as an awaitable, for an `async def execute`."""
-        return _bls().call_async(self, decoupled)
+        return _host.call_async(self, decoupled)
 
 
 class BlsHost:
@@ -223,8 +223,7 @@ class BlsHost:
 
 
 def _no_bls() -> InferenceResponse:
-    return InferenceResponse(error=TritonError("BLS calls are not available here: the model runs in an isolated "
-                                               "worker process (parameter isolation: process)",
+    return InferenceResponse(error=TritonError("BLS calls are not available here: no server runs them",
                                                TritonError.UNSUPPORTED))
 
 
@@ -236,7 +235,7 @@ def connect(host: BlsHost) -> None:
     _host = host
 
 
-def _bls() -> BlsHost:
+def bls_host() -> BlsHost:
     return _host
 
 
