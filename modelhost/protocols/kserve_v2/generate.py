@@ -26,7 +26,7 @@ from modelhost.core.decoupled import Response
 from modelhost.errors import ModelhostError, invalid, public_message
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, json_response
 from modelhost.protocols.json_body import json_object
-from modelhost.types import DATATYPE_DTYPES, InferRequest, InferResponse, ModelMetadata, check_json_depth
+from modelhost.types import DATATYPE_DTYPES, ElementBudget, InferRequest, InferResponse, check_json_depth
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[0-9]+))?"
 _SSE = b"text/event-stream; charset=utf-8"
@@ -78,7 +78,8 @@ def _request(dataplane: DataPlane, request: HttpRequest) -> InferRequest:
     budget = dataplane.limits.budget()
     for spec in metadata.inputs:
         if spec.name in document:
-            inputs[spec.name] = _tensor(spec.name, spec.datatype, document.pop(spec.name), metadata, budget)
+            inputs[spec.name] = _tensor(spec.name, spec.datatype, document.pop(spec.name),
+                                        metadata.max_batch_size > 0, budget)
     for key, value in document.items():  # what is not an input is a parameter, as Triton takes it
         if not isinstance(value, str | int | float | bool):
             raise invalid(f"generate request field '{key}' is neither an input of model '{model}' nor a "
@@ -87,7 +88,9 @@ def _request(dataplane: DataPlane, request: HttpRequest) -> InferRequest:
     return InferRequest(model, inputs, version, parameters=parameters, received=request.received)
 
 
-def _tensor(name: str, datatype: str, value: Any, metadata: ModelMetadata, budget: Any) -> np.ndarray:
+def _tensor(name: str, datatype: str, value: Any, batching: bool, budget: ElementBudget) -> np.ndarray:
+    """An input's JSON value as the model takes it; INVALID_INPUT when it is not of the datatype or over the
+    request's element budget."""
     check_json_depth(value, f"input '{name}'", budget.limits.max_json_depth)
     try:
         if datatype == "BYTES":
@@ -99,7 +102,7 @@ def _tensor(name: str, datatype: str, value: Any, metadata: ModelMetadata, budge
         raise invalid(f"input '{name}' of datatype {datatype}: {exc}") from None
     if array.ndim == 0:
         array = array.reshape(1)
-    if metadata.max_batch_size > 0:
+    if batching:
         array = array[np.newaxis]
     budget.take(f"input '{name}'", array.shape)
     return array
