@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -369,4 +371,12 @@ def test_client_leaving_cancels_the_request(server: ServerProcess) -> None:
     client.stop_stream(cancel_requests=True)
     wait_for(lambda: (server.repository / "repeat" / "cancelled2").exists(), what="the model to see the cancel")
     assert int(_stream(server, [2])[0].as_numpy("OUT")[0]) == 2
+
+    # A client that leaves before the first response (the handler still waits for it) cancels it too.
+    body = json.dumps({"IN": [-3]}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as connection:
+        connection.sendall(b"POST /v2/models/repeat/generate_stream HTTP/1.1\r\nhost: x\r\ncontent-length: "
+                           + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.2)
+    wait_for(lambda: (server.repository / "repeat" / "cancelled3").exists(), what="the model to see the cancel")
 
