@@ -11,7 +11,8 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
   repeat with exec(decoupled=True);
 - `add_sub_isolated`, `repeat_isolated`, `bls_isolated`: the same model.py files, each instance in a worker process;
 - `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
-  alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>.
+  alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>; more than
+  4 elements raise a TritonError (INVALID_ARG).
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         for request in requests:
+            if pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().size > 4:
+                raise pb_utils.TritonError("IN holds at most 4 values", pb_utils.TritonError.INVALID_ARG)
             threading.Thread(target=self.send, args=(request,), daemon=True).start()
         return None
 
@@ -324,6 +327,15 @@ def test_decoupled_refuses_unary_infer(server: ServerProcess) -> None:
     body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
     answer = requests.post(f"{server.base}/v2/models/repeat/infer", json=body, timeout=10)
     assert answer.status_code == 501 and "decoupled" in answer.json()["error"]
+
+
+def test_decoupled_model_raising_fails_its_stream_request(server: ServerProcess) -> None:
+    (error,) = _stream(server, [1, 2, 3, 4, 5])
+    assert isinstance(error, InferenceServerException)
+    assert error.message() == "IN holds at most 4 values"
+    answer = requests.post(f"{server.base}/v2/models/repeat/generate_stream", json={"IN": [1, 2, 3, 4, 5]},
+                           timeout=10)
+    assert answer.status_code == 400 and answer.json() == {"error": "IN holds at most 4 values"}
 
 
 def test_generate_stream_sse(server: ServerProcess) -> None:
