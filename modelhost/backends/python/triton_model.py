@@ -29,11 +29,13 @@ from modelhost.errors import ErrorKind, ModelhostError
 log = logging.getLogger("modelhost.backends.python.triton_model")
 
 Outputs = dict[str, np.ndarray]
+# A TritonError's code -> the request's error, with Triton's HTTP statuses: INTERNAL 500, NOT_FOUND 404,
+# UNAVAILABLE 503, UNSUPPORTED 501, the others 400 (gRPC: INVALID_ARGUMENT where Triton says UNKNOWN or CANCELLED).
 ERROR_KINDS = {
-    pb.TritonError.UNKNOWN: ErrorKind.INTERNAL, pb.TritonError.INTERNAL: ErrorKind.INTERNAL,
+    pb.TritonError.UNKNOWN: ErrorKind.INVALID_INPUT, pb.TritonError.INTERNAL: ErrorKind.INTERNAL,
     pb.TritonError.NOT_FOUND: ErrorKind.NOT_FOUND, pb.TritonError.INVALID_ARG: ErrorKind.INVALID_INPUT,
     pb.TritonError.UNAVAILABLE: ErrorKind.UNAVAILABLE, pb.TritonError.UNSUPPORTED: ErrorKind.UNSUPPORTED,
-    pb.TritonError.ALREADY_EXISTS: ErrorKind.ALREADY_EXISTS, pb.TritonError.CANCELLED: ErrorKind.UNAVAILABLE,
+    pb.TritonError.ALREADY_EXISTS: ErrorKind.ALREADY_EXISTS, pb.TritonError.CANCELLED: ErrorKind.INVALID_INPUT,
 }
 
 
