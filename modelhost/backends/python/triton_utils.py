@@ -195,6 +195,11 @@ class InferenceRequest:
         """Whether the client went away (its stream closed): the model may stop working on the request."""
         return self._cancelled()
 
+    def set_release_flags(self, flags: int) -> None:
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonError("modelhost does not reschedule requests (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)",
+                              TritonError.UNSUPPORTED)
+
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
             raise TritonError("only a decoupled model's requests have a response sender "
