@@ -141,7 +141,7 @@ class DataPlane:
         try:
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request))
+                                       self.limits.max_output_bytes, request.signature, _spent(request), None, request)
             return InferResponse(served.name, str(served.version), outputs, request.id)
         finally:
             served.pins.release()
@@ -149,7 +149,7 @@ class DataPlane:
     async def _answer(self, served: ServedModel, request: InferRequest) -> InferResponse:
         priority, timeout_us = _scheduling(request.parameters)
         outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                   self.limits.max_output_bytes, request.signature, _spent(request))
+                                   self.limits.max_output_bytes, request.signature, _spent(request), None, request)
         return InferResponse(served.name, str(served.version), outputs, request.id)
 
     async def infer_or_stream(self, request: InferRequest) -> InferResponse | AsyncGenerator[Response, None]:

@@ -32,7 +32,7 @@ async def responses(served: ServedModel, request: InferRequest, max_output_bytes
     names = served.signature.check_outputs(request.outputs)
     answers = PartialAnswers(max_output_bytes)
     run = asyncio.ensure_future(served.run(request.inputs, request.outputs, priority, timeout_us, max_output_bytes,
-                                           request.signature, spent_s, answers))
+                                           request.signature, spent_s, answers, request))
     run.add_done_callback(partial(_ran, answers))
     try:
         while (answer := await answers.next()) is not None:

@@ -54,7 +54,7 @@ class EnsembleScheduler:
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
-        responses: Any = None,
+        responses: Any = None, origin: Any = None,
     ) -> Outputs:
         """Run the steps the requested `outputs` need; priority and timeout pass to every step's scheduler
         (`spent_s` does not: each step's model counts from the step's own start).

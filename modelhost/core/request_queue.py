@@ -39,6 +39,7 @@ class Pending:
     measures_handoff: bool = False  # queued alone with an instance free (core/loop_gate.py)
     spent: float = 0.0  # seconds the server had the request before it was queued (a latency target counts them)
     responses: Any = None  # where a decoupled model's responses to it go (core/partial_answers.py), if it streams
+    origin: Any = None  # the client's request (types.InferRequest: id, parameters), where the front-end gave it
 
 
 class RequestQueue:

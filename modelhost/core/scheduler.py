@@ -96,11 +96,12 @@ class Scheduler:
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
-        responses: Any = None,
+        responses: Any = None, origin: Any = None,
     ) -> Outputs:
         """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest. `spent_s`: how
         long the server has had the request before this (receiving, decoding), which a latency target counts.
-        `responses`: where a decoupled model sends its responses to the request (core/partial_answers.py).
+        `responses`: where a decoupled model sends its responses to the request (core/partial_answers.py); `origin`:
+        the client's request, whose id and parameters a model that takes requests one by one sees.
 
         `entry` names the model's signature to run (`Model.infer_signature`; "" is `Model.infer`); a request
         that is not `batchable` (its signature has no batch dim) runs alone.
@@ -123,8 +124,8 @@ class Scheduler:
             self._admit(rows, spent_s)
         split = self._policy.split_size if batchable else 0
         if not split or rows <= split:
-            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s, responses),
-                                    timeout)
+            return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s, responses,
+                                                  origin), timeout)
         # Every chunk is queued before the first await: a request that got this scheduler is in its queue
         # before a reload can stop it, so it drains on this version rather than failing.
         pendings: list[Pending] = []
@@ -154,7 +155,7 @@ class Scheduler:
             self._admit(1)
 
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, entry: str,
-                 batchable: bool, spent_s: float = 0.0, responses: Any = None) -> Pending:
+                 batchable: bool, spent_s: float = 0.0, responses: Any = None, origin: Any = None) -> Pending:
         loop = asyncio.get_running_loop()
         if not self._policy.batching:
             key: Any = None
@@ -165,7 +166,8 @@ class Scheduler:
         # Alone in the queue with an instance free: its round trip, less its execution, is a handoff's cost.
         alone = not self._queue.depth() and any(not lock.locked() for _, lock in self._instances)
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), entry,
-                          sequence=self._sequence, measures_handoff=alone, spent=spent_s, responses=responses)
+                          sequence=self._sequence, measures_handoff=alone, spent=spent_s, responses=responses,
+                          origin=origin)
         self._queue.put(pending, self._label)
         self._sequence += 1
         self._inflight += 1
@@ -478,7 +480,7 @@ def _run_each(instance: Model, batch: list[Pending], taken: float,
     """`_run` for a model that takes requests one by one: no concatenation, each request's outputs or error."""
     queue_ns = [int((taken - p.enqueued) * 1e9) for p in batch]
     started = time.monotonic_ns()
-    results = instance.infer_requests([(p.inputs, p.responses) for p in batch], batch[0].outputs)
+    results = instance.infer_requests([(p.inputs, p.responses, p.origin) for p in batch], batch[0].outputs)
     return results, ExecutionTiming(queue_ns, 0, time.monotonic_ns() - started, 0)
 
 

@@ -64,13 +64,14 @@ class ServedModel:
     async def run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int = 0,
         timeout_us: int = 0, max_output_bytes: int | None = None, signature: str | None = None,
-        spent_s: float = 0.0, responses: Any = None,
+        spent_s: float = 0.0, responses: Any = None, origin: Any = None,
     ) -> Outputs:
         """The requested outputs (all, in model order, when `outputs` is None or empty), in request order.
 
         `signature` names one of `named` (None: the config's signature, `signature`). `spent_s`: how long the
         server has had the request already (a latency target counts it). `responses`: where a decoupled model sends
-        its responses (core/partial_answers.py; its outputs here are then empty).
+        its responses (core/partial_answers.py; its outputs here are then empty). `origin`: the client's request (its id
+        and parameters), for a model that takes requests one by one (Triton's Python API).
 
         Raises INVALID_INPUT for inputs or outputs the signature refuses and for outputs over
         `max_output_bytes`; the scheduler's errors as they are; anything else the model raises as INTERNAL,
@@ -80,7 +81,7 @@ class ServedModel:
         ok = False
         try:
             result = await self._run(inputs, outputs, priority, timeout_us, max_output_bytes, signature, spent_s,
-                                     responses)
+                                     responses, origin)
             ok = True
             return result
         finally:
@@ -89,7 +90,7 @@ class ServedModel:
     async def _run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int,
         timeout_us: int, max_output_bytes: int | None, signature_name: str | None, spent_s: float = 0.0,
-        responses: Any = None,
+        responses: Any = None, origin: Any = None,
     ) -> Outputs:
         if signature_name is None:
             signature, entry = self.signature, ""
@@ -100,7 +101,7 @@ class ServedModel:
         names = signature.check_outputs(outputs)
         try:
             results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us, entry,
-                                                  signature.max_batch_size > 0, spent_s, responses)
+                                                  signature.max_batch_size > 0, spent_s, responses, origin)
         except ModelhostError:
             raise
         except Exception as exc:

@@ -2,9 +2,9 @@
 served as they are, end to end: one server (module scope), tritonclient over HTTP and gRPC.
 
 The models are written in the style of python_backend's examples (add_sub, bls, decoupled repeat):
-- `add_sub`: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, dtypes read from the config with
-  get_output_config_by_name / triton_string_to_numpy; an INPUT0 of all -1 answers an InferenceResponse(error=...)
-  with INVALID_ARG, an INPUT0 of all -2 raises in execute;
+- `add_sub`: OUTPUT0 = INPUT0 + INPUT1 (+ the request's parameter `offset`), OUTPUT1 = INPUT0 - INPUT1, dtypes
+  read from the config with get_output_config_by_name / triton_string_to_numpy; an INPUT0 of all -1 answers an
+  InferenceResponse(error=...) with INVALID_ARG (naming the request's id), an INPUT0 of all -2 raises in execute;
 - `per_request`: dynamic batching; each response says how many requests its execute got (the requests of a batch
   come one by one, each with its own batch dimension);
 - `bls`: calls add_sub with InferenceRequest(...).exec(), and with async_exec() from `async def execute`, or
@@ -63,10 +63,12 @@ class TritonPythonModel:
             if (in0 == -2).all():
                 raise ValueError("INPUT0 of -2 breaks this model")
             if (in0 == -1).all():
-                error = pb_utils.TritonError("INPUT0 must not be all -1", pb_utils.TritonError.INVALID_ARG)
+                where = f" in request {request.request_id()}" if request.request_id() else ""
+                error = pb_utils.TritonError("INPUT0 must not be all -1" + where, pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
                 continue
-            out0 = pb_utils.Tensor("OUTPUT0", (in0 + in1).astype(self.dtype0))
+            offset = json.loads(request.parameters()).get("offset", 0)
+            out0 = pb_utils.Tensor("OUTPUT0", (in0 + in1 + offset).astype(self.dtype0))
             out1 = pb_utils.Tensor("OUTPUT1", (in0 - in1).astype(self.dtype1))
             responses.append(pb_utils.InferenceResponse(output_tensors=[out0, out1]))
         return responses
@@ -208,6 +210,8 @@ def test_add_sub(server: ServerProcess, module: Any, model: str) -> None:
     in0 = np.arange(4, dtype=np.float32)
     result = client.infer(model, _add_sub_inputs(module, in0))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), in0 + 1)
+    result = client.infer(model, _add_sub_inputs(module, in0), parameters={"offset": 10})  # request.parameters()
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), in0 + 11)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), in0 - 1)
 
 
@@ -226,9 +230,9 @@ def test_error_response_and_raise(server: ServerProcess, model: str) -> None:
     assert "ValueError: INPUT0 of -2 breaks this model" in answer.json()["error"]
     client = grpcclient.InferenceServerClient(server.grpc_url)
     with pytest.raises(InferenceServerException) as raised:
-        client.infer(model, _add_sub_inputs(grpcclient, np.full(4, -1, np.float32)))
+        client.infer(model, _add_sub_inputs(grpcclient, np.full(4, -1, np.float32)), request_id="r7")
     assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert raised.value.message() == "INPUT0 must not be all -1"
+    assert raised.value.message() == "INPUT0 must not be all -1 in request r7"  # the model sees the request's id
 
 
 def test_requests_of_a_batch_come_one_by_one(server: ServerProcess) -> None:

@@ -38,7 +38,7 @@ import numpy as np
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
 from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions, WorkerProcess
 from modelhost.backends.python.triton_isolated import IsolatedTritonModel
-from modelhost.backends.python.triton_model import TritonUserModel
+from modelhost.backends.python.triton_model import TritonUserModel, identity
 from modelhost.backends.python.user_model import (
     ExecuteError,
     OutputRule,
@@ -132,10 +132,11 @@ class TritonModel(InProcessModel):
         super().__init__(user, signature)
         self._triton = user
 
-    def infer_requests(self, requests: Sequence[tuple[dict[str, np.ndarray], Any]],
+    def infer_requests(self, requests: Sequence[tuple[dict[str, np.ndarray], Any, Any]],
                        outputs: Sequence[str]) -> list[dict[str, np.ndarray] | Exception]:
+        calls = [(inputs, responses, *identity(origin)) for inputs, responses, origin in requests]
         with _logged():
-            return list(self._triton.execute_requests(requests, list(outputs)))
+            return list(self._triton.execute_requests(calls, list(outputs)))
 
 
 @contextmanager

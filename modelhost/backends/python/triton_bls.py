@@ -11,6 +11,7 @@ an iterator over the model's responses, the final (possibly empty) one included,
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any
@@ -70,7 +71,8 @@ def _infer_request(request: pb.InferenceRequest) -> InferRequest:
     version = "" if request.model_version < 0 else str(request.model_version)
     names = request.requested_output_names()
     return InferRequest(request.model_name, {tensor.name(): tensor.as_numpy() for tensor in request.inputs()},
-                        version, request.request_id(), [RequestedOutput(name) for name in names] or None)
+                        version, request.request_id(), [RequestedOutput(name) for name in names] or None,
+                        json.loads(request.parameters()))
 
 
 def _response(response: InferResponse) -> pb.InferenceResponse:

@@ -16,6 +16,7 @@ import numpy as np
 
 from modelhost.backends.python import triton_utils as pb
 from modelhost.backends.python.isolated import IsolatedModel
+from modelhost.backends.python.triton_model import identity
 from modelhost.backends.python.triton_worker import response_to_wire
 from modelhost.errors import ErrorKind, ModelhostError
 
@@ -27,10 +28,10 @@ class IsolatedTritonModel(IsolatedModel):
     takes_requests = True
     runs_async = False  # a lone request also goes to the instance thread, with its stream
 
-    def infer_requests(self, requests: Sequence[tuple[Outputs, Any]],
+    def infer_requests(self, requests: Sequence[tuple[Outputs, Any, Any]],
                        outputs: Sequence[str]) -> list[Outputs | Exception]:
         worker = self._ready_worker()
-        streams = [responses for _, responses in requests]
+        streams = [responses for _, responses, _ in requests]
 
         def partial(index: int, answer: tuple[Any, bool]) -> None:
             item, final = answer
@@ -39,14 +40,15 @@ class IsolatedTritonModel(IsolatedModel):
                 size = sum(a.nbytes for a in response.values()) if isinstance(response, dict) else 0
                 streams[index].put((response, final), size, final)
 
-        message = ("requests", [inputs for inputs, _ in requests], list(outputs), [s is not None for s in streams])
+        message = ("requests", [inputs for inputs, _, _ in requests], list(outputs), [s is not None for s in streams],
+                   [identity(origin) for _, _, origin in requests])
         reply = self.exchange(worker, message, self._options.execute_timeout_s, partial, _bls_call)
         if reply[0] != "ok":
             self._answer(worker, reply)  # raises its error
         return [_local(result) or {} for result in reply[1]]
 
     def infer(self, inputs: Outputs, outputs: Sequence[str]) -> Outputs:
-        result = self.infer_requests([(inputs, None)], outputs)[0]
+        result = self.infer_requests([(inputs, None, None)], outputs)[0]
         if isinstance(result, Exception):
             raise result
         return result
@@ -54,9 +56,9 @@ class IsolatedTritonModel(IsolatedModel):
 
 def _bls_call(wire: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     """A worker's BLS call, run by this process's BLS host: its responses, as they travel back."""
-    model_name, version, request_id, names, inputs, decoupled = wire
+    model_name, version, request_id, names, inputs, decoupled, parameters = wire
     request = pb.InferenceRequest(model_name, names, [pb.Tensor(name, array) for name, array in inputs.items()],
-                                  request_id, model_version=version)
+                                  request_id, model_version=version, parameters=parameters)
     try:
         answer = pb.bls_host().call(request, decoupled)
     except Exception as exc:  # noqa: BLE001 - the worker waits for an answer: it gets the error as one

@@ -48,6 +48,15 @@ class Responses(Protocol):
     def put(self, answer: Any, size: int, last: bool = False) -> None: ...
 
 
+# One request of a batch: its inputs, where its responses go (decoupled) or None, its id and its parameters.
+Call = tuple[Outputs, "Responses | None", str, dict[str, Any]]
+
+
+def identity(origin: Any) -> tuple[str, dict[str, Any]]:
+    """The id and parameters of the client's request (a types.InferRequest), or none."""
+    return ("", {}) if origin is None else (origin.id, origin.parameters)
+
+
 def triton_args(spec: UserCodeSpec) -> dict[str, str]:
     """initialize's argument as Triton gives it: strings, the config as a JSON string."""
     args = spec.args
@@ -76,23 +85,22 @@ class TritonUserModel:
 
     def execute(self, inputs: Outputs, outputs: list[str]) -> Outputs:
         """One request (an isolated worker's whole batch, or a lone request); raises its error."""
-        result = self.execute_requests([(inputs, None)], outputs)[0]
+        result = self.execute_requests([(inputs, None, "", {})], outputs)[0]
         if isinstance(result, ModelhostError):
             raise result
         return result
 
-    def execute_requests(self, calls: Sequence[tuple[Outputs, Responses | None]],
-                         outputs: list[str]) -> list[Outputs | ModelhostError]:
+    def execute_requests(self, calls: Sequence[Call], outputs: list[str]) -> list[Outputs | ModelhostError]:
         """Run execute on a batch of requests: each one's outputs, or its error."""
         results: list[Outputs | ModelhostError] = [{} for _ in calls]
         requests, indices = [], []
-        for index, (inputs, responses) in enumerate(calls):
+        for index, (inputs, responses, request_id, parameters) in enumerate(calls):
             if self.decoupled and responses is None:
                 results[index] = ModelhostError(ErrorKind.UNSUPPORTED, (
                     f"model '{self._spec.args['model_name']}' is decoupled (model_transaction_policy decoupled): "
                     "it answers through a stream only (gRPC ModelStreamInfer, HTTP generate_stream)"))
                 continue
-            requests.append(self._request(inputs, responses, outputs))
+            requests.append(self._request(inputs, responses, outputs, request_id, parameters))
             indices.append(index)
         if not requests:
             return results
@@ -136,9 +144,11 @@ class TritonUserModel:
         except (Exception, SystemExit) as exc:
             raise execute_error(self._spec, exc) from exc
 
-    def _request(self, inputs: Outputs, responses: Responses | None, outputs: list[str]) -> pb.InferenceRequest:
+    def _request(self, inputs: Outputs, responses: Responses | None, outputs: list[str], request_id: str,
+                 parameters: dict[str, Any]) -> pb.InferenceRequest:
         request = pb.InferenceRequest(self._spec.args["model_name"], outputs,
-                                      [pb.Tensor(name, array) for name, array in inputs.items()])
+                                      [pb.Tensor(name, array) for name, array in inputs.items()], request_id,
+                                      parameters=parameters)
         if responses is not None:
             rows = next(iter(inputs.values())).shape[0] if self._spec.batching and inputs else None
 

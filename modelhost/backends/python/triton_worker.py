@@ -60,7 +60,7 @@ class WorkerBls(pb.BlsHost):
 
     def call(self, request: pb.InferenceRequest, decoupled: bool) -> Any:
         wire = (request.model_name, request.model_version, request.request_id(), request.requested_output_names(),
-                {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}, decoupled)
+                {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}, decoupled, request.parameters())
         with self._call_lock:
             with self._send_lock:
                 self._channel.send(("call", wire))
@@ -87,13 +87,14 @@ def response_from_wire(wire: tuple[Any, ...]) -> pb.InferenceResponse:
 
 
 def execute_requests(model: Any, channel: Channel, inputs: list[Outputs], outputs: list[str],
-                     streams: list[bool]) -> tuple[Any, ...]:
+                     streams: list[bool], identities: list[tuple[str, dict[str, Any]]]) -> tuple[Any, ...]:
     """Run a "requests" message on a TritonUserModel: ("ok", each request's outputs or portable error)."""
     lock = threading.Lock()
     pb.connect(WorkerBls(channel, lock))
     senders = [_Stream(channel, lock, index) if streamed else None for index, streamed in enumerate(streams)]
     try:
-        results = model.execute_requests(list(zip(inputs, senders, strict=True)), outputs)
+        calls = [(request, sender, *who) for request, sender, who in zip(inputs, senders, identities, strict=True)]
+        results = model.execute_requests(calls, outputs)
     except ModelhostError as exc:
         return "error", exc.kind.value, exc.message, getattr(exc, "details", "")
     for sender, result in zip(senders, results, strict=True):
