@@ -89,7 +89,8 @@ class Scheduler:
         self._stopped: asyncio.Future[None] | None = None
         self._serving_lock = threading.Lock()
         # Models that take a batch's requests one by one (Triton's Python API) are handed them so.
-        self._run_batch = _run_each if all(i.takes_requests for i in instances) else _run
+        self._takes_requests = all(i.takes_requests for i in instances) and bool(instances)
+        self._run_batch = _run_each if self._takes_requests else _run
         for index, (instance, lock) in enumerate(self._instances):
             instance_threads.start(partial(self._serve, instance, lock), f"{label}#{index}")
 
@@ -166,8 +167,9 @@ class Scheduler:
         # Alone in the queue with an instance free: its round trip, less its execution, is a handoff's cost.
         alone = not self._queue.depth() and any(not lock.locked() for _, lock in self._instances)
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), entry,
-                          sequence=self._sequence, measures_handoff=alone, spent=spent_s, responses=responses,
-                          origin=origin)
+                          sequence=self._sequence, measures_handoff=alone, spent=spent_s)
+        if self._takes_requests:  # only such a model sees them: ordinary requests spare the two stores
+            pending.responses, pending.origin = responses, origin
         self._queue.put(pending, self._label)
         self._sequence += 1
         self._inflight += 1
