@@ -21,6 +21,7 @@ import uvloop
 
 from modelhost import __version__, client_log
 from modelhost.access import AccessPolicy
+from modelhost.backends.python import triton_bls
 from modelhost.core import compute_threads, spare_cores
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.control import Control
@@ -314,6 +315,7 @@ class Server:
         return next(front_end for front_end in self.front_ends if front_end.name == name)
 
     async def _start(self) -> None:
+        triton_bls.connect(self.dataplane)  # Triton Python models' BLS calls run through the data plane
         if self.worker_statistics is not None:  # before the models load: the other workers may ask any time
             await self.worker_statistics.serve(self.dataplane.local_statistics, self.metrics.render)
         if self.settings.workers > 1:

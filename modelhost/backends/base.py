@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -76,10 +76,19 @@ class Model(abc.ABC):
     # True for a model with `infer_async`: a batch the scheduler can run from the event loop without blocking it
     # (it waits on another process), sparing a thread's handoff when an instance is free and nothing waits.
     runs_async: bool = False
+    # True for a model with `infer_requests`: the scheduler hands it a batch's requests one by one (Triton's Python
+    # API gives execute one request object per client request) instead of concatenating them.
+    takes_requests: bool = False
 
     @abc.abstractmethod
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         """Run one batch; return at least the named outputs."""
+
+    def infer_requests(self, requests: Sequence[tuple[dict[str, np.ndarray], Any, Any]],
+                       outputs: Sequence[str]) -> list[dict[str, np.ndarray] | Exception]:
+        """Run one batch of requests, where `takes_requests`: each request's (inputs, where its decoupled responses
+        go or None, the client's types.InferRequest or None), in; each one's outputs or its own error, out."""
+        raise NotImplementedError(f"{type(self).__name__} does not take requests one by one")
 
     async def infer_async(self, inputs: dict[str, np.ndarray], outputs: Sequence[str],
                           signature: str = "") -> dict[str, np.ndarray] | None:

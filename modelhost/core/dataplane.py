@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 from modelhost.config.pbtxt import config_to_json
+from modelhost.core.decoupled import Response, responses
 from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.core.model_record import for_clients
 from modelhost.core.row_updates import apply_rows, checked_rows
@@ -149,30 +151,67 @@ class DataPlane:
         # Held for the whole request: ModelManager.acquire without its context manager objects (~1 µs less).
         served = self._manager.hold(request.model_name, request.model_version)
         try:
-            sequence = _sequence(served, request.parameters)
-            if sequence is not None and not request.model_version:
-                served = self._sequence_version(served, sequence)
-            if request.trace is not None:
-                return await self._traced(served, request, request.trace, sequence)
-            priority, timeout_us = _scheduling(request.parameters)
-            outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request),
-                                       sequence=sequence)
-            return InferResponse(served.name, str(served.version), outputs, request.id)
+            return await self._answer(served, request)
         finally:
             served.pins.release()
 
-    def _sequence_version(self, served: ServedModel, sequence: SequenceFlags) -> ServedModel:
-        """The version a sequence's request runs on: the one it started on, which a reload may have replaced
-        (that one stays until its sequences end or idle out). `served` is held; so is the version returned."""
+    async def _answer(self, served: ServedModel, request: InferRequest) -> InferResponse:
+        """`request` run on `served`, which the caller holds, or on the older version its sequence started on."""
+        sequence = _sequence(served, request.parameters)
+        if sequence is not None and not request.model_version:
+            older = self._older_sequence_version(served, sequence)
+            if older is not None:
+                try:
+                    return await self._run(older, request, sequence)
+                finally:
+                    older.pins.release()
+        return await self._run(served, request, sequence)
+
+    async def _run(self, served: ServedModel, request: InferRequest,
+                   sequence: SequenceFlags | None) -> InferResponse:
+        if request.trace is not None:
+            return await self._traced(served, request, request.trace, sequence)
+        priority, timeout_us = _scheduling(request.parameters)
+        outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
+                                   self.limits.max_output_bytes, request.signature, _spent(request),
+                                   sequence=sequence, origin=request)
+        return InferResponse(served.name, str(served.version), outputs, request.id)
+
+    def _older_sequence_version(self, served: ServedModel, sequence: SequenceFlags) -> ServedModel | None:
+        """The version a sequence's request runs on when it is not `served`: the one it started on, which a
+        reload replaced (that one stays until its sequences end or idle out), held; None: `served`."""
         assert served.sequences is not None
         if sequence.start or served.sequences.is_open(sequence.id):
-            return served
-        older = self._manager.hold_sequence(served.name, sequence.id)
-        if older is None:
-            return served  # not open anywhere: `run` refuses it with Triton's words
-        served.pins.release()
-        return older
+            return None
+        return self._manager.hold_sequence(served.name, sequence.id)  # None: not open anywhere, `run` refuses it
+
+    async def infer_or_stream(self, request: InferRequest) -> InferResponse | AsyncGenerator[Response, None]:
+        """`infer`, or for a decoupled model (model_transaction_policy decoupled) `stream`'s responses: for a
+        front-end that answers either way (gRPC ModelStreamInfer), with one lookup for an ordinary model."""
+        served = self._manager.hold(request.model_name, request.model_version)
+        if served.decoupled:
+            served.pins.release()  # `stream` holds the version from its first response to its last
+            return self.stream(request)
+        try:
+            return await self._answer(served, request)
+        finally:
+            served.pins.release()
+
+    async def stream(self, request: InferRequest) -> AsyncGenerator[Response, None]:
+        """The responses to `request`, each with whether it is the last: a decoupled model's as it sends them
+        (core/decoupled.py), another model's one answer. Raises what fails the request before its first."""
+        served = self._manager.hold(request.model_name, request.model_version)
+        try:
+            if not served.decoupled:
+                yield await self._answer(served, request), True
+                return
+            priority, timeout_us = _scheduling(request.parameters)
+            answers = responses(served, request, self.limits.max_output_bytes, priority, timeout_us, _spent(request))
+            async with aclosing(answers):
+                async for response in answers:
+                    yield response
+        finally:
+            served.pins.release()
 
     async def decode_and_infer(self, name: str, version: str, decode: Decode[T]) -> tuple[InferResponse, T]:
         """For a front-end whose wire format is read against the model's signature (TF Serving rows, SageMaker
@@ -183,14 +222,7 @@ class DataPlane:
         try:
             request, context = decode(self._metadata_of(served))
             request.model_name, request.model_version = name, version
-            sequence = _sequence(served, request.parameters)
-            if request.trace is not None:
-                return await self._traced(served, request, request.trace, sequence), context
-            priority, timeout_us = _scheduling(request.parameters)
-            outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
-                                       self.limits.max_output_bytes, request.signature, _spent(request),
-                                       sequence=sequence)
-            return InferResponse(served.name, str(served.version), outputs, request.id), context
+            return await self._run(served, request, _sequence(served, request.parameters)), context
         finally:
             served.pins.release()
 
@@ -207,7 +239,7 @@ class DataPlane:
             priority, timeout_us = _scheduling(request.parameters)
             outputs = await served.run(request.inputs, request.outputs, priority, timeout_us,
                                        self.limits.max_output_bytes, request.signature, _spent(request), trace,
-                                       sequence)
+                                       sequence, origin=request)
         except BaseException:
             self.tracer.finish(trace, REQUEST_END)
             raise

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class EnsembleScheduler:
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
-        trace: Trace | None = None,
+        trace: Trace | None = None, responses: Any = None, origin: Any = None,
     ) -> Outputs:
         """Run the steps the requested `outputs` need; priority and timeout pass to every step's scheduler
         (`spent_s` does not: each step's model counts from the step's own start). With a `trace`, each step runs

@@ -43,7 +43,8 @@ class LoopGate:
         """`budget_ns`: fixed (0 keeps everything off the loop), or None to learn it from handoffs."""
         self.adaptive = budget_ns is None
         self.budget_ns = MIN_BUDGET_NS if budget_ns is None else budget_ns
-        self.max_size = 0  # batches of at most this many input elements may run on the loop
+        # Batches of at most this many input elements may run on the loop (-1: none, not even an empty one).
+        self.max_size = -1 if budget_ns == 0 else 0
         self._strikes = 0
         self._handoffs: collections.deque[int] = collections.deque(maxlen=HANDOFF_SAMPLES)
         self._until_probe = PROBE_EVERY

@@ -1,5 +1,7 @@
 """The answers a model sends for one request before its last: a TorchServe handler's intermediate responses
-(`send_intermediate_predict_response`), which its front-ends stream to the client as they come.
+(`send_intermediate_predict_response`), and every response of a decoupled model (a Triton Python model's
+response sender, the last with the final flag: `put(..., last=True)`), which front-ends stream to the client
+as they come.
 
 The request's front-end makes one on the event loop and reads it there (`next`); the model's instance puts
 answers into it from whichever thread runs the batch (`put`), in the order the model sent them, and each before
@@ -30,13 +32,28 @@ class PartialAnswers:
         self._closed = False
         self._failure: ModelhostError | None = None
         self._wake: asyncio.Future[None] | None = None
+        # The reader went away (the client left): the model may stop (Triton's request.is_cancelled()).
+        self.cancelled = False
 
-    def put(self, answer: Any, size: int) -> None:
-        """Add an answer of `size` bytes; from any thread. After close, or once the stream failed, it is dropped."""
+    def put(self, answer: Any, size: int, last: bool = False) -> None:
+        """Add an answer of `size` bytes, the stream's `last` one (it closes); from any thread. After close, or once
+        the stream failed, it is dropped."""
         if threading.get_ident() == self._thread:
-            self._put(answer, size)
+            self._put(answer, size, last)
         else:
-            self._loop.call_soon_threadsafe(self._put, answer, size)
+            self._loop.call_soon_threadsafe(self._put, answer, size, last)
+
+    def fail(self, error: ModelhostError) -> None:
+        """End the stream with `error`, after the answers already put; on the loop."""
+        if not self._closed:
+            self._answers.append((error, 0))
+            self.close()
+
+    def abandon(self) -> None:
+        """The reader is gone: answers put from now on are dropped, and `cancelled` says so to the model."""
+        self.cancelled = True
+        self._answers.clear()
+        self.close()
 
     def close(self) -> None:
         """No answer follows (the request's final answer is in, or it failed); on the loop."""
@@ -52,6 +69,8 @@ class PartialAnswers:
             if self._answers:
                 answer, size = self._answers.popleft()
                 self._unread -= size
+                if isinstance(answer, ModelhostError):
+                    raise answer
                 return answer
             if self._closed:
                 return None
@@ -61,9 +80,10 @@ class PartialAnswers:
             finally:
                 self._wake = None
 
-    def _put(self, answer: Any, size: int) -> None:
+    def _put(self, answer: Any, size: int, last: bool = False) -> None:
         if self._closed or self._failure is not None:
             return
+        self._closed = last
         if self._unread + size > self._limit:
             self._answers.clear()
             self._failure = ModelhostError(ErrorKind.TOO_LARGE, (

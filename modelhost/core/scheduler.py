@@ -89,19 +89,24 @@ class Scheduler:
         self._serving = len(self._instances)
         self._stopped: asyncio.Future[None] | None = None
         self._serving_lock = threading.Lock()
+        # Models that take a batch's requests one by one (Triton's Python API) are handed them so.
+        self._takes_requests = all(i.takes_requests for i in instances) and bool(instances)
+        self._run_batch = _run_each if self._takes_requests else _run
         for index, (instance, lock) in enumerate(self._instances):
             instance_threads.start(partial(self._serve, instance, lock, index), f"{label}#{index}")
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
-        trace: Trace | None = None, instance: int = -1,
+        trace: Trace | None = None, instance: int = -1, responses: Any = None, origin: Any = None,
     ) -> Outputs:
         """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest. `spent_s`: how
         long the server has had the request before this (receiving, decoding), which a latency target counts.
         `trace`: the request's, when it is traced (its queue and compute stages are stamped here).
         `instance` >= 0 pins it to that instance (a sequence's slot, core/sequences.py): it queues for that
-        instance's thread alone.
+        instance's thread alone. `responses`: where a decoupled model sends its responses to the request
+        (core/partial_answers.py); `origin`: the client's request, whose id and parameters a model that takes
+        requests one by one sees.
 
         `entry` names the model's signature to run (`Model.infer_signature`; "" is `Model.infer`); a request
         that is not `batchable` (its signature has no batch dim) runs alone.
@@ -127,8 +132,7 @@ class Scheduler:
         split = self._policy.split_size if batchable else 0
         if not split or rows <= split:
             return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s, trace,
-                                                  instance),
-                                    timeout)
+                                                  instance, responses, origin), timeout)
         # Every chunk is queued before the first await: a request that got this scheduler is in its queue
         # before a reload can stop it, so it drains on this version rather than failing.
         pendings: list[Pending] = []
@@ -158,7 +162,8 @@ class Scheduler:
             self._admit(1)
 
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, entry: str,
-                 batchable: bool, spent_s: float = 0.0, trace: Trace | None = None, instance: int = -1) -> Pending:
+                 batchable: bool, spent_s: float = 0.0, trace: Trace | None = None, instance: int = -1,
+                 responses: Any = None, origin: Any = None) -> Pending:
         loop = asyncio.get_running_loop()
         if not self._policy.batching:
             key: Any = None
@@ -171,6 +176,8 @@ class Scheduler:
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), entry,
                           sequence=self._sequence, measures_handoff=alone, spent=spent_s, trace=trace,
                           instance=instance)
+        if self._takes_requests:  # only such a model sees them: ordinary requests spare the two stores
+            pending.responses, pending.origin = responses, origin
         self._queue.put(pending, self._label)
         self._sequence += 1
         self._inflight += 1
@@ -384,7 +391,7 @@ class Scheduler:
                     if spare is not None:
                         spare.computing(cores)
                     try:
-                        results, timing = _run(instance, batch, self._clock.now(), self._policy.pad_sizes)
+                        results, timing = self._run_batch(instance, batch, self._clock.now(), self._policy.pad_sizes)
                     finally:
                         if spare is not None:
                             spare.computing(-cores)
@@ -497,6 +504,15 @@ def _traced_alone(trace: Trace, elapsed_ns: int) -> None:
     trace.computed(started, started, ended, ended)
 
 
+def _run_each(instance: Model, batch: list[Pending], taken: float,
+              pad_sizes: tuple[int, ...] = ()) -> tuple[list[Any], ExecutionTiming]:
+    """`_run` for a model that takes requests one by one: no concatenation, each request's outputs or error."""
+    queue_ns = [int((taken - p.enqueued) * 1e9) for p in batch]
+    started = time.monotonic_ns()
+    results = instance.infer_requests([(p.inputs, p.responses, p.origin) for p in batch], batch[0].outputs)
+    return results, ExecutionTiming(queue_ns, 0, time.monotonic_ns() - started, 0)
+
+
 def _padded_size(rows: int, pad_sizes: tuple[int, ...]) -> int:
     return next((size for size in pad_sizes if size >= rows), rows)
 
@@ -514,5 +530,7 @@ def _resolve(future: asyncio.Future[Outputs], result: Outputs | None, error: Bas
         return
     if error is not None:
         future.set_exception(error)
+    elif isinstance(result, Exception):  # one request's own error, from a model that takes requests one by one
+        future.set_exception(result)
     else:
         future.set_result(result)  # type: ignore[arg-type]

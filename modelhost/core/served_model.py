@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,9 +54,12 @@ class ServedModel:
     labels: Labels = field(default_factory=dict)
 
     signature_specs: dict[str, SignatureSpec] = field(init=False)
+    # Its requests are answered by a stream of responses (model_transaction_policy { decoupled: true }).
+    decoupled: bool = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "signature_specs", {name: named.spec() for name, named in self.named.items()})
+        object.__setattr__(self, "decoupled", self.config.model_transaction_policy.decoupled)
 
     def named_signature(self, name: str) -> NamedSignature:
         """INVALID_INPUT naming the model's signatures when it has none of that name."""
@@ -70,13 +73,16 @@ class ServedModel:
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int = 0,
         timeout_us: int = 0, max_output_bytes: int | None = None, signature: str | None = None,
         spent_s: float = 0.0, trace: Trace | None = None, sequence: SequenceFlags | None = None,
+        responses: Any = None, origin: Any = None,
     ) -> Outputs:
         """The requested outputs (all, in model order, when `outputs` is None or empty), in request order.
 
         `signature` names one of `named` (None: the config's signature, `signature`). `spent_s`: how long the
         server has had the request already (a latency target counts it). `trace`: the request's, when it is traced.
         `sequence`: the request's sequence parameters, which a sequence model needs and any other model refuses
-        (the caller checks that).
+        (the caller checks that). `responses`: where a decoupled model sends its responses
+        (core/partial_answers.py; its outputs here are then empty). `origin`: the client's request (its id and
+        parameters), for a model that takes requests one by one (Triton's Python API).
 
         Raises INVALID_INPUT for inputs or outputs the signature refuses and for outputs over
         `max_output_bytes`; the scheduler's errors as they are; anything else the model raises as INTERNAL,
@@ -86,7 +92,7 @@ class ServedModel:
         ok = False
         try:
             result = await self._run(inputs, outputs, priority, timeout_us, max_output_bytes, signature, spent_s,
-                                     trace, sequence)
+                                     trace, sequence, responses, origin)
             ok = True
             return result
         finally:
@@ -95,7 +101,8 @@ class ServedModel:
     async def _run(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[RequestedOutput] | None, priority: int,
         timeout_us: int, max_output_bytes: int | None, signature_name: str | None, spent_s: float = 0.0,
-        trace: Trace | None = None, sequence: SequenceFlags | None = None,
+        trace: Trace | None = None, sequence: SequenceFlags | None = None, responses: Any = None,
+        origin: Any = None,
     ) -> Outputs:
         if signature_name is None:
             signature, entry = self.signature, ""
@@ -111,10 +118,11 @@ class ServedModel:
         try:
             if self.sequences is None:
                 results = await self.scheduler.submit(feeds, names, rows, priority, timeout_us, entry, batchable,
-                                                      spent_s, trace)
+                                                      spent_s, trace, responses=responses, origin=origin)
             else:
                 submit = partial(self.scheduler.submit, rows=rows, priority=priority, timeout_us=timeout_us,
-                                 entry=entry, batchable=batchable, spent_s=spent_s, trace=trace)
+                                 entry=entry, batchable=batchable, spent_s=spent_s, trace=trace,
+                                 responses=responses, origin=origin)
                 results = await self.sequences.run(sequence, dict(feeds), names, rows, submit)
         except ModelhostError:
             raise
@@ -122,6 +130,8 @@ class ServedModel:
             client_log(log, logging.ERROR, "model-failed", "model %s version %d failed", self.name, self.version,
                        exc_info=exc)
             raise ModelhostError(ErrorKind.INTERNAL, f"model '{self.name}' failed: {exc}") from exc
+        if responses is not None:
+            return results  # a decoupled model's outputs go to `responses`
         shaped = signature.shape_outputs(results, names)
         if counts:
             shaped = classified(shaped, counts, self.labels, signature.max_batch_size > 0)

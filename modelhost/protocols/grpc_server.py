@@ -46,6 +46,7 @@ _INT32_MAX = 2**31 - 1
 # Clients may ping an idle connection this often (gRPC's server default, 5 minutes, answers a client
 # that keeps alive every 10 s with GOAWAY "too_many_pings").
 MIN_CLIENT_PING_INTERVAL_MS = 5000
+MAX_QUEUED_PART_BYTES = 16 * 1024**2  # a stream's messages of several-message answers queued, unwritten
 
 
 class ListenError(Exception):
@@ -77,11 +78,13 @@ class Unary:
 class Stream:
     """A bidirectional stream answered request by request: each request is `answer`ed as its own task
     (several in flight at once), answers are written as they complete, and a failed request is answered
-    with `error(request, exc)` while the stream goes on."""
+    with `error(request, exc)` while the stream goes on. `answer` may return an async iterator of messages
+    instead of one (a request answered several times, a decoupled model's): they are written as they come, and an
+    error among them is answered with `error` in their place."""
 
     name: str
     request_type: type[Message]
-    answer: Callable[[Any], Awaitable[Message]]
+    answer: Callable[[Any], Awaitable[Message | AsyncIterator[Message]]]
     error: Callable[[Any, ModelhostError], Message]
     api: Api
     in_order: bool = False  # one request at a time, answered in the order they came (a sequence's requests)
@@ -309,16 +312,29 @@ def _server_stream_behavior(rpc: ServerStream, in_flight: InFlight, limit: int, 
 
 def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: AccessPolicy,
                      guard: Guard | None = None) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]:
-    async def answer(data: bytes) -> bytes:
+    async def answer(data: bytes) -> bytes | tuple[Any, AsyncIterator[Message]]:
         in_flight.requests += 1
         request = None
         try:
             request = _parse(rpc.request_type, data)
-            return _serialize(await rpc.answer(request), limit)
+            result = await rpc.answer(request)
+            return _serialize(result, limit) if isinstance(result, Message) else (request, result)
         except Exception as exc:
             return failed(request, exc)
         finally:
             in_flight.requests -= 1
+
+    async def parts(request: Any, messages: AsyncIterator[Message]) -> AsyncIterator[bytes]:
+        """The messages of an answer that is several, as they come."""
+        try:
+            async for message in messages:
+                yield _serialize(message, limit)
+        except Exception as exc:
+            yield failed(request, exc)
+        finally:
+            close = getattr(messages, "aclose", None)
+            if close is not None:
+                await close()  # the client is gone: the request's work is withdrawn
 
     async def answer_each(data: bytes) -> AsyncIterator[bytes]:
         assert rpc.answers is not None
@@ -349,7 +365,12 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
         if rpc.in_order:
             async for request in requests:
                 if rpc.answers is None:
-                    yield await answer(request)
+                    result = await answer(request)
+                    if isinstance(result, bytes):
+                        yield result
+                    else:
+                        async for part in parts(*result):
+                            yield part
                 else:
                     async for part in answer_each(request):
                         yield part
@@ -359,9 +380,22 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
         reading = True
+        # Answers of several messages wait while this many bytes are queued unwritten: a client that reads slower
+        # than a model streams holds the model's stream back (where its unread part is bounded), not this queue.
+        queued = [0]
+        room = asyncio.Event()
 
         async def run(request: Any) -> None:
-            answers.put_nowait(await answer(request))
+            result = await answer(request)
+            if isinstance(result, bytes):
+                answers.put_nowait(result)
+                return
+            async for part in parts(*result):
+                while queued[0] >= MAX_QUEUED_PART_BYTES:
+                    room.clear()
+                    await room.wait()
+                queued[0] += len(part)
+                answers.put_nowait(part)
 
         def finished(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
@@ -384,6 +418,9 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
         try:
             while (message := await answers.get()) is not None:
                 yield message
+                if queued[0]:
+                    queued[0] = max(0, queued[0] - len(message))
+                    room.set()
             await reader  # a failed read ends the stream with its error
         finally:
             # The client is gone or the stream failed: requests still queued are dropped.

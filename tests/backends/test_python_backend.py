@@ -232,7 +232,7 @@ def test_finalize_runs_at_unload(tmp_path: Path, mode: str) -> None:
     ("import no_such_module\n", "1/model.py failed to import: ModuleNotFoundError: No module named "
                                 "'no_such_module' (model.py line 1)"),
     ("x = = 1\n", "1/model.py failed to import: SyntaxError: invalid syntax (model.py line 1)"),
-    ("class Other:\n    pass\n", "1/model.py defines no class Model"),
+    ("class Other:\n    pass\n", "1/model.py defines no class Model (nor Triton's class TritonPythonModel)"),
     ("class Model:\n    pass\n", "1/model.py: class Model has no execute(self, inputs) method"),
     ("class Model:\n    def initialize(self, args):\n        raise KeyError('weights')\n"
      "    def execute(self, inputs):\n        return {}\n",

@@ -77,7 +77,7 @@ def test_slow_batches_larger_than_the_limit_change_nothing() -> None:
 def test_a_zero_budget_keeps_everything_on_threads() -> None:
     gate = LoopGate(0)
     gate.learn(1, 1, on_loop=True)
-    assert gate.max_size == 0
+    assert gate.max_size == -1  # an empty request too: a model kept off the loop may block or call back into it
 
 
 def test_the_limit_is_bounded() -> None:

@@ -49,3 +49,35 @@ def test_unread_answers_over_the_limit_fail_the_stream() -> None:
     read, error = asyncio.run(run())
     assert read == ["a"]
     assert error.kind is ErrorKind.TOO_LARGE and "10-byte limit" in error.message
+
+
+def test_the_last_answer_closes_and_a_failure_follows_what_was_put() -> None:
+    async def run() -> tuple[list[object], list[object], ModelhostError]:
+        streamed = PartialAnswers(1 << 20)
+        thread = threading.Thread(target=lambda: [streamed.put("x", 1), streamed.put("y", 1, last=True),
+                                                  streamed.put("after", 1)])
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        ended = await read_all(streamed)  # the last answer closed it: "after" is dropped
+        failing = PartialAnswers(1 << 20)
+        failing.put("a", 1)
+        failing.fail(ModelhostError(ErrorKind.INTERNAL, "the model failed"))
+        first = await failing.next()
+        with pytest.raises(ModelhostError) as caught:
+            await failing.next()
+        return ended, [first], caught.value
+
+    ended, first, error = asyncio.run(run())
+    assert ended == ["x", "y"]
+    assert first == ["a"] and error.message == "the model failed"
+
+
+def test_abandoned_answers_are_cancelled_and_dropped() -> None:
+    async def run() -> tuple[bool, object]:
+        answers = PartialAnswers(1 << 20)
+        answers.put("unread", 1)
+        answers.abandon()  # the client left
+        answers.put("later", 1)
+        return answers.cancelled, await answers.next()
+
+    assert asyncio.run(run()) == (True, None)

@@ -28,13 +28,17 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
-from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions
+from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions, WorkerProcess
+from modelhost.backends.python.triton_isolated import IsolatedTritonModel
+from modelhost.backends.python.triton_model import TritonUserModel, identity
 from modelhost.backends.python.user_model import (
     ExecuteError,
     OutputRule,
@@ -80,8 +84,13 @@ class PythonBackend(Backend):
         spec = _spec(path, config, instance.index, signature)
         try:
             if isolated:
-                return IsolatedModel(spec, options, signature)
-            return InProcessModel(load_user_model(spec), signature)
+                worker = WorkerProcess(spec, options)  # what it loaded decides how its batches are sent
+                isolated_class = IsolatedTritonModel if worker.kind == "triton" else IsolatedModel
+                return isolated_class(spec, options, signature, worker=worker)
+            user = load_user_model(spec)
+            if isinstance(user, TritonUserModel):
+                return TritonModel(user, signature)
+            return InProcessModel(user, signature)
         except UserCodeError as exc:
             if exc.details:
                 log.error("%s\n%s", exc.message, exc.details)
@@ -91,21 +100,14 @@ class PythonBackend(Backend):
 class InProcessModel(Model):
     """A Python model instance whose code runs in the server's own process (and can take it down)."""
 
-    def __init__(self, user: UserModel, signature: ModelSignature) -> None:
-        self._user: UserModel | None = user
+    def __init__(self, user: UserModel | TritonUserModel, signature: ModelSignature) -> None:
+        self._user: UserModel | TritonUserModel | None = user
         self._signature = signature
 
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         assert self._user is not None, "instance used after unload"
-        try:
+        with _logged():
             return self._user.execute(inputs, list(outputs))
-        except ExecuteError as exc:
-            client_log(log, logging.ERROR, "python-model-failed", "%s\n%s", exc.message, exc.details)
-            raise
-        except ModelhostError as exc:
-            if exc.kind is ErrorKind.INTERNAL:  # an output that breaks the config: the operator should see it
-                client_log(log, logging.ERROR, "python-model-failed", "%s", exc.message)
-            raise
 
     def signature(self) -> ModelSignature | None:
         return self._signature
@@ -118,6 +120,38 @@ class InProcessModel(Model):
             user.finalize()
         except UserCodeError as exc:
             log.warning("%s\n%s", exc.message, exc.details)
+
+
+class TritonModel(InProcessModel):
+    """A Triton Python-backend model.py in the server's process: execute gets the batch's requests one by one, and
+    may call other models (BLS) from its instance thread, so it never runs on the event loop."""
+
+    runs_inline = False
+    takes_requests = True
+
+    def __init__(self, user: TritonUserModel, signature: ModelSignature) -> None:
+        super().__init__(user, signature)
+        self._triton = user
+
+    def infer_requests(self, requests: Sequence[tuple[dict[str, np.ndarray], Any, Any]],
+                       outputs: Sequence[str]) -> list[dict[str, np.ndarray] | Exception]:
+        calls = [(inputs, responses, *identity(origin)) for inputs, responses, origin in requests]
+        with _logged():
+            return list(self._triton.execute_requests(calls, list(outputs)))
+
+
+@contextmanager
+def _logged() -> Iterator[None]:
+    """The model's failures that the operator should see go to the log (at a limited rate), then on."""
+    try:
+        yield
+    except ExecuteError as exc:
+        client_log(log, logging.ERROR, "python-model-failed", "%s\n%s", exc.message, exc.details)
+        raise
+    except ModelhostError as exc:
+        if exc.kind is ErrorKind.INTERNAL:  # an output that breaks the config: the operator should see it
+            client_log(log, logging.ERROR, "python-model-failed", "%s", exc.message)
+        raise
 
 
 def read_options(config: ModelConfig) -> tuple[bool, IsolationOptions]:

@@ -83,18 +83,24 @@ class WorkerProcess:
         if reply[0] != "ok":
             self.kill()
             raise UserCodeError(reply[2], reply[3])
+        self.kind: str | None = reply[1]  # what the worker loaded: "triton" for a TritonPythonModel
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    def call(self, message: tuple[Any, ...], timeout_s: float, partial: Partial | None = None) -> tuple[Any, ...]:
+    def call(self, message: tuple[Any, ...], timeout_s: float, partial: Partial | None = None,
+             on_call: Callable[[Any], Any] | None = None) -> tuple[Any, ...]:
         """Send one message and wait for its reply; raises TimeoutError or ChannelClosed. The worker's partial
-        answers before the reply go to `partial(index, answer)` (dropped when None)."""
+        answers before the reply go to `partial(index, answer)` (dropped when None); its own calls to the server
+        before the reply (("call", what): a Triton model's BLS) are answered with ("answer", on_call(what))."""
         deadline = time.monotonic() + timeout_s if timeout_s else None
         self.channel.send(message, deadline)
         while True:
             reply: tuple[Any, ...] = self.channel.receive(deadline)
+            if reply[0] == "call" and on_call is not None:
+                self.channel.send(("answer", on_call(reply[1])), deadline)
+                continue
             if reply[0] != "partial":
                 return reply
             if partial is not None:
@@ -198,15 +204,17 @@ class IsolatedModel(Model):
     runs_async = True  # its batches can be sent from the loop (infer_async), which a hang does not stall
 
     def __init__(self, spec: WorkerSpec, options: IsolationOptions, signature: ModelSignature,
-                 threads: int | None = None, lender: CoreLender | None = None) -> None:
+                 threads: int | None = None, lender: CoreLender | None = None,
+                 worker: WorkerProcess | None = None) -> None:
         """`threads`: the CPU threads the worker computes on, sent with each batch with the cores `lender` lends
-        it while the rest of the server is idle (None: the worker is told nothing)."""
+        it while the rest of the server is idle (None: the worker is told nothing). `worker`: its first worker,
+        already started (None: started here)."""
         self._threads = threads
         self._lender = lender
         self._spec = spec
         self._options = options
         self._signature = signature
-        self._worker: WorkerProcess | None = WorkerProcess(spec, options)  # raises UserCodeError
+        self._worker: WorkerProcess | None = worker or WorkerProcess(spec, options)  # raises UserCodeError
         self._restarting: threading.Thread | None = None
         log.info("%s runs in worker process %d", spec.label, self._worker.pid)
 
@@ -216,18 +224,23 @@ class IsolatedModel(Model):
     def execute(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], timeout: float) -> dict[str, np.ndarray]:
         """One batch in the worker, which has `timeout` seconds (0: no limit) to answer."""
         worker = self._ready_worker()
+        lent = self._borrow()
         try:
-            lent = self._borrow()
-            try:
-                reply = worker.call(("execute", inputs, list(outputs), self._batch_threads(lent)), timeout,
-                                    self._partials_of(inputs))
-            finally:
-                self._give_back(lent)
+            reply = self.exchange(worker, ("execute", inputs, list(outputs), self._batch_threads(lent)), timeout,
+                                  self._partials_of(inputs))
+        finally:
+            self._give_back(lent)
+        return self._answer(worker, reply)
+
+    def exchange(self, worker: WorkerProcess, message: tuple[Any, ...], timeout: float,
+                 partial: Partial | None, on_call: Callable[[Any], Any] | None = None) -> tuple[Any, ...]:
+        """The worker's reply to one batch's message; a worker that times out or dies fails it, and restarts."""
+        try:
+            return worker.call(message, timeout, partial, on_call)
         except TimeoutError:
             raise self._fail(worker, _timed_out(timeout), ErrorKind.TIMEOUT) from None
         except ChannelClosed:
             raise self._fail(worker, f"{worker.exit_reason()} while running this batch", ErrorKind.INTERNAL) from None
-        return self._answer(worker, reply)
 
     async def infer_async(self, inputs: dict[str, np.ndarray], outputs: Sequence[str],
                           signature: str = "") -> dict[str, np.ndarray] | None:

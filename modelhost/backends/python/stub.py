@@ -4,9 +4,12 @@ Started by isolated.WorkerProcess with one end of a socket pair as FD. It serves
 spec loads (worker_code.py: a Python model's model.py, a TorchServe handler):
 
     server -> worker                      worker -> server
-    ("init", WorkerSpec)                  ("ok", None) | ("error", None, message, traceback)
+    ("init", WorkerSpec)                  ("ok", kind: None, "triton") | ("error", None, message, traceback)
     ("execute", inputs, output names[,    ("ok", outputs) | ("error", ErrorKind value, message, traceback),
      threads])                              after any number of ("partial", request index, answer)
+    ("requests", [inputs], output names,  ("ok", [outputs or (ErrorKind value, message)]) | ("error", ...), after
+     [streams?], [(id, parameters)])        each streamed request's ("partial", index, (response, final)),
+                                            its final one included (triton_worker.py)
     ("stop",)                             ("ok", None) | ("error", None, message, traceback), then exits
 
 The worker exits when the server closes the socket or dies (even while execute hangs). It ignores SIGINT:
@@ -26,6 +29,7 @@ import time
 from typing import Any
 
 from modelhost.backends.python.channel import Channel, ChannelClosed
+from modelhost.backends.python.triton_worker import execute_requests
 from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.python.worker_code import WorkerModel, WorkerSpec
 from modelhost.errors import ErrorKind, ModelhostError
@@ -61,7 +65,7 @@ def serve(channel: Channel) -> None:
     except UserCodeError as exc:
         channel.send(("error", None, exc.message, exc.details))
         return
-    channel.send(("ok", None))
+    channel.send(("ok", getattr(model, "kind", None)))
     send_partials_to = getattr(model, "send_partials_to", None)
     if send_partials_to is not None:  # a model that answers a request in parts, before its batch's reply
         send_partials_to(lambda index, answer: channel.send(("partial", index, answer)))
@@ -71,6 +75,8 @@ def serve(channel: Channel) -> None:
             if len(message) > 3 and message[3]:
                 _use_threads(model, message[3])
             _reply(channel, spec, _execute(model, message[1], message[2]))
+        elif message[0] == "requests":  # a Triton Python model's batch, request by request (triton_worker.py)
+            _reply(channel, spec, execute_requests(model, channel, *message[1:]))
         elif message[0] == "stop":
             _reply(channel, spec, _finalize(model))
             return

@@ -12,14 +12,18 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from modelhost import user_code
+from modelhost.backends.python import triton_utils
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import DATATYPE_DTYPES, format_shape
 from modelhost.user_code import NotAModuleError, import_user_module
+
+if TYPE_CHECKING:
+    from modelhost.backends.python.triton_model import TritonUserModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +49,7 @@ class UserCodeSpec:
     def environment(self) -> dict[str, str]:
         return {}
 
-    def load(self) -> UserModel:
+    def load(self) -> UserModel | TritonUserModel:
         return load_user_model(self)
 
 
@@ -82,8 +86,7 @@ class UserModel:
         except ModelhostError:
             raise  # the model's own verdict, e.g. modelhost.errors.invalid(...) for a bad input value
         except (Exception, SystemExit) as exc:
-            raise ExecuteError(f"{self._spec.label}: execute raised {_last_line(exc, self._spec.path)}",
-                               _user_traceback(exc)) from exc
+            raise execute_error(self._spec, exc) from exc
         rows = next(iter(inputs.values())).shape[0] if self._spec.batching and inputs else None
         return check_outputs(self._spec.label, self._rules, results, outputs, rows)
 
@@ -101,19 +104,30 @@ class UserModel:
             sys.modules.pop(self._spec.module_name, None)
 
 
-def load_user_model(spec: UserCodeSpec) -> UserModel:
-    """Import model.py, construct its Model and run initialize(args); raises UserCodeError."""
+def execute_error(spec: UserCodeSpec, exc: BaseException) -> ExecuteError:
+    """The error of a request whose execute raised `exc`."""
+    return ExecuteError(f"{spec.label}: execute raised {_last_line(exc, spec.path)}", _user_traceback(exc))
+
+
+def load_user_model(spec: UserCodeSpec) -> UserModel | TritonUserModel:
+    """Import model.py, construct its Model and run initialize(args); raises UserCodeError. A model.py written
+    for Triton's Python backend (`class TritonPythonModel`, no `Model`) loads as a TritonUserModel."""
     module = _import(spec)
     try:
         model_class = getattr(module, "Model", None)
+        triton_class = getattr(module, "TritonPythonModel", None)
+        if not isinstance(model_class, type) and isinstance(triton_class, type):
+            from modelhost.backends.python.triton_model import load_triton_model
+
+            return load_triton_model(spec, triton_class)
         if not isinstance(model_class, type):
-            raise UserCodeError(f"{spec.path} defines no class Model")
+            raise UserCodeError(f"{spec.path} defines no class Model (nor Triton's class TritonPythonModel)")
         if not callable(getattr(model_class, "execute", None)):
             raise UserCodeError(f"{spec.path}: class Model has no execute(self, inputs) method")
-        instance = _call(spec, "Model()", model_class)
+        instance = call_user(spec, "Model()", model_class)
         initialize = getattr(instance, "initialize", None)
         if initialize is not None:
-            _call(spec, "initialize", initialize, dict(spec.args))
+            call_user(spec, "initialize", initialize, dict(spec.args))
     except BaseException:
         sys.modules.pop(spec.module_name, None)
         raise
@@ -121,6 +135,7 @@ def load_user_model(spec: UserCodeSpec) -> UserModel:
 
 
 def _import(spec: UserCodeSpec) -> ModuleType:
+    triton_utils.install()  # a Triton model.py imports triton_python_backend_utils at its top
     try:
         return import_user_module(Path(spec.path), spec.module_name)
     except NotAModuleError as exc:
@@ -130,7 +145,7 @@ def _import(spec: UserCodeSpec) -> ModuleType:
                             _user_traceback(exc)) from exc
 
 
-def _call(spec: UserCodeSpec, what: str, function: Any, *args: Any) -> Any:
+def call_user(spec: UserCodeSpec, what: str, function: Any, *args: Any) -> Any:
     try:
         return function(*args)
     except (Exception, SystemExit) as exc:

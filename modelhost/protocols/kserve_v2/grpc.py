@@ -3,16 +3,20 @@
 The gRPC twin of rest.py. Messages are grpc_codec's (package modelhost.kserve_v2); the method paths
 are Triton's, /inference.GRPCInferenceService/<Rpc>, because the service is registered by that name.
 Errors are ModelhostErrors that grpc_server maps to status codes; inside ModelStreamInfer a failed
-request is answered with `error_message` (and its `id`) while the stream goes on, as Triton does.
+request is answered with `error_message` (and its `id`) while the stream goes on, as Triton does; a decoupled
+model's request is answered by each response it sends (decoupled_answers).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from modelhost.access import Api
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
+from modelhost.core.decoupled import Response
 from modelhost.core.trace import GRPC_SEND_END, GRPC_SEND_START
 from modelhost.errors import ModelhostError
 from modelhost.protocols.grpc_server import Service, Stream, Unary
@@ -31,8 +35,11 @@ from modelhost.protocols.kserve_v2.grpc_codec import (
 from modelhost.protocols.kserve_v2.repository_codec import no_repository
 from modelhost.protocols.kserve_v2.shm_tensors import write_outputs
 from modelhost.protocols.kserve_v2.trace_setting import trace_rpc
+from modelhost.types import InferRequest, InferResponse
 
 SERVICE_NAME = "inference.GRPCInferenceService"
+EMPTY_FINAL_PARAMETER = "triton_enable_empty_final_response"
+FINAL_PARAMETER = "triton_final_response"
 EMBEDDING_SERVICE_NAME = "modelhost.EmbeddingService"
 
 
@@ -66,8 +73,14 @@ def service(dataplane: DataPlane, control: Control) -> Service:
             tracer.finish(trace, GRPC_SEND_END)  # grpc writes the answer after this returns: not seen here
         return answer
 
-    async def stream_answer(request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
-        return pb.ModelStreamInferResponse(infer_response=await model_infer(request))
+    async def stream_answer(
+        request: pb.ModelInferRequest,
+    ) -> pb.ModelStreamInferResponse | AsyncIterator[pb.ModelStreamInferResponse]:
+        infer_request = decode_infer_request(request, dataplane.limits)
+        answer = await dataplane.infer_or_stream(infer_request)
+        if isinstance(answer, InferResponse):
+            return pb.ModelStreamInferResponse(infer_response=encode_infer_response(answer, infer_request))
+        return decoupled_answers(answer, request, infer_request)
 
     async def model_config(request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
         return config_to_proto(dataplane.model_config(request.name, request.version))
@@ -109,6 +122,26 @@ def _stream_error(request: pb.ModelInferRequest, error: ModelhostError) -> pb.Mo
     # The id tells the client which of its requests failed (tritonclient reads only error_message).
     answer = pb.ModelInferResponse(model_name=request.model_name, model_version=request.model_version, id=request.id)
     return pb.ModelStreamInferResponse(error_message=error.message, infer_response=answer)
+
+
+async def decoupled_answers(responses: AsyncGenerator[Response, None], request: pb.ModelInferRequest,
+                            infer_request: InferRequest) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    """A decoupled model's responses, as Triton streams them: an empty final response (the model's
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL with no outputs) only when the request's parameter
+    `triton_enable_empty_final_response` asks for it, and then every response says whether it is the last in
+    its parameter `triton_final_response`."""
+    flagged = infer_request.parameters.get(EMPTY_FINAL_PARAMETER) is True
+    async with aclosing(responses):  # closed at once when the client leaves: the model sees it cancelled
+        async for response, final in responses:
+            if isinstance(response, ModelhostError):
+                yield _stream_error(request, response)
+                continue
+            if final and not response.outputs and not flagged:
+                continue
+            message = encode_infer_response(response, infer_request)
+            if flagged:
+                message.parameters[FINAL_PARAMETER].bool_param = final
+            yield pb.ModelStreamInferResponse(infer_response=message)
 
 
 def embedding_service(dataplane: DataPlane) -> Service:

@@ -12,6 +12,7 @@ from modelhost.core.trace import HTTP_SEND_END, HTTP_SEND_START
 from modelhost.errors import invalid
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, error_response, json_response
 from modelhost.protocols.json_body import json_object
+from modelhost.protocols.kserve_v2 import generate
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
 from modelhost.protocols.kserve_v2.raw_codec import decode_raw_request
 from modelhost.protocols.kserve_v2.repository_codec import (
@@ -117,6 +118,7 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
 
     return [
         Route("POST", _MODEL + "/infer", infer, Api.INFERENCE, admit),
+        *generate.routes(dataplane),
         Route("POST", _MODEL + "/embeddings/update", update_rows, Api.MODEL_REPOSITORY),
         Route("GET", "/v2/health/live", live, Api.HEALTH),
         Route("GET", "/v2/health/ready", ready, Api.HEALTH),

@@ -1,0 +1,195 @@
+"""A Triton Python-backend model.py (`class TritonPythonModel`) run as it runs under Triton.
+
+Its execute gets one pb_utils.InferenceRequest per client request of the batch (the scheduler passes them
+separately: Model.takes_requests) and returns one InferenceResponse per request, in order; an error response
+fails its own request only. A decoupled model (model_transaction_policy { decoupled: true }) returns None and
+sends each request's responses through the request's response sender, from any thread and after execute has
+returned if it likes, ending with TRITONSERVER_RESPONSE_COMPLETE_FINAL; they go to the request's `responses`
+(core/partial_answers.py PartialAnswers) as (outputs or error, final). `async def execute` runs on an event
+loop of the instance's own, where BLS `async_exec` calls are awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from modelhost.backends.python import triton_utils as pb
+from modelhost.backends.python.user_model import UserCodeSpec, call_user, check_outputs, execute_error
+from modelhost.client_log import client_log
+from modelhost.errors import ErrorKind, ModelhostError
+
+log = logging.getLogger("modelhost.backends.python.triton_model")
+
+Outputs = dict[str, np.ndarray]
+# A TritonError's code -> the request's error, with Triton's HTTP statuses: INTERNAL 500, NOT_FOUND 404,
+# UNAVAILABLE 503, UNSUPPORTED 501, the others 400 (gRPC: INVALID_ARGUMENT where Triton says UNKNOWN or CANCELLED).
+ERROR_KINDS = {
+    pb.TritonError.UNKNOWN: ErrorKind.INVALID_INPUT, pb.TritonError.INTERNAL: ErrorKind.INTERNAL,
+    pb.TritonError.NOT_FOUND: ErrorKind.NOT_FOUND, pb.TritonError.INVALID_ARG: ErrorKind.INVALID_INPUT,
+    pb.TritonError.UNAVAILABLE: ErrorKind.UNAVAILABLE, pb.TritonError.UNSUPPORTED: ErrorKind.UNSUPPORTED,
+    pb.TritonError.ALREADY_EXISTS: ErrorKind.ALREADY_EXISTS, pb.TritonError.CANCELLED: ErrorKind.INVALID_INPUT,
+}
+
+
+class Responses(Protocol):
+    """Where one request's decoupled responses go (core/partial_answers.py PartialAnswers)."""
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    def put(self, answer: Any, size: int, last: bool = False) -> None: ...
+
+
+# One request of a batch: its inputs, where its responses go (decoupled) or None, its id and its parameters.
+Call = tuple[Outputs, "Responses | None", str, dict[str, Any]]
+
+
+def identity(origin: Any) -> tuple[str, dict[str, Any]]:
+    """The id and parameters of the client's request (a types.InferRequest), or none."""
+    return ("", {}) if origin is None else (origin.id, origin.parameters)
+
+
+def triton_args(spec: UserCodeSpec) -> dict[str, str]:
+    """initialize's argument as Triton gives it: strings, the config as a JSON string."""
+    args = spec.args
+    return {
+        "model_config": json.dumps(args["model_config"]),
+        "model_instance_kind": "CPU",
+        "model_instance_name": f"{args['model_name']}_0_{args['model_instance_index']}",
+        "model_instance_device_id": "0",
+        "model_repository": args["model_directory"],
+        "model_version": str(args["model_version"]),
+        "model_name": args["model_name"],
+    }
+
+
+class TritonUserModel:
+    """One loaded instance of a TritonPythonModel; not thread-safe (one batch at a time)."""
+
+    kind = "triton"  # what an isolated worker tells the server it loaded
+
+    def __init__(self, spec: UserCodeSpec, instance: Any) -> None:
+        self._spec = spec
+        self._instance = instance
+        self._rules = {rule.name: rule for rule in spec.outputs}
+        self.decoupled = pb.using_decoupled_model_transaction_policy(spec.args["model_config"])
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def execute(self, inputs: Outputs, outputs: list[str]) -> Outputs:
+        """One request (an isolated worker's whole batch, or a lone request); raises its error."""
+        result = self.execute_requests([(inputs, None, "", {})], outputs)[0]
+        if isinstance(result, ModelhostError):
+            raise result
+        return result
+
+    def execute_requests(self, calls: Sequence[Call], outputs: list[str]) -> list[Outputs | ModelhostError]:
+        """Run execute on a batch of requests: each one's outputs, or its error."""
+        results: list[Outputs | ModelhostError] = [{} for _ in calls]
+        requests, indices = [], []
+        for index, (inputs, responses, request_id, parameters) in enumerate(calls):
+            if self.decoupled and responses is None:
+                results[index] = ModelhostError(ErrorKind.UNSUPPORTED, (
+                    f"model '{self._spec.args['model_name']}' is decoupled (model_transaction_policy decoupled): "
+                    "it answers through a stream only (gRPC ModelStreamInfer, HTTP generate_stream)"))
+                continue
+            requests.append(self._request(inputs, responses, outputs, request_id, parameters))
+            indices.append(index)
+        if not requests:
+            return results
+        answers = self._run(requests)
+        if self.decoupled:
+            if answers is not None:
+                client_log(log, logging.WARNING, "python-model-failed", "%s: a decoupled model's execute "
+                           "returned %s, not None: ignored", self._spec.label, type(answers).__name__)
+            return results
+        if not isinstance(answers, list | tuple) or len(answers) != len(requests):
+            count = len(answers) if isinstance(answers, list | tuple) else type(answers).__name__
+            raise ModelhostError(ErrorKind.INTERNAL, f"{self._spec.label}: execute returned {count} responses for "
+                                 f"{len(requests)} requests: it must return one InferenceResponse per request")
+        for index, answer, request in zip(indices, answers, requests, strict=True):
+            results[index] = self._outputs(answer, _rows(request) if self._spec.batching else None, outputs)
+        return results
+
+    def finalize(self) -> None:
+        try:
+            finalize = getattr(self._instance, "finalize", None)
+            if finalize is not None:
+                call_user(self._spec, "finalize", finalize)
+        finally:
+            self._instance = None
+            sys.modules.pop(self._spec.module_name, None)
+            if self._loop is not None:
+                self._loop.close()
+
+    def _run(self, requests: list[pb.InferenceRequest]) -> Any:
+        try:
+            answers = self._instance.execute(requests)
+            if inspect.iscoroutine(answers):
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                answers = self._loop.run_until_complete(answers)
+            return answers
+        except ModelhostError:
+            raise
+        except pb.TritonError as exc:
+            raise ModelhostError(ERROR_KINDS.get(exc.code(), ErrorKind.INTERNAL), exc.message()) from None
+        except (Exception, SystemExit) as exc:
+            raise execute_error(self._spec, exc) from exc
+
+    def _request(self, inputs: Outputs, responses: Responses | None, outputs: list[str], request_id: str,
+                 parameters: dict[str, Any]) -> pb.InferenceRequest:
+        request = pb.InferenceRequest(self._spec.args["model_name"], outputs,
+                                      [pb.Tensor(name, array) for name, array in inputs.items()], request_id,
+                                      parameters=parameters)
+        if responses is not None:
+            rows = next(iter(inputs.values())).shape[0] if self._spec.batching and inputs else None
+
+            def deliver(response: pb.InferenceResponse | None, final: bool) -> None:
+                item = None if response is None else self._outputs(response, rows, outputs)
+                size = sum(a.nbytes for a in item.values()) if isinstance(item, dict) else 0
+                responses.put((item, final), size, final)
+
+            def cancelled() -> bool:
+                return responses.cancelled
+
+            request._sender = pb.InferenceResponseSender(deliver, cancelled)
+            request._cancelled = cancelled
+        return request
+
+    def _outputs(self, response: Any, rows: int | None, outputs: list[str]) -> Outputs | ModelhostError:
+        """A response's requested outputs, checked against the config, or its error."""
+        if not isinstance(response, pb.InferenceResponse):
+            return ModelhostError(ErrorKind.INTERNAL, f"{self._spec.label}: execute returned a "
+                                  f"{type(response).__name__} where an InferenceResponse belongs")
+        error = response.error()
+        if error is not None:
+            return ModelhostError(ERROR_KINDS.get(error.code(), ErrorKind.INTERNAL), error.message())
+        arrays = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
+        try:
+            return check_outputs(self._spec.label, self._rules, arrays, outputs, rows)
+        except ModelhostError as exc:  # the model's bug, not the client's: the operator should see it
+            client_log(log, logging.ERROR, "python-model-failed", "%s", exc.message)
+            return exc
+
+
+def _rows(request: pb.InferenceRequest) -> int | None:
+    tensors = request.inputs()
+    return tensors[0].as_numpy().shape[0] if tensors else None
+
+
+def load_triton_model(spec: UserCodeSpec, model_class: type) -> TritonUserModel:
+    """Construct the TritonPythonModel and run initialize with Triton's args; raises UserCodeError."""
+    instance = call_user(spec, "TritonPythonModel()", model_class)
+    initialize = getattr(instance, "initialize", None)
+    if initialize is not None:
+        call_user(spec, "initialize", initialize, triton_args(spec))
+    return TritonUserModel(spec, instance)
+

@@ -1,0 +1,103 @@
+"""An isolated Triton Python model's side of a batch, in its worker process (stub.py): the batch's requests one
+by one, and a decoupled model's responses sent to the server as they come.
+
+Each streamed request's responses go over the channel as ("partial", index, (response, final)), from whichever
+thread the model sends them; the batch's reply follows once every streamed request's final response is sent,
+so that no response of a batch arrives after its reply (the instance is busy until then: a decoupled model that
+sends after execute returns keeps its worker until its last response, within execute_timeout_seconds). A
+request's cancellation is not seen in the worker: is_cancelled() is False there.
+
+A BLS call (`exec`, `async_exec`) goes to the server as ("call", request) while the batch runs; the server runs
+it through its data plane and sends ("answer", responses) back (isolated.WorkerProcess.call). One call at a
+time per worker; `async_exec` waits for its answer as `exec` does.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from modelhost.backends.python import triton_utils as pb
+from modelhost.backends.python.channel import Channel
+from modelhost.errors import ModelhostError
+
+Outputs = dict[str, np.ndarray]
+
+
+def portable(item: Outputs | ModelhostError | None) -> Any:
+    """A response, or an error, as it pickles: an error as (ErrorKind value, message)."""
+    return (item.kind.value, item.message) if isinstance(item, ModelhostError) else item
+
+
+class _Stream:
+    """One streamed request's responses, sent to the server (`PartialAnswers`'s part the model uses)."""
+
+    cancelled = False
+
+    def __init__(self, channel: Channel, lock: threading.Lock, index: int) -> None:
+        self._channel = channel
+        self._lock = lock
+        self._index = index
+        self.done = threading.Event()
+
+    def put(self, answer: tuple[Outputs | ModelhostError | None, bool], size: int, last: bool = False) -> None:
+        item, final = answer
+        with self._lock:
+            self._channel.send(("partial", self._index, (portable(item), final)))
+        if last:
+            self.done.set()
+
+
+class WorkerBls(pb.BlsHost):
+    """BLS calls from a worker, answered by the server."""
+
+    def __init__(self, channel: Channel, send_lock: threading.Lock) -> None:
+        self._channel = channel
+        self._send_lock = send_lock
+        self._call_lock = threading.Lock()
+
+    def call(self, request: pb.InferenceRequest, decoupled: bool) -> Any:
+        wire = (request.model_name, request.model_version, request.request_id(), request.requested_output_names(),
+                {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}, decoupled, request.parameters())
+        with self._call_lock:
+            with self._send_lock:
+                self._channel.send(("call", wire))
+            kind, answers = self._channel.receive()
+        assert kind == "answer", f"expected the server's answer, got {kind!r}"
+        responses = [response_from_wire(answer) for answer in answers]
+        return iter(responses) if decoupled else responses[0]
+
+    async def call_async(self, request: pb.InferenceRequest, decoupled: bool) -> Any:
+        return self.call(request, decoupled)
+
+
+def response_to_wire(response: pb.InferenceResponse) -> tuple[Any, ...]:
+    error = response.error()
+    if error is not None:
+        return "error", error.code(), error.message()
+    return "ok", {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
+
+
+def response_from_wire(wire: tuple[Any, ...]) -> pb.InferenceResponse:
+    if wire[0] == "error":
+        return pb.InferenceResponse(error=pb.TritonError(wire[2], wire[1]))
+    return pb.InferenceResponse([pb.Tensor(name, array) for name, array in wire[1].items()])
+
+
+def execute_requests(model: Any, channel: Channel, inputs: list[Outputs], outputs: list[str],
+                     streams: list[bool], identities: list[tuple[str, dict[str, Any]]]) -> tuple[Any, ...]:
+    """Run a "requests" message on a TritonUserModel: ("ok", each request's outputs or portable error)."""
+    lock = threading.Lock()
+    pb.connect(WorkerBls(channel, lock))
+    senders = [_Stream(channel, lock, index) if streamed else None for index, streamed in enumerate(streams)]
+    try:
+        calls = [(request, sender, *who) for request, sender, who in zip(inputs, senders, identities, strict=True)]
+        results = model.execute_requests(calls, outputs)
+    except ModelhostError as exc:
+        return "error", exc.kind.value, exc.message, getattr(exc, "details", "")
+    for sender, result in zip(senders, results, strict=True):
+        if sender is not None and not isinstance(result, ModelhostError):
+            sender.done.wait()
+    return "ok", [portable(result) for result in results]
