@@ -149,7 +149,8 @@ class Server:
                                    settings.embedding_updates, self._tracer(), settings.server_name,
                                    SharedMemory(settings.allow_client_shm, settings.client_shm_max_regions,
                                                 settings.client_shm_max_bytes))
-        self.log_settings = LogSettings(settings.log_level, update_refusal(settings.logging_updates, settings.workers))
+        self.log_settings = LogSettings(settings.log_level, update_refusal(settings.logging_updates, settings.workers),
+                                        process=f"worker {settings.worker_index}" if settings.workers > 1 else "")
         self.tfserving = TfServing(self.dataplane, typed_outputs=tfserving is None or tfserving.typed_outputs)
         self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)
         self.torchserving = None if torchserve is None or self.mar_repository is None else TorchServing(

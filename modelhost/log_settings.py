@@ -47,9 +47,12 @@ def update_refusal(updates: bool, workers: int) -> str | None:
 class LogSettings(logging.Filter):
     """The settings, and the filter on the root logger's handlers that applies them to each record."""
 
-    def __init__(self, level: str = "info", refusal: str | None = UPDATES_OFF, log_file: str = "") -> None:
-        """`level`: --log-level, the settings at start. `refusal`: why updates are refused (None: they are not)."""
+    def __init__(self, level: str = "info", refusal: str | None = UPDATES_OFF, log_file: str = "",
+                 process: str = "") -> None:
+        """`level`: --log-level, the settings at start. `refusal`: why updates are refused (None: they are not).
+        `process`: which process writes the lines ("worker 1" under --workers), after each line's level."""
         super().__init__()
+        self._process = process
         start = logging.getLevelName(level.upper())
         self._values: dict[str, Any] = {
             "log_file": log_file, "log_info": start <= logging.INFO, "log_warning": start <= logging.WARNING,
@@ -113,6 +116,8 @@ class LogSettings(logging.Filter):
             return
         root.setLevel(self._lowest_level())  # records below it are never made; the filter drops the others
         line, dates = FORMATS[self._values["log_format"]]
+        if self._process:
+            line = line.replace("%(levelname)s ", f"%(levelname)s {self._process} ", 1)
         formatter = logging.Formatter(line, dates)
         if dates is not None:
             formatter.converter = time.gmtime
