@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -28,8 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_client_models as models  # noqa: E402
 
 TIMEOUT_SECONDS = 30.0
-CUDA = "CUDA shared memory: needs a GPU and modelhost serves no CUDA memory"
-ENSEMBLE_IMAGE = "needs Triton's DALI preprocessing ensemble (preprocess_resnet50_ensemble)"
+CUDA = "CUDA shared memory: modelhost has none (a GPU host would run it and fail at registration)"
 
 
 @dataclass
@@ -67,12 +67,49 @@ def runs() -> list[Run]:
             Run("simple_http_model_control.py", protocol="http", server="control7"),
             Run("memory_growth_test.py", ["-i", "http", "-r", "20"], "http", "default"),
             Run("memory_growth_test.py", ["-i", "grpc", "-r", "20"], "grpc", "default"),
-            Run("image_client.py", image, "http", needs="attrdict"), Run("image_client.py", ["-i", "grpc", *image]),
-            Run("grpc_image_client.py", image),
-            Run("ensemble_image_client.py", ["-m", "preprocess_resnet50_ensemble", "IMAGE"], "http",
-                skip=ENSEMBLE_IMAGE),
+            *compression(), *tls(), Run("image_client.py", image, "http", needs="attrdict"),
+            Run("image_client.py", ["-a", *image], "http", needs="attrdict"),
+            Run("image_client.py", ["-i", "grpc", *image]),
+            Run("image_client.py", ["-i", "grpc", "--streaming", *image]),
+            Run("grpc_image_client.py", image), Run("grpc_image_client.py", ["-a", *image]),
+            Run("grpc_image_client.py", ["--streaming", *image]),
+            Run("ensemble_image_client.py", ["-m", "preprocess_resnet50_ensemble", "IMAGE"], "http"),
+            Run("ensemble_image_client.py", ["-i", "grpc", "-m", "preprocess_resnet50_ensemble", "IMAGE"]),
             Run("simple_grpc_cudashm_client.py", skip=CUDA),
             Run("simple_http_cudashm_client.py", protocol="http", skip=CUDA)]
+
+
+def compression() -> list[Run]:
+    """The infer examples again with each compression algorithm they offer, both ways."""
+    grpc = [Run(s, ["-C", algorithm]) for s in ("simple_grpc_infer_client.py", "simple_grpc_aio_infer_client.py")
+            for algorithm in ("gzip", "deflate")]
+    http = [Run(s, [f"--{way}-compression-algorithm", algorithm], "http")
+            for s in ("simple_http_infer_client.py", "simple_http_aio_infer_client.py")
+            for way in ("request", "response") for algorithm in ("gzip", "deflate")]
+    return grpc + http
+
+
+def tls() -> list[Run]:
+    """The infer examples over mutual TLS (a server of their own with --tls-*-file; the client's certificate from
+    the same test CA)."""
+    grpc = ["-s", "-r", "CA", "-p", "CLIENT_KEY", "-x", "CLIENT_CERT"]
+    http = ["--ssl", "--ca-certs", "CA", "--key-file", "CLIENT_KEY", "--cert-file", "CLIENT_CERT"]
+    return [*(Run(s, grpc, server="tls") for s in ("simple_grpc_infer_client.py", "simple_grpc_aio_infer_client.py")),
+            *(Run(s, http, "http", "tls") for s in ("simple_http_infer_client.py", "simple_http_aio_infer_client.py"))]
+
+
+def write_certificates(work: Path) -> dict[str, Path]:
+    """A test CA, a server certificate for localhost and a client certificate: {placeholder: file}."""
+    import trustme
+
+    ca = trustme.CA()
+    files = {"CA": work / "ca.pem", "SERVER_CERT": work / "server.pem", "SERVER_KEY": work / "server-key.pem",
+             "CLIENT_CERT": work / "client.pem", "CLIENT_KEY": work / "client-key.pem"}
+    ca.cert_pem.write_to_path(str(files["CA"]))
+    for role, leaf in (("SERVER", ca.issue_cert("localhost", "127.0.0.1")), ("CLIENT", ca.issue_cert("client"))):
+        leaf.private_key_pem.write_to_path(str(files[f"{role}_KEY"]))
+        files[f"{role}_CERT"].write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    return files
 
 
 def port_free(port: int) -> bool:
@@ -96,6 +133,7 @@ class Server:
     def __init__(self, repo: Path, log: Path, *flags: str, http: int = 0, grpc: int = 0) -> None:
         self.http, self.grpc = http or free_port(), grpc or free_port()
         self.log = log
+        self.tls: ssl.SSLContext | None = None  # set for a server that serves TLS
         args = [sys.executable, "-m", "modelhost", "serve", "--model-repository", str(repo),
                 "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", "0",
                 "--sagemaker-port", "0", *flags]
@@ -110,7 +148,9 @@ class Server:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited: see {self.log}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.http}/v2/health/ready", timeout=1):
+                scheme = "https" if self.tls else "http"
+                with urllib.request.urlopen(f"{scheme}://localhost:{self.http}/v2/health/ready", timeout=1,
+                                            context=self.tls):
                     return self
             except OSError:
                 time.sleep(0.1)
@@ -125,7 +165,7 @@ class Server:
             self.process.wait()
 
 
-def start_servers(work: Path) -> dict[str, Server]:
+def start_servers(work: Path, files: dict[str, Path]) -> dict[str, Server]:
     repo = models.build_repository(work / "repo")
     defaults = port_free(8000) and port_free(8001)
     ports = {"http": 8000, "grpc": 8001} if defaults else {}
@@ -136,6 +176,10 @@ def start_servers(work: Path) -> dict[str, Server]:
         control = models.control_repository(repo, work / f"control{count}", count)
         servers[f"control{count}"] = Server(control, work / f"control{count}.log", "--model-control-mode",
                                             "explicit")
+    servers["tls"] = Server(repo, work / "tls.log", "--tls-cert-file", str(files["SERVER_CERT"]), "--tls-key-file",
+                            str(files["SERVER_KEY"]), "--tls-ca-file", str(files["CA"]))
+    servers["tls"].tls = ssl.create_default_context(cafile=str(files["CA"]))
+    servers["tls"].tls.load_cert_chain(files["CLIENT_CERT"], files["CLIENT_KEY"])
     for server in servers.values():
         server.wait_ready()
     return servers
@@ -146,7 +190,7 @@ def last_line(text: str) -> str:
     return lines[-1][:160] if lines else ""
 
 
-def run_one(run: Run, examples: Path, servers: dict[str, Server], image: Path) -> tuple[str, str]:
+def run_one(run: Run, examples: Path, servers: dict[str, Server], files: dict[str, Path]) -> tuple[str, str]:
     """(result, detail) of one run: "pass", "FAIL" or "n/a"."""
     if run.skip:
         return "n/a", run.skip
@@ -155,7 +199,7 @@ def run_one(run: Run, examples: Path, servers: dict[str, Server], image: Path) -
     server = servers.get(run.server)
     if server is None:
         return "n/a", "hard-codes localhost:8000/8001, which were taken"
-    args = [str(image) if a == "IMAGE" else a for a in run.args]
+    args = [str(files.get(a, a)) for a in run.args]
     if run.server != "default":
         args += ["-u", server.url(run.protocol)]
     try:
@@ -183,14 +227,14 @@ def main() -> int:
     flags = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="triton-examples-"))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    servers = start_servers(work)
-    image = write_image(work / "image.png")
+    files = {**write_certificates(work), "IMAGE": write_image(work / "image.png")}
+    servers = start_servers(work, files)
     results = []
     try:
         for run in (r for r in runs() if flags.only in r.script):
-            result, detail = run_one(run, flags.examples.resolve(), servers, image)
+            result, detail = run_one(run, flags.examples.resolve(), servers, files)
             results.append(result)
-            print(f"{run.label:<62} {result:<5} {detail}", flush=True)
+            print(f"{run.label:<72} {result:<5} {detail}", flush=True)
     finally:
         for server in {id(s): s for s in servers.values()}.values():
             server.stop()

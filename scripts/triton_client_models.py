@@ -179,24 +179,95 @@ def repeat(repo: Path) -> None:
     (repo / "repeat_int32" / "config.pbtxt").write_text(REPEAT_CONFIG)
 
 
-def densenet_standin(repo: Path, classes: int = 1000) -> None:
-    """densenet_onnx's interface (data_0 FP32 [3, 224, 224] -> fc6_1 [1000, 1, 1], labelled) with a tiny graph:
-    the channel means through a 1x1 convolution. Its scores mean nothing; the examples only check the plumbing."""
+def _labels(classes: int) -> str:
+    return "".join(f"CLASS_{i}\n" for i in range(classes))
+
+
+def _classifier(name: str, source: str, scores: str, batched: bool, classes: int) -> onnx.GraphProto:
+    """Image [(batch,) 3, 224, 224] -> scores [(batch,) classes(, 1, 1)]: the channel means through a 1x1
+    convolution (softmax-ed when batched). The scores mean nothing; the examples only check the plumbing."""
     weights = np.random.default_rng(0).standard_normal((classes, 3, 1, 1)).astype(np.float32)
-    nodes = [helper.make_node("Unsqueeze", ["data_0", "axis0"], ["image"]),
-             helper.make_node("GlobalAveragePool", ["image"], ["pooled"]),
-             helper.make_node("Conv", ["pooled", "weights"], ["scores"]),
-             helper.make_node("Squeeze", ["scores", "axis0"], ["fc6_1"])]
-    graph = helper.make_graph(
-        nodes, "densenet_onnx", [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [3, 224, 224])],
-        [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, [classes, 1, 1])],
+    head = [] if batched else [helper.make_node("Unsqueeze", [source, "axis0"], ["image"])]
+    tail = ([helper.make_node("Flatten", ["conv"], ["flat"]), helper.make_node("Softmax", ["flat"], [scores])]
+            if batched else [helper.make_node("Squeeze", ["conv", "axis0"], [scores])])
+    nodes = [*head, helper.make_node("GlobalAveragePool", ["image" if head else source], ["pooled"]),
+             helper.make_node("Conv", ["pooled", "weights"], ["conv"]), *tail]
+    lead: list[int | str] = ["batch"] if batched else []
+    return helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info(source, TensorProto.FLOAT, [*lead, 3, 224, 224])],
+        [helper.make_tensor_value_info(scores, TensorProto.FLOAT, [*lead, classes] + ([] if batched else [1, 1]))],
         [numpy_helper.from_array(weights, "weights"), numpy_helper.from_array(np.array([0], np.int64), "axis0")])
-    _save(repo, "densenet_onnx", graph, f'''platform: "onnxruntime_onnx"
+
+
+def densenet_standin(repo: Path, classes: int = 1000) -> None:
+    """densenet_onnx's interface (data_0 FP32 [3, 224, 224] -> fc6_1 [1000, 1, 1], labelled), a tiny graph."""
+    _save(repo, "densenet_onnx", _classifier("densenet_onnx", "data_0", "fc6_1", False, classes), f'''\
+platform: "onnxruntime_onnx"
 max_batch_size: 0
 input [ {{ name: "data_0" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 224, 224 ] }} ]
 output [ {{ name: "fc6_1" data_type: TYPE_FP32 dims: [ {classes}, 1, 1 ] label_filename: "labels.txt" }} ]
 ''')
-    (repo / "densenet_onnx" / "labels.txt").write_text("".join(f"CLASS_{i}\n" for i in range(classes)))
+    (repo / "densenet_onnx" / "labels.txt").write_text(_labels(classes))
+
+
+PREPROCESS_MODEL = '''
+import io
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from PIL import Image
+
+
+def _image(encoded):
+    """An encoded image -> FP32 [3, 224, 224], scaled to [-1, 1] (Inception's scaling)."""
+    image = Image.open(io.BytesIO(encoded)).convert("RGB").resize((224, 224), Image.BILINEAR)
+    return (np.asarray(image, np.float32) / 127.5 - 1.0).transpose(2, 0, 1)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            encoded = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
+            images = np.stack([_image(row[0]) for row in encoded])
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", images)]))
+        return responses
+'''
+
+
+def image_ensemble(repo: Path, classes: int = 1000) -> None:
+    """preprocess_resnet50_ensemble: encoded image bytes -> a Python preprocessing model (PIL) -> a batched
+    classifier stand-in, labelled; the interface of Triton's example ensemble, our own models."""
+    preprocess = repo / "image_preprocess_nchw_3x224x224_inception"
+    (preprocess / "1").mkdir(parents=True, exist_ok=True)
+    (preprocess / "1" / "model.py").write_text(PREPROCESS_MODEL)
+    (preprocess / "config.pbtxt").write_text(f'''name: "{preprocess.name}"
+backend: "python"
+max_batch_size: 128
+input [ {{ name: "INPUT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] }} ]
+''')
+    _save(repo, "resnet50_standin", _classifier("resnet50_standin", "data", "softmax", True, classes), f'''\
+platform: "onnxruntime_onnx"
+max_batch_size: 128
+input [ {{ name: "data" data_type: TYPE_FP32 format: FORMAT_NCHW dims: [ 3, 224, 224 ] }} ]
+output [ {{ name: "softmax" data_type: TYPE_FP32 dims: [ {classes} ] }} ]
+''')
+    ensemble = repo / "preprocess_resnet50_ensemble"
+    (ensemble / "1").mkdir(parents=True, exist_ok=True)
+    (ensemble / "labels.txt").write_text(_labels(classes))
+    (ensemble / "config.pbtxt").write_text(f'''name: "preprocess_resnet50_ensemble"
+platform: "ensemble"
+max_batch_size: 128
+input [ {{ name: "INPUT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ {classes} ] label_filename: "labels.txt" }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "{preprocess.name}" model_version: -1
+    input_map {{ key: "INPUT" value: "INPUT" }} output_map {{ key: "OUTPUT" value: "image" }} }},
+  {{ model_name: "resnet50_standin" model_version: -1
+    input_map {{ key: "data" value: "image" }} output_map {{ key: "softmax" value: "OUTPUT" }} }}
+] }}
+''')
 
 
 def build_repository(repo: Path) -> Path:
@@ -213,6 +284,7 @@ def build_repository(repo: Path) -> Path:
     string_dyna_sequence(repo)
     repeat(repo)
     densenet_standin(repo)
+    image_ensemble(repo)
     return repo
 
 
