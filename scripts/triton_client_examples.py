@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
+import shutil
 import socket
 import ssl
 import subprocess
@@ -226,7 +226,6 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directory (repositories, server logs)")
     flags = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="triton-examples-"))
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     files = {**write_certificates(work), "IMAGE": write_image(work / "image.png")}
     servers = start_servers(work, files)
     results = []
@@ -241,8 +240,6 @@ def main() -> int:
     passed, applicable = results.count("pass"), len(results) - results.count("n/a")
     print(f"\n{passed} passed / {applicable} applicable / {len(results)} runs (work directory: {work})")
     if not flags.keep:
-        import shutil
-
         shutil.rmtree(work, ignore_errors=True)
     return 0 if passed == applicable else 1
 
