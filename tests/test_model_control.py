@@ -108,6 +108,10 @@ def test_explicit_load_errors_are_v2_errors(start_server, tmp_path: Path) -> Non
     assert response.status_code == 400 and "'file:1/model.onnx' is not valid base64" in response.json()["error"]
     response = requests.post(f"{base}/a/load", json={"parameters": {"config": {"not": "a string"}}}, timeout=30)
     assert response.status_code == 400 and "'config' must be a string" in response.json()["error"]
+    # Every refused load says "failed to load '<name>'", as Triton's do (its model-control example matches it).
+    response = requests.post(f"{base}/a/load", json={"parameters": {"config": '"max_batch_size": {{8}}'}},
+                             timeout=30)
+    assert response.status_code == 400 and response.json()["error"].startswith("failed to load 'a': ")
     response = requests.post(f"{base}/a/unload", json={"parameters": {"unload_dependents": "yes"}}, timeout=30)
     assert response.status_code == 400 and "unload_dependents" in response.json()["error"]
     assert requests.post(f"{base}/a/load", timeout=30).status_code == 200
@@ -128,6 +132,9 @@ def test_explicit_mode_over_grpc(start_server, tmp_path: Path) -> None:  # type:
         with pytest.raises(InferenceServerException, match="failed to load 'nope', failed to poll from model "
                            "repository"):  # Triton's words, which Triton's own tests match
             client.load_model("nope")
+        with pytest.raises(InferenceServerException, match="failed to load 'a': load parameter 'config'") as error:
+            client.load_model("a", config='"max_batch_size": {{8}}')
+        assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
     finally:
         client.close()
 

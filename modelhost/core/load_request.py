@@ -39,24 +39,24 @@ class LoadOverride:
 def check_load_request(name: str, request: LoadRequest) -> LoadOverride:
     """Parse the config and check every file name; raises INVALID_INPUT naming the parameter."""
     if request.unknown:
-        raise invalid(f"cannot load model '{name}': unknown load parameter '{request.unknown[0]}' "
+        raise invalid(f"failed to load '{name}': unknown load parameter '{request.unknown[0]}' "
                       "(expected 'config' or 'file:<version>/<path>')")
     config = None
     if request.config is not None:
         try:
             config = config_from_json(request.config, "load parameter 'config'")
         except ConfigError as exc:
-            raise invalid(f"cannot load model '{name}': {exc}") from None
+            raise invalid(f"failed to load '{name}': {exc}") from None
         if config.default_model_filename:
             check_model_filename(name, config.default_model_filename)
     files = {_file_path(name, key): content for key, content in request.files.items()}
     if files and config is None:
-        raise invalid(f"cannot load model '{name}': file parameters need a 'config' parameter too")
+        raise invalid(f"failed to load '{name}': file parameters need a 'config' parameter too")
     return LoadOverride(config, files)
 
 
 def _file_path(name: str, key: str) -> PurePosixPath:
-    expected = (f"cannot load model '{name}': load parameter '{key}' must name a file as file:<version>/<path> "
+    expected = (f"failed to load '{name}': load parameter '{key}' must name a file as file:<version>/<path> "
                 "inside the model directory")
     try:
         path = check_relative(key[len(FILE_PREFIX):], "the path")
@@ -72,7 +72,7 @@ def check_model_filename(name: str, filename: str) -> None:
     try:
         check_relative(filename, "default_model_filename")
     except ModelhostError as exc:
-        raise invalid(f"cannot load model '{name}': {exc.message}; it names the model file inside the "
+        raise invalid(f"failed to load '{name}': {exc.message}; it names the model file inside the "
                       "version directory") from None
 
 
