@@ -212,7 +212,7 @@ def load_version(
     label = f"{source.name}:{version}"
     statistics = ModelStatistics()
     scheduler = Scheduler(label, instances, policy, statistics, in_flight, spare=lender, threads_per_instance=threads,
-                          target=target)
+                          target=target, slots=sequences.padding if sequences is not None else None)
     served = Signature.from_config(config)
     named = named_signatures(served, instances[0].signature_name(), signature.method, dict(instances[0].signatures()))
     return ServedModel(source.name, version, config, served, scheduler, statistics, named=named, sequences=sequences,

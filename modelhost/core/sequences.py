@@ -35,6 +35,7 @@ from modelhost.config.parameters import natural_parameter, string_parameters
 from modelhost.config.pbtxt import ConfigError
 from modelhost.core.clock import MONOTONIC, Cancellable, Clock
 from modelhost.core.sequence_controls import ControlTensors, SequenceFlags
+from modelhost.core.sequence_slots import SlotPadding
 from modelhost.core.sequence_state import ImplicitState, State
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
@@ -43,9 +44,10 @@ Outputs = dict[str, np.ndarray]
 
 class Submit(Protocol):
     """Runs one request's feeds for the named outputs on the model (its scheduler's submit), on `instance`
-    alone when it is >= 0."""
+    alone when it is >= 0, at batch row `row` when it is >= 0 (a direct slot)."""
 
-    def __call__(self, inputs: dict[str, np.ndarray], outputs: list[str], *, instance: int) -> Awaitable[Outputs]:
+    def __call__(self, inputs: dict[str, np.ndarray], outputs: list[str], *, instance: int,
+                 row: int) -> Awaitable[Outputs]:
         ...
 
 
@@ -82,7 +84,11 @@ class SequenceBatcher:
             per_instance = batching.oldest.max_candidate_sequences
         self.slots = per_instance * max(1, instances)
         self._per_instance = per_instance
-        self._pinned = instances > 1  # a sequence's requests go to its slot's instance alone
+        # Direct (a model that batches): a sequence's request is its slot's row of its instance's batch
+        # (core/sequence_slots.py), so it always queues for that instance, never runs on the loop.
+        self.padding = (SlotPadding(self.controls.not_ready)
+                        if self._batching and not batching.HasField("oldest") else None)
+        self._pinned = instances > 1 or self.padding is not None  # a sequence's requests go to its slot's instance
         self.backlog = natural_parameter(string_parameters(config), (BACKLOG_PARAMETER,), DEFAULT_BACKLOG)
         self.idle_s = batching.max_sequence_idle_microseconds / 1e6 or DEFAULT_IDLE_S
         # Free slots, the instances taking turns: consecutive sequences start on different instances.
@@ -151,12 +157,14 @@ class SequenceBatcher:
                 sequence.state = None  # a second START: the sequence so far ends early, a new one begins
             if sequence.slot < 0:
                 sequence.slot = await self._take_slot()
-            instance = sequence.slot // self._per_instance if self._pinned else -1
+            instance, row = divmod(sequence.slot, self._per_instance) if self._pinned else (-1, -1)
+            if self.padding is None:
+                row = -1
             self.controls.fill(feeds, flags, sequence.corrid)
             if not self.state.tensors:
-                return await submit(feeds, names, instance=instance)
+                return await submit(feeds, names, instance=instance, row=row)
             feeds.update(sequence.state if sequence.state is not None else self.state.initial())
-            results = await submit(feeds, [*names, *self.state.output_names], instance=instance)
+            results = await submit(feeds, [*names, *self.state.output_names], instance=instance, row=row)
             sequence.state = self.state.take(self._label, results)
             return results
         finally:

@@ -14,6 +14,7 @@ import pytest
 
 from modelhost.config.completion import complete_config
 from modelhost.config.pbtxt import ConfigError, parse_config
+from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.sequence_controls import SequenceFlags, sequence_flags
 from modelhost.core.sequences import SequenceBatcher
 from modelhost.errors import ErrorKind, ModelhostError
@@ -48,9 +49,12 @@ class Accumulator:
         self.release = asyncio.Event()
         self.running: set[int] = set()  # the sequences with a call in progress
         self.instances: list[int] = []  # the instance each call was pinned to
+        self.rows: list[int] = []  # the batch row each call was given (a direct slot)
 
-    async def submit(self, feeds: dict[str, np.ndarray], names: list[str], instance: int = -1) -> dict[str, np.ndarray]:
+    async def submit(self, feeds: dict[str, np.ndarray], names: list[str], instance: int = -1,
+                     row: int = -1) -> dict[str, np.ndarray]:
         self.instances.append(instance)
+        self.rows.append(row)
         sequence = int(feeds["CORRID"][0, 0])
         assert sequence not in self.running, "two requests of one sequence at once"
         self.running.add(sequence)
@@ -202,9 +206,15 @@ def test_with_several_instances_a_sequence_keeps_to_its_slots_instance() -> None
                 await send(sequences, model, 1, sequence_id, start=step == 0)
         # The instances take turns for new sequences: 1 and 3 on instance 0, 2 on instance 1.
         assert model.instances == [0, 1, 0] * 3
+        assert model.rows == [0, 0, 1] * 3  # direct: each at its slot's row of its instance's batches
         single, alone = batcher(max_batch_size=2), Accumulator()
         await send(single, alone, 1, 1, start=True)
-        assert alone.instances == [-1]  # one instance: nothing to pin
+        await send(single, alone, 1, 2, start=True)
+        assert alone.instances == [0, 0] and alone.rows == [0, 1]  # direct: pinned to its row even alone
+        config = CONFIG.replace("sequence_batching {", "sequence_batching { oldest { }") % (2, 10, 0)
+        oldest = SequenceBatcher("acc", "acc:1", parse_config(config), 1, ManualClock())
+        await send(oldest, alone, 1, 1, start=True)
+        assert alone.instances[-1] == -1 and alone.rows[-1] == -1  # oldest, one instance: nothing to pin
 
     asyncio.run(scenario())
 
@@ -321,3 +331,16 @@ def test_over_the_scheduler_a_sequence_runs_on_its_instance_alone() -> None:
         assert seen == [{1, 3}, {2, 4}]
 
     asyncio.run(scenario())
+
+
+def test_direct_queue_delay_counts_only_with_a_minimum_slot_utilization() -> None:
+    def policy(direct: str) -> SchedulingPolicy:
+        return SchedulingPolicy.from_config(parse_config(CONFIG.replace("sequence_batching {", f"sequence_batching {{ "
+                                                                        f"direct {{ {direct} }}") % (4, 10, 0)))
+
+    without = policy("max_queue_delay_microseconds: 3000")
+    assert (without.max_queue_delay_s, without.preferred_batch_sizes) == (0.0, ())  # Triton ignores the delay
+    half = policy("max_queue_delay_microseconds: 3000 minimum_slot_utilization: 0.5")
+    assert (half.max_queue_delay_s, half.preferred_batch_sizes) == (0.003, (4, 3, 2))  # 2 of 4 slots or more
+    with pytest.raises(ConfigError, match="minimum_slot_utilization must be between 0 and 1"):
+        policy("minimum_slot_utilization: 1.5")

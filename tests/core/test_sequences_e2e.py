@@ -93,6 +93,9 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     (repo / "pinned" / "1").mkdir(parents=True)
     (repo / "pinned" / "config.pbtxt").write_text(PINNED_CONFIG)
     (repo / "pinned" / "1" / "model.py").write_text(PINNED)
+    (repo / "slotted" / "1").mkdir(parents=True)
+    (repo / "slotted" / "config.pbtxt").write_text(SLOTTED_CONFIG)
+    (repo / "slotted" / "1" / "model.py").write_text(SLOTTED)
     process = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*").wait_ready()
     yield process
     process.stop()
@@ -124,10 +127,55 @@ class Model:
         totals = []
         for x, start, corrid in zip(inputs["x"], inputs["START"], inputs["CORRID"]):
             key = int(corrid[0])
+            if key == 0:  # a padding row of a direct batch (core/sequence_slots.py): no sequence
+                totals.append([0.0])
+                continue
             self.totals[key] = (0.0 if start[0] else self.totals[key]) + float(x[0])
             totals.append([self.totals[key]])
         rows = len(totals)
         return {"total": np.array(totals, np.float32), "instance": np.full((rows, 1), self.index, np.int32)}
+"""
+
+SLOTTED_CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "total" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "row" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "ready" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "padding" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  direct { }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"""
+# A model of Triton's direct kind: it keeps each batch slot's running total in itself, by batch row, and trusts
+# READY to tell a padding row. `ready` is the batch's READY column as a bit mask (bit i: row i), `padding` the
+# sum of everything the padding rows carry (x, START, CORRID): 0 when they are clean.
+SLOTTED = """
+import numpy as np
+
+class Model:
+    def initialize(self, args):
+        self.totals = np.zeros(4, np.int64)
+
+    def execute(self, inputs):
+        x, start, ready, corrid = (inputs[name][:, 0] for name in ("x", "START", "READY", "CORRID"))
+        assert ready.dtype == np.bool_
+        rows = len(x)
+        for row in range(rows):
+            if ready[row]:
+                self.totals[row] = (0 if start[row] else self.totals[row]) + x[row]
+        mask = sum(1 << row for row in range(rows) if ready[row])
+        padding = int(x[~ready].sum() + start[~ready].sum() + corrid[~ready].sum())
+        column = lambda values: np.asarray(values, np.int32).reshape(rows, 1)
+        return {"total": column(self.totals[:rows]), "row": column(range(rows)),
+                "ready": column([mask] * rows), "padding": column([padding] * rows)}
 """
 
 
@@ -367,3 +415,64 @@ def test_a_reload_finishes_open_sequences_on_the_old_version(server: ServerProce
             "inference request for sequence 21 to model 'reloaded' must specify the START flag")
     finally:
         http.close()
+
+
+def slotted_step(client: Any, module: Any, value: int, sequence_id: int, start: bool = False,
+                 end: bool = False) -> tuple[int, int, int, int]:
+    """(total, row, READY mask, padding sum) of one request to `slotted`."""
+    tensor = module.InferInput("x", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], np.int32))
+    result = client.infer("slotted", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+    return tuple(int(result.as_numpy(name)[0, 0]) for name in ("total", "row", "ready", "padding"))  # type: ignore
+
+
+def test_direct_puts_each_sequence_at_its_slots_batch_row_with_not_ready_padding(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        # Three sequences take slots 0, 1, 2 of the one instance, in turn.
+        assert slotted_step(http, httpclient, 5, 61, start=True) == (5, 0, 0b1, 0)
+        assert slotted_step(http, httpclient, 7, 62, start=True) == (7, 1, 0b10, 0)  # row 0 padded, not ready
+        assert slotted_step(http, httpclient, 9, 63, start=True) == (9, 2, 0b100, 0)
+        assert slotted_step(http, httpclient, 1, 63) == (10, 2, 0b100, 0)  # its total: the model's row 2 state
+        assert slotted_step(http, httpclient, 1, 61, end=True) == (6, 0, 0b1, 0)  # slot 0 frees
+        assert slotted_step(http, httpclient, 2, 62) == (9, 1, 0b10, 0)
+        # A new sequence takes the slot free longest (3), then the freed 0 is next.
+        assert slotted_step(http, httpclient, 4, 64, start=True) == (4, 3, 0b1000, 0)
+        assert slotted_step(http, httpclient, 3, 65, start=True) == (3, 0, 0b1, 0)
+        for sequence_id in (62, 63, 64, 65):
+            slotted_step(http, httpclient, 0, sequence_id, end=True)
+    finally:
+        http.close()
+
+
+def test_direct_interleaved_sequences_batch_by_slot(server: ServerProcess) -> None:
+    """Four sequences at once over gRPC: batches hold several of them, each always at its own row, so the
+    per-row totals the model keeps are each sequence's own."""
+    errors: list[BaseException] = []
+    seen: list[tuple[int, int, int]] = []  # (sequence, row, READY mask)
+
+    def run(sequence_id: int) -> None:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            expected = 0
+            for index in range(12):
+                value = sequence_id * 100 + index
+                expected += value
+                total, row, mask, padding = slotted_step(client, grpcclient, value, sequence_id, start=index == 0,
+                                                         end=index == 11)
+                assert (total, padding) == (expected, 0) and mask >> row & 1
+                seen.append((sequence_id, row, mask))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(sequence_id,)) for sequence_id in (71, 72, 73, 74)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    rows = {sequence_id: {row for sid, row, _ in seen if sid == sequence_id} for sequence_id in (71, 72, 73, 74)}
+    assert all(len(found) == 1 for found in rows.values()) and len({*map(min, rows.values())}) == 4
+    assert any(bin(mask).count("1") > 1 for _, _, mask in seen)  # some batches held several sequences
