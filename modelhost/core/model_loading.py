@@ -202,7 +202,7 @@ def load_version(
         policy = SchedulingPolicy.from_config(config)
         labels = read_labels(config, source.path)
         target = LatencyTarget.from_config(config, count)
-        sequences = (SequenceBatcher(source.name, f"{source.name}:{version}", config, count)
+        sequences = (SequenceBatcher(source.name, f"{source.name}:{version}", config, count, model_dir=source.path)
                      if config.HasField("sequence_batching") else None)
         _warm_up(source, version, config, instances, warmup_reader)
     except BaseException:

@@ -26,6 +26,7 @@ import math
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -69,7 +70,8 @@ class _Sequence:
 
 
 class SequenceBatcher:
-    def __init__(self, name: str, label: str, config: ModelConfig, instances: int, clock: Clock = MONOTONIC) -> None:
+    def __init__(self, name: str, label: str, config: ModelConfig, instances: int, clock: Clock = MONOTONIC,
+                 model_dir: Path | None = None) -> None:
         batching = config.sequence_batching
         if batching.iterative_sequence:
             raise ConfigError("sequence_batching iterative_sequence is not supported")
@@ -78,7 +80,7 @@ class SequenceBatcher:
         self._clock = clock
         self._batching = config.max_batch_size > 0
         self.controls = ControlTensors(config)
-        self.state = ImplicitState(config)
+        self.state = ImplicitState(config, model_dir)
         per_instance = max(1, config.max_batch_size)
         if batching.HasField("oldest") and batching.oldest.max_candidate_sequences > 0:
             per_instance = batching.oldest.max_candidate_sequences

@@ -16,6 +16,7 @@ from modelhost.config.completion import complete_config
 from modelhost.config.pbtxt import ConfigError, parse_config
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.sequence_controls import SequenceFlags, sequence_flags
+from modelhost.core.sequence_state import ImplicitState
 from modelhost.core.sequences import SequenceBatcher
 from modelhost.errors import ErrorKind, ModelhostError
 from tests.core.scheduler_harness import gated, rows_of, serving
@@ -252,8 +253,8 @@ STATE = 'output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ]'
 @pytest.mark.parametrize(("old", "new", "problem"), [
     ("bool_false_true: [ false, true ]", "bool_false_true: [ false, true ] fp32_false_true: [ 0, 1 ]",
      "give exactly one of"),
-    (STATE, STATE + ' initial_state [ { name: "f" data_type: TYPE_FP32 dims: [ 1 ] data_file: "init" } ]',
-     "initial_state supports zero_data only"),
+    (STATE, STATE + ' initial_state [ { name: "f" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+     "initial_state needs zero_data or data_file"),
     (STATE, STATE + ' initial_state [ { name: "f" data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } ]',
      "initial_state must have the state's data_type"),
     ("data_type: TYPE_INT32 } ] }", "data_type: TYPE_FP32 } ] }", "CONTROL_SEQUENCE_CORRID data_type must be"),
@@ -344,3 +345,53 @@ def test_direct_queue_delay_counts_only_with_a_minimum_slot_utilization() -> Non
     assert (half.max_queue_delay_s, half.preferred_batch_sizes) == (0.003, (4, 3, 2))  # 2 of 4 slots or more
     with pytest.raises(ConfigError, match="minimum_slot_utilization must be between 0 and 1"):
         policy("minimum_slot_utilization: 1.5")
+
+
+def file_state(data_file: str) -> Any:
+    return parse_config((CONFIG % (2, 10, 0)).replace(
+        STATE, STATE + f' initial_state [ {{ name: "f" data_type: TYPE_FP32 dims: [ 1 ] data_file: "{data_file}" }} ]'))
+
+
+def test_initial_state_from_a_data_file(tmp_path: Any) -> None:
+    folder = tmp_path / "model" / "initial_state"
+    folder.mkdir(parents=True)
+    (folder / "init").write_bytes(np.array([2.5], "<f4").tobytes() + b"extra bytes are ignored, as in Triton")
+
+    async def scenario() -> None:
+        sequences = SequenceBatcher("acc", "acc:1", file_state("init"), 1, ManualClock(), model_dir=tmp_path / "model")
+        model = Accumulator()
+        assert await send(sequences, model, 1, 1, start=True) == 3.5
+        assert await send(sequences, model, 1, 1) == 4.5
+        assert await send(sequences, model, 1, 1, start=True) == 3.5  # a new start: the file's state again
+
+    asyncio.run(scenario())
+
+
+def test_an_initial_state_data_file_stays_in_the_models_initial_state_folder(tmp_path: Any) -> None:
+    model_dir = tmp_path / "model"
+    (model_dir / "initial_state").mkdir(parents=True)
+    (tmp_path / "outside").write_bytes(b"\0" * 4)
+    (model_dir / "config.pbtxt").write_bytes(b"\0" * 4)
+    (model_dir / "initial_state" / "link").symlink_to(tmp_path / "outside")
+    (model_dir / "initial_state" / "short").write_bytes(b"\0" * 2)
+    for name, problem in (("../config.pbtxt", "must name a file inside initial_state/ of the model's directory"),
+                          (str(tmp_path / "outside"), "must name a file inside initial_state/"),
+                          ("link", "must name a file inside initial_state/"),
+                          ("absent", "cannot read initial_state data_file initial_state/absent"),
+                          ("short", "initial_state/short has 2 bytes; dims [1] of FP32 need 4")):
+        with pytest.raises(ConfigError, match=re.escape(problem)) as caught:
+            SequenceBatcher("acc", "acc:1", file_state(name), 1, ManualClock(), model_dir=model_dir)
+        assert str(tmp_path) not in str(caught.value).replace(f"'{tmp_path}/outside'", "")  # no server paths
+
+
+def test_a_string_state_from_a_data_file(tmp_path: Any) -> None:
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "words").write_bytes(b"\2\0\0\0hi\0\0\0\0")
+    config = parse_config("""
+        max_batch_size: 2
+        sequence_batching { state [ { input_name: "S" output_name: "T" data_type: TYPE_STRING dims: [ 2 ]
+          initial_state [ { name: "w" data_type: TYPE_STRING dims: [ 2 ] data_file: "words" } ] } ] }""")
+    initial = ImplicitState(config, tmp_path).initial()["S"]
+    assert initial.dtype == np.object_ and initial.tolist() == [[b"hi", b""]] and not initial.flags.writeable
+    zeros = ImplicitState(parse_config(str(config).replace('data_file: "words"', "zero_data: true")))
+    assert zeros.initial()["S"].tolist() == [[b"", b""]]

@@ -96,6 +96,11 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     (repo / "slotted" / "1").mkdir(parents=True)
     (repo / "slotted" / "config.pbtxt").write_text(SLOTTED_CONFIG)
     (repo / "slotted" / "1" / "model.py").write_text(SLOTTED)
+    (repo / "filestate" / "1").mkdir(parents=True)
+    (repo / "filestate" / "initial_state").mkdir()
+    (repo / "filestate" / "initial_state" / "greeting").write_bytes(len(b"hello").to_bytes(4, "little") + b"hello")
+    (repo / "filestate" / "config.pbtxt").write_text(FILESTATE_CONFIG)
+    (repo / "filestate" / "1" / "model.py").write_text(FILESTATE)
     process = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*").wait_ready()
     yield process
     process.stop()
@@ -176,6 +181,26 @@ class Model:
         column = lambda values: np.asarray(values, np.int32).reshape(rows, 1)
         return {"total": column(self.totals[:rows]), "row": column(range(rows)),
                 "ready": column([mask] * rows), "padding": column([padding] * rows)}
+"""
+
+# A TYPE_STRING state whose initial value is read from the model directory's initial_state/greeting.
+FILESTATE_CONFIG = """
+backend: "python"
+max_batch_size: 2
+input [ { name: "word" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "said" data_type: TYPE_STRING dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "SAID_IN" output_name: "SAID_OUT" data_type: TYPE_STRING dims: [ 1 ]
+            initial_state [ { name: "greeting" data_type: TYPE_STRING dims: [ 1 ] data_file: "greeting" } ] } ]
+}
+"""
+FILESTATE = """
+import numpy as np
+
+class Model:
+    def execute(self, inputs):
+        said = np.array([[s[0] + b" " + w[0]] for s, w in zip(inputs["SAID_IN"], inputs["word"])], dtype=object)
+        return {"said": said, "SAID_OUT": said}
 """
 
 
@@ -476,3 +501,20 @@ def test_direct_interleaved_sequences_batch_by_slot(server: ServerProcess) -> No
     rows = {sequence_id: {row for sid, row, _ in seen if sid == sequence_id} for sequence_id in (71, 72, 73, 74)}
     assert all(len(found) == 1 for found in rows.values()) and len({*map(min, rows.values())}) == 4
     assert any(bin(mask).count("1") > 1 for _, _, mask in seen)  # some batches held several sequences
+
+
+def test_a_string_state_starts_from_its_initial_state_data_file(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+
+    def say(word: bytes, sequence_id: int, start: bool = False) -> bytes:
+        tensor = httpclient.InferInput("word", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[word]], dtype=object))
+        return http.infer("filestate", [tensor], sequence_id=sequence_id, sequence_start=start).as_numpy("said")[0, 0]
+
+    try:
+        assert say(b"big", 81, start=True) == b"hello big"
+        assert say(b"new", 82, start=True) == b"hello new"
+        assert say(b"world", 81) == b"hello big world"
+        assert say(b"day", 82) == b"hello new day"
+    finally:
+        http.close()
