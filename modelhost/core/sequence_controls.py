@@ -52,13 +52,13 @@ def sequence_flags(parameters: Mapping[str, Any]) -> SequenceFlags | None:
     return SequenceFlags(value, _flag(parameters, "sequence_start"), _flag(parameters, "sequence_end"))
 
 
-def refuse_sequence(model: str, parameters: Mapping[str, Any]) -> None:
-    """INVALID_INPUT when a request to a model without a sequence batcher carries sequence parameters: running
-    it statelessly would silently give wrong answers."""
+def refuse_sequence(model: str, parameters: Mapping[str, Any], kind: str = "model",
+                    lacks: str = "has no sequence_batching in its configuration") -> None:
+    """INVALID_INPUT when a request to a model without a sequence batcher (an ensemble without a sequence step)
+    carries sequence parameters: running it statelessly would silently give wrong answers."""
     given = [name for name in SEQUENCE_PARAMETERS if name in parameters]
     if given:
-        raise invalid(f"request parameter '{given[0]}' is for sequence models; model '{model}' has no "
-                      "sequence_batching in its configuration")
+        raise invalid(f"request parameter '{given[0]}' is for sequence models; {kind} '{model}' {lacks}")
 
 
 def _flag(parameters: Mapping[str, Any], name: str) -> bool:

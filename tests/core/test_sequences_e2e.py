@@ -101,6 +101,9 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     (repo / "filestate" / "initial_state" / "greeting").write_bytes(len(b"hello").to_bytes(4, "little") + b"hello")
     (repo / "filestate" / "config.pbtxt").write_text(FILESTATE_CONFIG)
     (repo / "filestate" / "1" / "model.py").write_text(FILESTATE)
+    for name, config in (("stateful_ensemble", STATEFUL_ENSEMBLE), ("stateless_ensemble", STATELESS_ENSEMBLE)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
     process = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*").wait_ready()
     yield process
     process.stop()
@@ -202,6 +205,25 @@ class Model:
         said = np.array([[s[0] + b" " + w[0]] for s, w in zip(inputs["SAID_IN"], inputs["word"])], dtype=object)
         return {"said": said, "SAID_OUT": said}
 """
+
+# An ensemble whose step is a sequence model (the sequence parameters pass to it), and one without any.
+STATEFUL_ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "DOUBLED" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "accumulator" model_version: -1 input_map { key: "INPUT" value: "IN" }
+    output_map { key: "OUTPUT" value: "SUM" } },
+  { model_name: "plain" model_version: -1 input_map { key: "INPUT0" value: "SUM" }
+    output_map { key: "OUTPUT0" value: "DOUBLED" } }
+] }
+"""
+STATELESS_ENSEMBLE = (
+    'platform: "ensemble" max_batch_size: 4 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ] '
+    'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ] ensemble_scheduling { step [ { model_name: '
+    '"plain" model_version: -1 input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }'
+)
 
 
 def step(client: Any, module: Any, model: str, value: int, sequence_id: int | str, start: bool = False,
@@ -518,3 +540,37 @@ def test_a_string_state_starts_from_its_initial_state_data_file(server: ServerPr
         assert say(b"day", 82) == b"hello new day"
     finally:
         http.close()
+
+
+def test_an_ensemble_passes_its_sequence_to_its_sequence_step(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    rpc = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def send(client: Any, module: Any, model: str, value: int, **sequence: Any) -> Any:
+        tensor = module.InferInput("IN", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], np.int32))
+        return client.infer(model, [tensor], **sequence)
+
+    try:
+        # Two interleaved sequences through the ensemble, one over each protocol: each keeps its own sum.
+        sums = []
+        for index, value in enumerate((1, 2, 3)):
+            for client, module, sequence_id in ((http, httpclient, 91), (rpc, grpcclient, 92)):
+                result = send(client, module, "stateful_ensemble", value * sequence_id, sequence_id=sequence_id,
+                              sequence_start=index == 0, sequence_end=index == 2)
+                sums.append(int(result.as_numpy("SUM")[0, 0]))
+                assert int(result.as_numpy("DOUBLED")[0, 0]) == sums[-1]  # the next, stateless, step ran too
+        assert sums == [91, 92, 91 * 3, 92 * 3, 91 * 6, 92 * 6]
+        assert error_of(send, http, httpclient, "stateful_ensemble", 1, sequence_id=91) == (
+            "ensemble 'stateful_ensemble' step 1 (model 'accumulator'): inference request for sequence 91 to "
+            "model 'accumulator' must specify the START flag on the first request of the sequence")
+        assert "must specify a non-zero or non-empty correlation ID" in error_of(
+            send, http, httpclient, "stateful_ensemble", 1)
+        for client, module in ((http, httpclient), (rpc, grpcclient)):
+            assert error_of(send, client, module, "stateless_ensemble", 1, sequence_id=5, sequence_start=True) == (
+                "request parameter 'sequence_id' is for sequence models; ensemble 'stateless_ensemble' has no step "
+                "whose model has sequence_batching")
+        assert int(send(http, httpclient, "stateless_ensemble", 4).as_numpy("OUT")[0, 0]) == 4
+    finally:
+        http.close()
+        rpc.close()
