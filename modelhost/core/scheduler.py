@@ -98,6 +98,9 @@ class Scheduler:
         self._run_batch = _run_each if self._takes_requests else _run
         if slots is not None:
             self._run_batch = slots.run
+        # A direct sequence's lone request may run on the loop, padded to its row, where its instance is the
+        # only one (the loop takes any free instance) and the model takes batches whole.
+        self._slots = slots if slots is not None and len(instances) == 1 and not self._takes_requests else None
         for index, (instance, lock) in enumerate(self._instances):
             instance_threads.start(partial(self._serve, instance, lock, index), f"{label}#{index}")
 
@@ -127,8 +130,13 @@ class Scheduler:
             if result is not None:
                 return result
         size = _elements(inputs)
-        if instance < 0 and self._may_run_now(size):
-            result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s, trace)
+        if instance < 0:
+            if self._may_run_now(size):
+                result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s, trace)
+                if result is not None:
+                    return result
+        elif self._slots is not None and self._may_run_now(size):  # a direct sequence's, on its one instance
+            result = self._run_slot_on_loop(self._slots, inputs, outputs, size, entry, spent_s, trace, row)
             if result is not None:
                 return result
         if self.target is not None:
@@ -326,6 +334,17 @@ class Scheduler:
                     _traced_alone(trace, elapsed)
                 return result
         return None
+
+    def _run_slot_on_loop(self, slots: SlotPadding, inputs: dict[str, np.ndarray], outputs: Sequence[str],
+                          size: int, entry: str, spent_s: float, trace: Trace | None, row: int) -> Outputs | None:
+        """`_run_on_loop` for a direct sequence's request: run at its batch row, padding rows before it."""
+        if row > 0:
+            inputs = slots.alone(inputs, row)
+        result = self._run_on_loop(inputs, outputs, 1, size, entry, spent_s, trace)
+        if result is None or row <= 0:
+            return result
+        check_batch_dim(result, row + 1)
+        return {name: array[row:] for name, array in result.items()}
 
     def _learn_alone(self, rows: int, elapsed_ns: int, spent_s: float) -> None:
         """A request that ran at once, without queueing: its latency was what came before and its execution."""

@@ -7,9 +7,11 @@ none get a padding row. A padding row is not a request: its READY, START and END
 CORRID 0, its other inputs (state inputs included) zeros shaped as a real request's; its outputs are dropped.
 (Triton's padding rows carry unspecified data; zeros are as good, and cannot leak another request's data.)
 
-`run_slotted` is the instance thread's way to run such a model's batch (core/scheduler.py), in place of
-plain concatenation; each queued request carries its row (`Pending.row`). A model that takes requests one by
-one (Triton's Python API) gets its padding rows as requests of their own, at their slots' places.
+`SlotPadding.run` is the instance thread's way to run such a model's batch (core/scheduler.py), in place of
+plain concatenation; each queued request carries its row (`Pending.row`). A lone request that runs on the
+event loop (the scheduler's inline path, for a model with one instance) is padded by `alone`. A model that
+takes requests one by one (Triton's Python API) gets its padding rows as requests of their own, at their
+slots' places.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ class SlotPadding:
             else:
                 row[name] = np.zeros((1, *array.shape[1:]), array.dtype)
         return row
+
+    def alone(self, inputs: dict[str, np.ndarray], row: int) -> dict[str, np.ndarray]:
+        """A batch of one request at `row`: `row` padding rows, then its own (it runs on the event loop)."""
+        padding = self.row(inputs)
+        return {name: np.concatenate([np.repeat(padding[name], row, axis=0), array]) for name, array in inputs.items()}
 
     def run(self, instance: Model, batch: list[Pending], taken: float,
             pad_sizes: tuple[int, ...] = ()) -> tuple[list[Outputs | Exception], ExecutionTiming]:

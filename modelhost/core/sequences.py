@@ -15,13 +15,16 @@ strategy's max_queue_delay_microseconds and, for `oldest`, preferred_batch_size:
 tensors and the implicit state (core/sequence_state.py) are added to each request's inputs before it queues.
 Each slot belongs to one instance, and with several instances a sequence's requests queue for its slot's
 instance alone (`Scheduler.submit(instance=...)`), so a model that keeps its own per-sequence state in the
-instance sees every request of the sequence; new sequences take the instances' free slots in turn.
+instance sees every request of the sequence; new sequences take the lowest free slot (row), the instances
+taking turns at each row, as Triton does. Under `direct`, a request is its slot's row of the batch
+(core/sequence_slots.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import math
 from collections import deque
 from collections.abc import Awaitable
@@ -93,8 +96,10 @@ class SequenceBatcher:
         self._pinned = instances > 1 or self.padding is not None  # a sequence's requests go to its slot's instance
         self.backlog = natural_parameter(string_parameters(config), (BACKLOG_PARAMETER,), DEFAULT_BACKLOG)
         self.idle_s = batching.max_sequence_idle_microseconds / 1e6 or DEFAULT_IDLE_S
-        # Free slots, the instances taking turns: consecutive sequences start on different instances.
-        self._free = deque(i * per_instance + s for s in range(per_instance) for i in range(max(1, instances)))
+        # Free slots, lowest row first, the instances taking turns at each row (Triton's order): consecutive
+        # sequences start on different instances, and a direct model's batches stay as short as they can.
+        self._free = [(s, i * per_instance + s) for s in range(per_instance) for i in range(max(1, instances))]
+        heapq.heapify(self._free)
         self._slot_waiters: deque[asyncio.Future[int]] = deque()
         self._table: dict[int | str, _Sequence] = {}
         self._sweep_timer: Cancellable | None = None
@@ -225,7 +230,7 @@ class SequenceBatcher:
 
     async def _take_slot(self) -> int:
         if self._free and not self._slot_waiters:
-            return self._free.popleft()
+            return heapq.heappop(self._free)[1]
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._slot_waiters.append(waiter)
         try:
@@ -244,4 +249,4 @@ class SequenceBatcher:
             if not waiter.done():
                 waiter.set_result(slot)
                 return
-        self._free.append(slot)
+        heapq.heappush(self._free, (slot % self._per_instance, slot))

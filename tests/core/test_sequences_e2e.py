@@ -93,9 +93,11 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     (repo / "pinned" / "1").mkdir(parents=True)
     (repo / "pinned" / "config.pbtxt").write_text(PINNED_CONFIG)
     (repo / "pinned" / "1" / "model.py").write_text(PINNED)
-    (repo / "slotted" / "1").mkdir(parents=True)
-    (repo / "slotted" / "config.pbtxt").write_text(SLOTTED_CONFIG)
-    (repo / "slotted" / "1" / "model.py").write_text(SLOTTED)
+    # `slotted` runs a lone request on the event loop (padded there), `queued` always on its instance's thread.
+    for name, inline_us in (("slotted", 100_000), ("queued", 0)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(SLOTTED_CONFIG + INLINE % inline_us)
+        (repo / name / "1" / "model.py").write_text(SLOTTED)
     (repo / "filestate" / "1").mkdir(parents=True)
     (repo / "filestate" / "initial_state").mkdir()
     (repo / "filestate" / "initial_state" / "greeting").write_bytes(len(b"hello").to_bytes(4, "little") + b"hello")
@@ -162,6 +164,7 @@ sequence_batching {
   ]
 }
 """
+INLINE = 'parameters { key: "inline_max_microseconds" value: { string_value: "%d" } }\n'
 # A model of Triton's direct kind: it keeps each batch slot's running total in itself, by batch row, and trusts
 # READY to tell a padding row. `ready` is the batch's READY column as a bit mask (bit i: row i), `padding` the
 # sum of everything the padding rows carry (x, START, CORRID): 0 when they are clean.
@@ -465,15 +468,16 @@ def test_a_reload_finishes_open_sequences_on_the_old_version(server: ServerProce
 
 
 def slotted_step(client: Any, module: Any, value: int, sequence_id: int, start: bool = False,
-                 end: bool = False) -> tuple[int, int, int, int]:
-    """(total, row, READY mask, padding sum) of one request to `slotted`."""
+                 end: bool = False, model: str = "slotted") -> tuple[int, int, int, int]:
+    """(total, row, READY mask, padding sum) of one request to `slotted` (or `queued`)."""
     tensor = module.InferInput("x", [1, 1], "INT32")
     tensor.set_data_from_numpy(np.array([[value]], np.int32))
-    result = client.infer("slotted", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+    result = client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
     return tuple(int(result.as_numpy(name)[0, 0]) for name in ("total", "row", "ready", "padding"))  # type: ignore
 
 
 def test_direct_puts_each_sequence_at_its_slots_batch_row_with_not_ready_padding(server: ServerProcess) -> None:
+    """One request at a time: each runs on the event loop (`slotted` allows it), padded up to its row there."""
     http = httpclient.InferenceServerClient(server.url)
     try:
         # Three sequences take slots 0, 1, 2 of the one instance, in turn.
@@ -483,9 +487,9 @@ def test_direct_puts_each_sequence_at_its_slots_batch_row_with_not_ready_padding
         assert slotted_step(http, httpclient, 1, 63) == (10, 2, 0b100, 0)  # its total: the model's row 2 state
         assert slotted_step(http, httpclient, 1, 61, end=True) == (6, 0, 0b1, 0)  # slot 0 frees
         assert slotted_step(http, httpclient, 2, 62) == (9, 1, 0b10, 0)
-        # A new sequence takes the slot free longest (3), then the freed 0 is next.
-        assert slotted_step(http, httpclient, 4, 64, start=True) == (4, 3, 0b1000, 0)
-        assert slotted_step(http, httpclient, 3, 65, start=True) == (3, 0, 0b1, 0)
+        # A new sequence takes the lowest free slot (Triton's order): the freed 0, then 3.
+        assert slotted_step(http, httpclient, 4, 64, start=True) == (4, 0, 0b1, 0)
+        assert slotted_step(http, httpclient, 3, 65, start=True) == (3, 3, 0b1000, 0)
         for sequence_id in (62, 63, 64, 65):
             slotted_step(http, httpclient, 0, sequence_id, end=True)
     finally:
@@ -506,7 +510,7 @@ def test_direct_interleaved_sequences_batch_by_slot(server: ServerProcess) -> No
                 value = sequence_id * 100 + index
                 expected += value
                 total, row, mask, padding = slotted_step(client, grpcclient, value, sequence_id, start=index == 0,
-                                                         end=index == 11)
+                                                         end=index == 11, model="queued")
                 assert (total, padding) == (expected, 0) and mask >> row & 1
                 seen.append((sequence_id, row, mask))
         except BaseException as exc:  # noqa: BLE001 - reported by the test below
