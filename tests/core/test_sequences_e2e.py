@@ -5,7 +5,11 @@ Models, built here:
   implicit int32 state; OUTPUT is the sequence's running sum, FLAGS = START + 2*END + 4*READY, CORRID_OUT the id;
 - `oneslot`: the same file with max_batch_size 1 (one slot) and a 300 ms idle timeout, for the backlog;
 - `pystate` (Python, oldest): a string CORRID, bool START, and an fp32 [2] state;
-- `plain`: an ONNX identity without a sequence batcher.
+- `plain`: an ONNX identity without a sequence batcher;
+- `slotted`, `queued` (Python, direct, 4 slots) and `triton_slotted` (the same in Triton's Python API): a
+  running total per batch row kept in the model, READY's column and the padding rows' contents returned;
+- `filestate` (Python): a TYPE_STRING state whose initial value is an `initial_state` `data_file`;
+- `stateful_ensemble` (accumulator, then plain) and `stateless_ensemble` (plain alone).
 """
 
 from __future__ import annotations
@@ -94,10 +98,11 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     (repo / "pinned" / "config.pbtxt").write_text(PINNED_CONFIG)
     (repo / "pinned" / "1" / "model.py").write_text(PINNED)
     # `slotted` runs a lone request on the event loop (padded there), `queued` always on its instance's thread.
-    for name, inline_us in (("slotted", 100_000), ("queued", 0)):
+    for name, inline_us, code in (("slotted", 100_000, SLOTTED), ("queued", 0, SLOTTED),
+                                  ("triton_slotted", 0, TRITON_SLOTTED)):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(SLOTTED_CONFIG + INLINE % inline_us)
-        (repo / name / "1" / "model.py").write_text(SLOTTED)
+        (repo / name / "1" / "model.py").write_text(code)
     (repo / "filestate" / "1").mkdir(parents=True)
     (repo / "filestate" / "initial_state").mkdir()
     (repo / "filestate" / "initial_state" / "greeting").write_bytes(len(b"hello").to_bytes(4, "little") + b"hello")
@@ -227,6 +232,33 @@ STATELESS_ENSEMBLE = (
     'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ] ensemble_scheduling { step [ { model_name: '
     '"plain" model_version: -1 input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }'
 )
+
+# The same in Triton's Python API: a batch's requests come one by one, the padding ones among them.
+TRITON_SLOTTED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+def value(request, name):
+    return int(pb_utils.get_input_tensor_by_name(request, name).as_numpy()[0, 0])
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.totals = [0] * 4
+
+    def execute(self, requests):
+        ready = [bool(value(r, "READY")) for r in requests]
+        mask = sum(1 << row for row, flag in enumerate(ready) if flag)
+        padding = sum(value(r, "x") + value(r, "START") + value(r, "CORRID")
+                      for r, flag in zip(requests, ready) if not flag)
+        responses = []
+        for row, (request, flag) in enumerate(zip(requests, ready)):
+            if flag:
+                self.totals[row] = (0 if value(request, "START") else self.totals[row]) + value(request, "x")
+            outputs = [pb_utils.Tensor(name, np.array([[number]], np.int32)) for name, number in
+                       (("total", self.totals[row]), ("row", row), ("ready", mask), ("padding", padding))]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+"""
 
 
 def step(client: Any, module: Any, model: str, value: int, sequence_id: int | str, start: bool = False,
@@ -578,3 +610,15 @@ def test_an_ensemble_passes_its_sequence_to_its_sequence_step(server: ServerProc
     finally:
         http.close()
         rpc.close()
+
+
+def test_direct_hands_a_triton_python_model_its_padding_rows_as_requests(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        assert slotted_step(http, httpclient, 5, 101, start=True, model="triton_slotted") == (5, 0, 0b1, 0)
+        assert slotted_step(http, httpclient, 7, 102, start=True, model="triton_slotted") == (7, 1, 0b10, 0)
+        assert slotted_step(http, httpclient, 2, 101, model="triton_slotted") == (7, 0, 0b1, 0)
+        assert slotted_step(http, httpclient, 1, 102, end=True, model="triton_slotted") == (8, 1, 0b10, 0)
+        slotted_step(http, httpclient, 0, 101, end=True, model="triton_slotted")
+    finally:
+        http.close()
