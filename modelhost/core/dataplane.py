@@ -277,8 +277,8 @@ def _sequence(served: ServedModel, parameters: dict[str, Any]) -> SequenceFlags 
         return sequence_flags(parameters)
     # Inline, not a loop: every request to every other model passes here.
     if parameters and ("sequence_id" in parameters or "sequence_start" in parameters
-                       or "sequence_end" in parameters):
-        refuse_sequence(served.name, parameters)
+                       or "sequence_end" in parameters) and isinstance(served.scheduler, Scheduler):
+        refuse_sequence(served.name, parameters)  # an ensemble passes them to its sequence steps (core/ensemble.py)
     return None
 
 

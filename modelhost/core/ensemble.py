@@ -22,6 +22,7 @@ import numpy as np
 
 from modelhost.client_log import client_log
 from modelhost.core.ensemble_plan import LATEST, Acquire, EnsemblePlan, EnsembleStep, Resolve
+from modelhost.core.sequence_controls import SequenceFlags, refuse_sequence, sequence_flags
 from modelhost.core.trace import REQUEST_END, Trace
 from modelhost.errors import ErrorKind, ModelhostError, unavailable
 
@@ -63,13 +64,16 @@ class EnsembleScheduler:
 
         `inputs` are the ensemble's checked inputs; `rows`, `entry` and `batchable` are unused (an ensemble
         has one signature, and each step counts its own rows and batches in its own model). A failing
-        step cancels the running ones and fails the request with the same ErrorKind, naming the step.
+        step cancels the running ones and fails the request with the same ErrorKind, naming the step. `origin`
+        is the client's request: its sequence parameters (`sequence_id`, `sequence_start`, `sequence_end`) pass
+        to every step whose model is a sequence model, as Triton passes them (core/sequences.py runs them there).
         """
         if self._stopping:
             raise unavailable(f"ensemble {self._label} is stopping")
+        sequence = self._sequence(origin, outputs) if origin is not None and origin.parameters else None
         self._inflight += 1
         try:
-            return await self._execute(inputs, outputs, priority, timeout_us, trace)
+            return await self._execute(inputs, outputs, priority, timeout_us, trace, sequence)
         finally:
             self._inflight -= 1
             if not self._inflight and self._idle is not None and not self._idle.done():
@@ -77,6 +81,29 @@ class EnsembleScheduler:
 
     def inflight(self) -> int:
         return self._inflight
+
+    def _sequence(self, origin: Any, outputs: Sequence[str]) -> SequenceFlags | None:
+        """The request's sequence parameters; INVALID_INPUT when it has some and none of the steps it runs is a
+        sequence model (running a stateful conversation statelessly would silently give wrong answers). The
+        rare path: a request without parameters does not come here."""
+        flags = sequence_flags(origin.parameters)
+        if flags is None:
+            return None
+        for index in self._steps_for(outputs):
+            step = self._plan.steps[index]
+            hold = self._acquire(step.model_name, step.version)
+            try:
+                served = hold.take()
+            except ModelhostError:
+                continue  # the step fails on its own when it runs
+            try:
+                if served.sequences is not None:
+                    return flags
+            finally:
+                hold.give_back()
+        refuse_sequence(self._plan.name, origin.parameters, "ensemble", "has no step whose model has "
+                        "sequence_batching")
+        return None
 
     def queued(self) -> int:
         """Always 0: an ensemble has no queue of its own; its requests wait in the composing models' queues."""
@@ -92,7 +119,7 @@ class EnsembleScheduler:
 
     async def _execute(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], priority: int, timeout_us: int | None,
-        trace: Trace | None = None,
+        trace: Trace | None = None, sequence: SequenceFlags | None = None,
     ) -> Outputs:
         plan = self._plan
         tensors: dict[str, np.ndarray] = dict(inputs)  # the ensemble's tensor namespace for this request
@@ -104,7 +131,7 @@ class EnsembleScheduler:
                 for index in sorted(i for i in waiting if plan.needs[i] <= done):
                     waiting.discard(index)
                     task = asyncio.ensure_future(self._run_step(plan.steps[index], tensors, priority, timeout_us,
-                                                                trace))
+                                                                trace, sequence))
                     running[task] = index
                 if not running:
                     break
@@ -129,7 +156,7 @@ class EnsembleScheduler:
 
     async def _run_step(
         self, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int, timeout_us: int | None,
-        trace: Trace | None = None,
+        trace: Trace | None = None, sequence: SequenceFlags | None = None,
     ) -> Outputs:
         """One step runs as a client's request does (ServedModel.run), its outputs mapped back to the ensemble's."""
         hold = self._acquire(step.model_name, step.version)
@@ -138,17 +165,20 @@ class EnsembleScheduler:
         except ModelhostError as exc:  # the ensemble exists; it cannot serve without this model
             raise unavailable(exc.message) from None
         try:
-            return await self._run_on(served, step, tensors, priority, timeout_us, trace)
+            return await self._run_on(served, step, tensors, priority, timeout_us, trace, sequence)
         finally:
             hold.give_back()
 
     @staticmethod
     async def _run_on(served: ServedModel, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int,
-                      timeout_us: int | None, trace: Trace | None = None) -> Outputs:
+                      timeout_us: int | None, trace: Trace | None = None,
+                      sequence: SequenceFlags | None = None) -> Outputs:
         # An optional ensemble input the request left out stays out; a required model input then fails there.
         feeds = {name: tensors[tensor] for name, tensor in step.input_map.items() if tensor in tensors}
         step_trace = trace.child(served.name, served.version) if trace is not None else None
-        shaped = await served.run(feeds, step.requested, priority, timeout_us or 0, trace=step_trace)
+        # A sequence step gets the request's sequence (a request without one is then refused there).
+        shaped = await served.run(feeds, step.requested, priority, timeout_us or 0, trace=step_trace,
+                                  sequence=sequence if served.sequences is not None else None)
         if step_trace is not None:
             step_trace.stamp(REQUEST_END)
         return {step.output_map[name]: array for name, array in shaped.items()}

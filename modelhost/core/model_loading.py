@@ -202,7 +202,7 @@ def load_version(
         policy = SchedulingPolicy.from_config(config)
         labels = read_labels(config, source.path)
         target = LatencyTarget.from_config(config, count)
-        sequences = (SequenceBatcher(source.name, f"{source.name}:{version}", config, count)
+        sequences = (SequenceBatcher(source.name, f"{source.name}:{version}", config, count, model_dir=source.path)
                      if config.HasField("sequence_batching") else None)
         _warm_up(source, version, config, instances, warmup_reader)
     except BaseException:
@@ -212,7 +212,7 @@ def load_version(
     label = f"{source.name}:{version}"
     statistics = ModelStatistics()
     scheduler = Scheduler(label, instances, policy, statistics, in_flight, spare=lender, threads_per_instance=threads,
-                          target=target)
+                          target=target, slots=sequences.padding if sequences is not None else None)
     served = Signature.from_config(config)
     named = named_signatures(served, instances[0].signature_name(), signature.method, dict(instances[0].signatures()))
     return ServedModel(source.name, version, config, served, scheduler, statistics, named=named, sequences=sequences,

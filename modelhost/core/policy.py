@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from modelhost.config.model_config_pb2 import ModelConfig, ModelQueuePolicy
+from modelhost.config.model_config_pb2 import ModelConfig, ModelQueuePolicy, ModelSequenceBatching
 from modelhost.config.parameters import natural_parameter, string_parameters
 from modelhost.config.pbtxt import ConfigError
 from modelhost.core.latency_target import TARGET_PARAMETER
@@ -123,9 +124,26 @@ def _sequence_policy(cls: type[SchedulingPolicy], config: ModelConfig, inline_ns
         if not 0 < size <= max(config.max_batch_size, 1):
             raise ConfigError(f"sequence_batching oldest preferred_batch_size {size} must be between 1 and "
                               f"max_batch_size {config.max_batch_size}")
+    delay = strategy.max_queue_delay_microseconds / 1e6
+    if not sequences.HasField("oldest"):
+        preferred, delay = _slot_utilization(sequences.direct, config.max_batch_size, delay)
     level = LevelPolicy(allow_timeout_override=True)
-    return cls(config.max_batch_size > 0, config.max_batch_size, preferred,
-               strategy.max_queue_delay_microseconds / 1e6, False, (level,), 0, 0, inline_ns)
+    return cls(config.max_batch_size > 0, config.max_batch_size, preferred, delay, False, (level,), 0, 0, inline_ns)
+
+
+def _slot_utilization(direct: ModelSequenceBatching.StrategyDirect, max_batch_size: int,
+                      delay: float) -> tuple[tuple[int, ...], float]:
+    """Direct's batch sizes and delay, as Triton has them: its max_queue_delay_microseconds counts only with a
+    minimum_slot_utilization (without one a batch runs as soon as any slot has a request); with one, a batch
+    runs once that share of the slots have requests (any size from there up is preferred) or the delay ran out."""
+    utilization = direct.minimum_slot_utilization
+    if not 0 <= utilization <= 1:
+        raise ConfigError(f"sequence_batching direct minimum_slot_utilization must be between 0 and 1, got "
+                          f"{utilization:g}")
+    if utilization == 0 or max_batch_size == 0:
+        return (), 0.0
+    least = max(1, math.ceil(utilization * max_batch_size))
+    return tuple(range(max_batch_size, least - 1, -1)), delay
 
 
 def _natural_parameter(config: ModelConfig, name: str, default: int = 0) -> int:

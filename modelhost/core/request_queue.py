@@ -43,6 +43,7 @@ class Pending:
     spent: float = 0.0  # seconds the server had the request before it was queued (a latency target counts them)
     trace: Trace | None = None  # the request's, when it is traced: the instance thread stamps its compute
     instance: int = -1  # the one instance that may run it (a sequence's, core/sequences.py); -1: any
+    row: int = -1  # its row of the batch (a direct sequence's slot in its instance, core/sequence_slots.py)
     responses: Any = None  # where a decoupled model's responses to it go (core/partial_answers.py), if it streams
     origin: Any = None  # the client's request (types.InferRequest: id, parameters), where the front-end gave it
 

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,9 @@ from modelhost.core.statistics import ExecutionTiming, ModelStatistics
 from modelhost.core.trace import QUEUE_START, Trace
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
+if TYPE_CHECKING:
+    from modelhost.core.sequence_slots import SlotPadding
+
 Outputs = dict[str, np.ndarray]
 LOOP_MAX_IN_PROGRESS = 8
 
@@ -57,11 +60,12 @@ class Scheduler:
     def __init__(
         self, label: str, instances: Sequence[Model], policy: SchedulingPolicy, statistics: ModelStatistics,
         in_flight: InFlight | None = None, clock: Clock = MONOTONIC, spare: SpareCores | None = None,
-        threads_per_instance: int = 1, target: LatencyTarget | None = None,
+        threads_per_instance: int = 1, target: LatencyTarget | None = None, slots: SlotPadding | None = None,
     ) -> None:
         """`spare`: where an instance thread counts the cores it computes on (`threads_per_instance`) while it runs
         a batch, so that other executions know them busy (core/spare_cores.py). `target`: the model's latency
-        target, which admits requests, refuses late ones and sets the batch size and queue delay."""
+        target, which admits requests, refuses late ones and sets the batch size and queue delay. `slots`: a
+        direct sequence model's batches are laid out by slot (core/sequence_slots.py)."""
         self._label = label
         self._policy = policy
         self._statistics = statistics
@@ -92,21 +96,26 @@ class Scheduler:
         # Models that take a batch's requests one by one (Triton's Python API) are handed them so.
         self._takes_requests = all(i.takes_requests for i in instances) and bool(instances)
         self._run_batch = _run_each if self._takes_requests else _run
+        if slots is not None:
+            self._run_batch = slots.run
+        # A direct sequence's lone request may run on the loop, padded to its row, where its instance is the
+        # only one (the loop takes any free instance) and the model takes batches whole.
+        self._slots = slots if slots is not None and len(instances) == 1 and not self._takes_requests else None
         for index, (instance, lock) in enumerate(self._instances):
             instance_threads.start(partial(self._serve, instance, lock, index), f"{label}#{index}")
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
         timeout_us: int | None = None, entry: str = "", batchable: bool = True, spent_s: float = 0.0,
-        trace: Trace | None = None, instance: int = -1, responses: Any = None, origin: Any = None,
+        trace: Trace | None = None, instance: int = -1, responses: Any = None, origin: Any = None, row: int = -1,
     ) -> Outputs:
         """Queue one request of `rows` batch rows; priority 0 is the default level, 1 the highest. `spent_s`: how
         long the server has had the request before this (receiving, decoding), which a latency target counts.
         `trace`: the request's, when it is traced (its queue and compute stages are stamped here).
         `instance` >= 0 pins it to that instance (a sequence's slot, core/sequences.py): it queues for that
-        instance's thread alone. `responses`: where a decoupled model sends its responses to the request
-        (core/partial_answers.py); `origin`: the client's request, whose id and parameters a model that takes
-        requests one by one sees.
+        instance's thread alone, at batch row `row` when >= 0 (its direct slot). `responses`: where a decoupled
+        model sends its responses to the request (core/partial_answers.py); `origin`: the client's request, whose
+        id and parameters a model that takes requests one by one sees.
 
         `entry` names the model's signature to run (`Model.infer_signature`; "" is `Model.infer`); a request
         that is not `batchable` (its signature has no batch dim) runs alone.
@@ -121,8 +130,13 @@ class Scheduler:
             if result is not None:
                 return result
         size = _elements(inputs)
-        if instance < 0 and self._may_run_now(size):
-            result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s, trace)
+        if instance < 0:
+            if self._may_run_now(size):
+                result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s, trace)
+                if result is not None:
+                    return result
+        elif self._slots is not None and self._may_run_now(size):  # a direct sequence's, on its one instance
+            result = self._run_slot_on_loop(self._slots, inputs, outputs, size, entry, spent_s, trace, row)
             if result is not None:
                 return result
         if self.target is not None:
@@ -132,7 +146,7 @@ class Scheduler:
         split = self._policy.split_size if batchable else 0
         if not split or rows <= split:
             return await self._wait(self._enqueue(inputs, outputs, rows, level, entry, batchable, spent_s, trace,
-                                                  instance, responses, origin), timeout)
+                                                  instance, responses, origin, row), timeout)
         # Every chunk is queued before the first await: a request that got this scheduler is in its queue
         # before a reload can stop it, so it drains on this version rather than failing.
         pendings: list[Pending] = []
@@ -163,7 +177,7 @@ class Scheduler:
 
     def _enqueue(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, level: int, entry: str,
                  batchable: bool, spent_s: float = 0.0, trace: Trace | None = None, instance: int = -1,
-                 responses: Any = None, origin: Any = None) -> Pending:
+                 responses: Any = None, origin: Any = None, row: int = -1) -> Pending:
         loop = asyncio.get_running_loop()
         if not self._policy.batching:
             key: Any = None
@@ -175,7 +189,7 @@ class Scheduler:
         alone = not self._queue.depth() and any(not lock.locked() for _, lock in self._instances)
         pending = Pending(inputs, tuple(outputs), rows, key, level, loop.create_future(), entry,
                           sequence=self._sequence, measures_handoff=alone, spent=spent_s, trace=trace,
-                          instance=instance)
+                          instance=instance, row=row)
         if self._takes_requests:  # only such a model sees them: ordinary requests spare the two stores
             pending.responses, pending.origin = responses, origin
         self._queue.put(pending, self._label)
@@ -320,6 +334,17 @@ class Scheduler:
                     _traced_alone(trace, elapsed)
                 return result
         return None
+
+    def _run_slot_on_loop(self, slots: SlotPadding, inputs: dict[str, np.ndarray], outputs: Sequence[str],
+                          size: int, entry: str, spent_s: float, trace: Trace | None, row: int) -> Outputs | None:
+        """`_run_on_loop` for a direct sequence's request: run at its batch row, padding rows before it."""
+        if row > 0:
+            inputs = slots.alone(inputs, row)
+        result = self._run_on_loop(inputs, outputs, 1, size, entry, spent_s, trace)
+        if result is None or row <= 0:
+            return result
+        check_batch_dim(result, row + 1)
+        return {name: array[row:] for name, array in result.items()}
 
     def _learn_alone(self, rows: int, elapsed_ns: int, spent_s: float) -> None:
         """A request that ran at once, without queueing: its latency was what came before and its execution."""
@@ -475,13 +500,7 @@ def _run(instance: Model, batch: list[Pending], taken: float,
     concatenated = time.monotonic_ns()
     outputs = _call(instance, first.entry, inputs, first.outputs)
     inferred = time.monotonic_ns()
-    for name, array in outputs.items():
-        if array.ndim == 0 or array.shape[0] != padded:
-            raise ModelhostError(
-                ErrorKind.INTERNAL,
-                f"output '{name}' of a batch of {padded} rows has shape {list(array.shape)}: its first dimension "
-                "is not the batch",
-            )
+    check_batch_dim(outputs, padded)
     results = []
     start = 0
     for pending in batch:
@@ -494,6 +513,17 @@ def _run(instance: Model, batch: list[Pending], taken: float,
             pending.trace.computed(started, concatenated, inferred, ended)
     timing = ExecutionTiming(queue_ns, concatenated - started, inferred - concatenated, ended - inferred)
     return results, timing
+
+
+def check_batch_dim(outputs: Outputs, rows: int) -> None:
+    """INTERNAL unless every output of a batch of `rows` rows has them as its first dimension."""
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != rows:
+            raise ModelhostError(
+                ErrorKind.INTERNAL,
+                f"output '{name}' of a batch of {rows} rows has shape {list(array.shape)}: its first dimension "
+                "is not the batch",
+            )
 
 
 def _traced_alone(trace: Trace, elapsed_ns: int) -> None:

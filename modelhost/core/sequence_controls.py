@@ -3,9 +3,10 @@
 Clients name a sequence with the request parameters `sequence_id` (a non-zero integer below 2**64 or a
 non-empty string), `sequence_start` and `sequence_end` (booleans), as tritonclient sends them over HTTP and
 gRPC. A model's `sequence_batching.control_input` entries name inputs the server fills for each request:
-START and END (this request's flags), READY (the row holds a request: always true here, since batches are
-formed of real requests only) and CORRID (the sequence's id in the control's data_type). Each is [1, 1] per
-request for a batching model (the batch is [rows, 1]) and [1] for one without a batch dimension.
+START and END (this request's flags), READY (the row holds a request: true, but for the padding rows of a
+`direct` model's batches, core/sequence_slots.py, whose controls are all false and CORRID 0 or "") and CORRID
+(the sequence's id in the control's data_type). Each is [1, 1] per request for a batching model (the batch is
+[rows, 1]) and [1] for one without a batch dimension.
 """
 
 from __future__ import annotations
@@ -51,13 +52,13 @@ def sequence_flags(parameters: Mapping[str, Any]) -> SequenceFlags | None:
     return SequenceFlags(value, _flag(parameters, "sequence_start"), _flag(parameters, "sequence_end"))
 
 
-def refuse_sequence(model: str, parameters: Mapping[str, Any]) -> None:
-    """INVALID_INPUT when a request to a model without a sequence batcher carries sequence parameters: running
-    it statelessly would silently give wrong answers."""
+def refuse_sequence(model: str, parameters: Mapping[str, Any], kind: str = "model",
+                    lacks: str = "has no sequence_batching in its configuration") -> None:
+    """INVALID_INPUT when a request to a model without a sequence batcher (an ensemble without a sequence step)
+    carries sequence parameters: running it statelessly would silently give wrong answers."""
     given = [name for name in SEQUENCE_PARAMETERS if name in parameters]
     if given:
-        raise invalid(f"request parameter '{given[0]}' is for sequence models; model '{model}' has no "
-                      "sequence_batching in its configuration")
+        raise invalid(f"request parameter '{given[0]}' is for sequence models; {kind} '{model}' {lacks}")
 
 
 def _flag(parameters: Mapping[str, Any], name: str) -> bool:
@@ -80,6 +81,7 @@ class ControlTensors:
         self._start: list[tuple[str, np.ndarray, np.ndarray]] = []
         self._end: list[tuple[str, np.ndarray, np.ndarray]] = []
         self._corrid: tuple[str, np.dtype] | None = None
+        self.not_ready: dict[str, np.ndarray] = {}  # a padding row's controls (core/sequence_slots.py)
         for entry in config.sequence_batching.control_input:
             if len(entry.control) != 1:
                 raise ConfigError(f"sequence_batching control_input '{entry.name}' must have exactly one control")
@@ -96,8 +98,11 @@ class ControlTensors:
                 raise ConfigError(f"{where}: CONTROL_SEQUENCE_CORRID data_type must be TYPE_UINT64, TYPE_INT64, "
                                   f"TYPE_UINT32, TYPE_INT32 or TYPE_STRING, got {config_type_name(control.data_type)}")
             self._corrid = (name, DATATYPE_DTYPES[v2_datatype(control.data_type)])
+            zero = b"" if self._corrid[1] == np.object_ else 0
+            self.not_ready[name] = _read_only(np.full(self._shape, zero, self._corrid[1]))
             return
         false, true = (_read_only(np.full(self._shape, value)) for value in _false_true(where, control))
+        self.not_ready[name] = false
         if control.kind == Control.CONTROL_SEQUENCE_READY:
             self._ready[name] = true
         else:

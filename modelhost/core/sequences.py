@@ -15,17 +15,21 @@ strategy's max_queue_delay_microseconds and, for `oldest`, preferred_batch_size:
 tensors and the implicit state (core/sequence_state.py) are added to each request's inputs before it queues.
 Each slot belongs to one instance, and with several instances a sequence's requests queue for its slot's
 instance alone (`Scheduler.submit(instance=...)`), so a model that keeps its own per-sequence state in the
-instance sees every request of the sequence; new sequences take the instances' free slots in turn.
+instance sees every request of the sequence; new sequences take the lowest free slot (row), the instances
+taking turns at each row, as Triton does. Under `direct`, a request is its slot's row of the batch
+(core/sequence_slots.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import math
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -35,6 +39,7 @@ from modelhost.config.parameters import natural_parameter, string_parameters
 from modelhost.config.pbtxt import ConfigError
 from modelhost.core.clock import MONOTONIC, Cancellable, Clock
 from modelhost.core.sequence_controls import ControlTensors, SequenceFlags
+from modelhost.core.sequence_slots import SlotPadding
 from modelhost.core.sequence_state import ImplicitState, State
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
@@ -43,9 +48,10 @@ Outputs = dict[str, np.ndarray]
 
 class Submit(Protocol):
     """Runs one request's feeds for the named outputs on the model (its scheduler's submit), on `instance`
-    alone when it is >= 0."""
+    alone when it is >= 0, at batch row `row` when it is >= 0 (a direct slot)."""
 
-    def __call__(self, inputs: dict[str, np.ndarray], outputs: list[str], *, instance: int) -> Awaitable[Outputs]:
+    def __call__(self, inputs: dict[str, np.ndarray], outputs: list[str], *, instance: int,
+                 row: int) -> Awaitable[Outputs]:
         ...
 
 
@@ -67,7 +73,8 @@ class _Sequence:
 
 
 class SequenceBatcher:
-    def __init__(self, name: str, label: str, config: ModelConfig, instances: int, clock: Clock = MONOTONIC) -> None:
+    def __init__(self, name: str, label: str, config: ModelConfig, instances: int, clock: Clock = MONOTONIC,
+                 model_dir: Path | None = None) -> None:
         batching = config.sequence_batching
         if batching.iterative_sequence:
             raise ConfigError("sequence_batching iterative_sequence is not supported")
@@ -76,17 +83,23 @@ class SequenceBatcher:
         self._clock = clock
         self._batching = config.max_batch_size > 0
         self.controls = ControlTensors(config)
-        self.state = ImplicitState(config)
+        self.state = ImplicitState(config, model_dir)
         per_instance = max(1, config.max_batch_size)
         if batching.HasField("oldest") and batching.oldest.max_candidate_sequences > 0:
             per_instance = batching.oldest.max_candidate_sequences
         self.slots = per_instance * max(1, instances)
         self._per_instance = per_instance
-        self._pinned = instances > 1  # a sequence's requests go to its slot's instance alone
+        # Direct (a model that batches): a sequence's request is its slot's row of its instance's batch
+        # (core/sequence_slots.py), so it always queues for that instance, never runs on the loop.
+        self.padding = (SlotPadding(self.controls.not_ready)
+                        if self._batching and not batching.HasField("oldest") else None)
+        self._pinned = instances > 1 or self.padding is not None  # a sequence's requests go to its slot's instance
         self.backlog = natural_parameter(string_parameters(config), (BACKLOG_PARAMETER,), DEFAULT_BACKLOG)
         self.idle_s = batching.max_sequence_idle_microseconds / 1e6 or DEFAULT_IDLE_S
-        # Free slots, the instances taking turns: consecutive sequences start on different instances.
-        self._free = deque(i * per_instance + s for s in range(per_instance) for i in range(max(1, instances)))
+        # Free slots, lowest row first, the instances taking turns at each row (Triton's order): consecutive
+        # sequences start on different instances, and a direct model's batches stay as short as they can.
+        self._free = [(s, i * per_instance + s) for s in range(per_instance) for i in range(max(1, instances))]
+        heapq.heapify(self._free)
         self._slot_waiters: deque[asyncio.Future[int]] = deque()
         self._table: dict[int | str, _Sequence] = {}
         self._sweep_timer: Cancellable | None = None
@@ -151,12 +164,14 @@ class SequenceBatcher:
                 sequence.state = None  # a second START: the sequence so far ends early, a new one begins
             if sequence.slot < 0:
                 sequence.slot = await self._take_slot()
-            instance = sequence.slot // self._per_instance if self._pinned else -1
+            instance, row = divmod(sequence.slot, self._per_instance) if self._pinned else (-1, -1)
+            if self.padding is None:
+                row = -1
             self.controls.fill(feeds, flags, sequence.corrid)
             if not self.state.tensors:
-                return await submit(feeds, names, instance=instance)
+                return await submit(feeds, names, instance=instance, row=row)
             feeds.update(sequence.state if sequence.state is not None else self.state.initial())
-            results = await submit(feeds, [*names, *self.state.output_names], instance=instance)
+            results = await submit(feeds, [*names, *self.state.output_names], instance=instance, row=row)
             sequence.state = self.state.take(self._label, results)
             return results
         finally:
@@ -215,7 +230,7 @@ class SequenceBatcher:
 
     async def _take_slot(self) -> int:
         if self._free and not self._slot_waiters:
-            return self._free.popleft()
+            return heapq.heappop(self._free)[1]
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._slot_waiters.append(waiter)
         try:
@@ -234,4 +249,4 @@ class SequenceBatcher:
             if not waiter.done():
                 waiter.set_result(slot)
                 return
-        self._free.append(slot)
+        heapq.heappush(self._free, (slot % self._per_instance, slot))

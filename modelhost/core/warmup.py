@@ -20,8 +20,6 @@ bytes other than 0 and 1 warm nothing up and can make a healthy model fail).
 from __future__ import annotations
 
 import logging
-import math
-import struct
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -35,13 +33,13 @@ from modelhost.config.datatypes import config_type_name, v2_datatype
 from modelhost.config.model_config_pb2 import ModelConfig, ModelInput, ModelWarmup
 from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError
 from modelhost.core.signature import DEFAULT_SIGNATURE, Signature
+from modelhost.core.tensor_files import read_tensor_file
 from modelhost.errors import ModelhostError
 from modelhost.types import DATATYPE_DTYPES, format_shape
 
 log = logging.getLogger("modelhost.warmup")
 
 WARMUP_DIR = "warmup"
-_LENGTH = struct.Struct("<I")
 
 
 class WarmupError(Exception):
@@ -181,7 +179,7 @@ def _row(spec: ModelWarmup.Input, tensor: ModelInput, where: str, seed: int, mod
     if choice is None:
         raise ConfigError(f"{where} sets none of zero_data, random_data, input_data_file")
     if choice == "input_data_file":
-        return _from_file(model_dir, spec.input_data_file, datatype, dims, where)
+        return read_tensor_file(model_dir, WARMUP_DIR, spec.input_data_file, datatype, dims, where, "input_data_file")
     if choice == "zero_data" or datatype == "BYTES":
         return np.full(dims, b"", dtype=object) if datatype == "BYTES" else np.zeros(dims, dtype)
     return _random(dtype, dims, seed)
@@ -195,44 +193,3 @@ def _random(dtype: np.dtype, dims: tuple[int, ...], seed: int) -> np.ndarray:
         info = np.iinfo(dtype)
         return rng.integers(info.min, info.max, size=dims, dtype=dtype, endpoint=True)
     return rng.random(size=dims).astype(dtype)
-
-
-def _from_file(model_dir: Path, filename: str, datatype: str, dims: tuple[int, ...], where: str) -> np.ndarray:
-    folder = model_dir / WARMUP_DIR
-    path = folder / filename
-    if not filename or Path(filename).is_absolute() or not path.resolve().is_relative_to(folder.resolve()):
-        raise ConfigError(f"{where}: input_data_file '{filename}' must name a file inside {folder}")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read input_data_file {path}: {exc.strerror or exc}") from None
-    count = math.prod(dims)
-    dtype = DATATYPE_DTYPES[datatype]
-    if dtype == np.object_:
-        return _strings(data, count, path, where).reshape(dims)
-    need = count * dtype.itemsize
-    if len(data) < need:
-        raise ConfigError(f"{where}: input_data_file {path} has {len(data)} bytes; dims {format_shape(dims)} "
-                          f"of {datatype} need {need}")
-    if dtype == np.bool_:
-        flags: np.ndarray = np.frombuffer(data, np.uint8, count) != 0
-        return flags.reshape(dims)
-    # Raw tensor bytes are little-endian (as Triton's wire format); astype copies into native order.
-    return np.frombuffer(data, dtype.newbyteorder("<"), count).astype(dtype).reshape(dims)
-
-
-def _strings(data: bytes, count: int, path: Path, where: str) -> np.ndarray:
-    """`count` length-prefixed elements from the start of `data`."""
-    elements = np.empty(count, dtype=object)
-    offset = 0
-    for i in range(count):
-        if offset + _LENGTH.size > len(data):
-            raise ConfigError(f"{where}: input_data_file {path} holds {i} BYTES element(s); dims need {count}")
-        (length,) = _LENGTH.unpack_from(data, offset)
-        offset += _LENGTH.size
-        if offset + length > len(data):
-            raise ConfigError(f"{where}: input_data_file {path}: element {i} says {length} bytes, but only "
-                              f"{len(data) - offset} follow")
-        elements[i] = data[offset:offset + length]
-        offset += length
-    return elements

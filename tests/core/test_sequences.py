@@ -14,7 +14,9 @@ import pytest
 
 from modelhost.config.completion import complete_config
 from modelhost.config.pbtxt import ConfigError, parse_config
+from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.sequence_controls import SequenceFlags, sequence_flags
+from modelhost.core.sequence_state import ImplicitState
 from modelhost.core.sequences import SequenceBatcher
 from modelhost.errors import ErrorKind, ModelhostError
 from tests.core.scheduler_harness import gated, rows_of, serving
@@ -48,9 +50,12 @@ class Accumulator:
         self.release = asyncio.Event()
         self.running: set[int] = set()  # the sequences with a call in progress
         self.instances: list[int] = []  # the instance each call was pinned to
+        self.rows: list[int] = []  # the batch row each call was given (a direct slot)
 
-    async def submit(self, feeds: dict[str, np.ndarray], names: list[str], instance: int = -1) -> dict[str, np.ndarray]:
+    async def submit(self, feeds: dict[str, np.ndarray], names: list[str], instance: int = -1,
+                     row: int = -1) -> dict[str, np.ndarray]:
         self.instances.append(instance)
+        self.rows.append(row)
         sequence = int(feeds["CORRID"][0, 0])
         assert sequence not in self.running, "two requests of one sequence at once"
         self.running.add(sequence)
@@ -202,9 +207,15 @@ def test_with_several_instances_a_sequence_keeps_to_its_slots_instance() -> None
                 await send(sequences, model, 1, sequence_id, start=step == 0)
         # The instances take turns for new sequences: 1 and 3 on instance 0, 2 on instance 1.
         assert model.instances == [0, 1, 0] * 3
+        assert model.rows == [0, 0, 1] * 3  # direct: each at its slot's row of its instance's batches
         single, alone = batcher(max_batch_size=2), Accumulator()
         await send(single, alone, 1, 1, start=True)
-        assert alone.instances == [-1]  # one instance: nothing to pin
+        await send(single, alone, 1, 2, start=True)
+        assert alone.instances == [0, 0] and alone.rows == [0, 1]  # direct: pinned to its row even alone
+        config = CONFIG.replace("sequence_batching {", "sequence_batching { oldest { }") % (2, 10, 0)
+        oldest = SequenceBatcher("acc", "acc:1", parse_config(config), 1, ManualClock())
+        await send(oldest, alone, 1, 1, start=True)
+        assert alone.instances[-1] == -1 and alone.rows[-1] == -1  # oldest, one instance: nothing to pin
 
     asyncio.run(scenario())
 
@@ -242,8 +253,8 @@ STATE = 'output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ]'
 @pytest.mark.parametrize(("old", "new", "problem"), [
     ("bool_false_true: [ false, true ]", "bool_false_true: [ false, true ] fp32_false_true: [ 0, 1 ]",
      "give exactly one of"),
-    (STATE, STATE + ' initial_state [ { name: "f" data_type: TYPE_FP32 dims: [ 1 ] data_file: "init" } ]',
-     "initial_state supports zero_data only"),
+    (STATE, STATE + ' initial_state [ { name: "f" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+     "initial_state needs zero_data or data_file"),
     (STATE, STATE + ' initial_state [ { name: "f" data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } ]',
      "initial_state must have the state's data_type"),
     ("data_type: TYPE_INT32 } ] }", "data_type: TYPE_FP32 } ] }", "CONTROL_SEQUENCE_CORRID data_type must be"),
@@ -321,3 +332,66 @@ def test_over_the_scheduler_a_sequence_runs_on_its_instance_alone() -> None:
         assert seen == [{1, 3}, {2, 4}]
 
     asyncio.run(scenario())
+
+
+def test_direct_queue_delay_counts_only_with_a_minimum_slot_utilization() -> None:
+    def policy(direct: str) -> SchedulingPolicy:
+        return SchedulingPolicy.from_config(parse_config(CONFIG.replace("sequence_batching {", f"sequence_batching {{ "
+                                                                        f"direct {{ {direct} }}") % (4, 10, 0)))
+
+    without = policy("max_queue_delay_microseconds: 3000")
+    assert (without.max_queue_delay_s, without.preferred_batch_sizes) == (0.0, ())  # Triton ignores the delay
+    half = policy("max_queue_delay_microseconds: 3000 minimum_slot_utilization: 0.5")
+    assert (half.max_queue_delay_s, half.preferred_batch_sizes) == (0.003, (4, 3, 2))  # 2 of 4 slots or more
+    with pytest.raises(ConfigError, match="minimum_slot_utilization must be between 0 and 1"):
+        policy("minimum_slot_utilization: 1.5")
+
+
+def file_state(data_file: str) -> Any:
+    return parse_config((CONFIG % (2, 10, 0)).replace(
+        STATE, STATE + f' initial_state [ {{ name: "f" data_type: TYPE_FP32 dims: [ 1 ] data_file: "{data_file}" }} ]'))
+
+
+def test_initial_state_from_a_data_file(tmp_path: Any) -> None:
+    folder = tmp_path / "model" / "initial_state"
+    folder.mkdir(parents=True)
+    (folder / "init").write_bytes(np.array([2.5], "<f4").tobytes() + b"extra bytes are ignored, as in Triton")
+
+    async def scenario() -> None:
+        sequences = SequenceBatcher("acc", "acc:1", file_state("init"), 1, ManualClock(), model_dir=tmp_path / "model")
+        model = Accumulator()
+        assert await send(sequences, model, 1, 1, start=True) == 3.5
+        assert await send(sequences, model, 1, 1) == 4.5
+        assert await send(sequences, model, 1, 1, start=True) == 3.5  # a new start: the file's state again
+
+    asyncio.run(scenario())
+
+
+def test_an_initial_state_data_file_stays_in_the_models_initial_state_folder(tmp_path: Any) -> None:
+    model_dir = tmp_path / "model"
+    (model_dir / "initial_state").mkdir(parents=True)
+    (tmp_path / "outside").write_bytes(b"\0" * 4)
+    (model_dir / "config.pbtxt").write_bytes(b"\0" * 4)
+    (model_dir / "initial_state" / "link").symlink_to(tmp_path / "outside")
+    (model_dir / "initial_state" / "short").write_bytes(b"\0" * 2)
+    for name, problem in (("../config.pbtxt", "must name a file inside initial_state/ of the model's directory"),
+                          (str(tmp_path / "outside"), "must name a file inside initial_state/"),
+                          ("link", "must name a file inside initial_state/"),
+                          ("absent", "cannot read initial_state data_file initial_state/absent"),
+                          ("short", "initial_state/short has 2 bytes; dims [1] of FP32 need 4")):
+        with pytest.raises(ConfigError, match=re.escape(problem)) as caught:
+            SequenceBatcher("acc", "acc:1", file_state(name), 1, ManualClock(), model_dir=model_dir)
+        assert str(tmp_path) not in str(caught.value).replace(f"'{tmp_path}/outside'", "")  # no server paths
+
+
+def test_a_string_state_from_a_data_file(tmp_path: Any) -> None:
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "words").write_bytes(b"\2\0\0\0hi\0\0\0\0")
+    config = parse_config("""
+        max_batch_size: 2
+        sequence_batching { state [ { input_name: "S" output_name: "T" data_type: TYPE_STRING dims: [ 2 ]
+          initial_state [ { name: "w" data_type: TYPE_STRING dims: [ 2 ] data_file: "words" } ] } ] }""")
+    initial = ImplicitState(config, tmp_path).initial()["S"]
+    assert initial.dtype == np.object_ and initial.tolist() == [[b"hi", b""]] and not initial.flags.writeable
+    zeros = ImplicitState(parse_config(str(config).replace('data_file: "words"', "zero_data: true")))
+    assert zeros.initial()["S"].tolist() == [[b"", b""]]

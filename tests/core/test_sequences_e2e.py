@@ -5,7 +5,11 @@ Models, built here:
   implicit int32 state; OUTPUT is the sequence's running sum, FLAGS = START + 2*END + 4*READY, CORRID_OUT the id;
 - `oneslot`: the same file with max_batch_size 1 (one slot) and a 300 ms idle timeout, for the backlog;
 - `pystate` (Python, oldest): a string CORRID, bool START, and an fp32 [2] state;
-- `plain`: an ONNX identity without a sequence batcher.
+- `plain`: an ONNX identity without a sequence batcher;
+- `slotted`, `queued` (Python, direct, 4 slots) and `triton_slotted` (the same in Triton's Python API): a
+  running total per batch row kept in the model, READY's column and the padding rows' contents returned;
+- `filestate` (Python): a TYPE_STRING state whose initial value is an `initial_state` `data_file`;
+- `stateful_ensemble` (accumulator, then plain) and `stateless_ensemble` (plain alone).
 """
 
 from __future__ import annotations
@@ -93,6 +97,20 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     (repo / "pinned" / "1").mkdir(parents=True)
     (repo / "pinned" / "config.pbtxt").write_text(PINNED_CONFIG)
     (repo / "pinned" / "1" / "model.py").write_text(PINNED)
+    # `slotted` runs a lone request on the event loop (padded there), `queued` always on its instance's thread.
+    for name, inline_us, code in (("slotted", 100_000, SLOTTED), ("queued", 0, SLOTTED),
+                                  ("triton_slotted", 0, TRITON_SLOTTED)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(SLOTTED_CONFIG + INLINE % inline_us)
+        (repo / name / "1" / "model.py").write_text(code)
+    (repo / "filestate" / "1").mkdir(parents=True)
+    (repo / "filestate" / "initial_state").mkdir()
+    (repo / "filestate" / "initial_state" / "greeting").write_bytes(len(b"hello").to_bytes(4, "little") + b"hello")
+    (repo / "filestate" / "config.pbtxt").write_text(FILESTATE_CONFIG)
+    (repo / "filestate" / "1" / "model.py").write_text(FILESTATE)
+    for name, config in (("stateful_ensemble", STATEFUL_ENSEMBLE), ("stateless_ensemble", STATELESS_ENSEMBLE)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
     process = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*").wait_ready()
     yield process
     process.stop()
@@ -124,10 +142,122 @@ class Model:
         totals = []
         for x, start, corrid in zip(inputs["x"], inputs["START"], inputs["CORRID"]):
             key = int(corrid[0])
+            if key == 0:  # a padding row of a direct batch (core/sequence_slots.py): no sequence
+                totals.append([0.0])
+                continue
             self.totals[key] = (0.0 if start[0] else self.totals[key]) + float(x[0])
             totals.append([self.totals[key]])
         rows = len(totals)
         return {"total": np.array(totals, np.float32), "instance": np.full((rows, 1), self.index, np.int32)}
+"""
+
+SLOTTED_CONFIG = """
+backend: "python"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "total" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "row" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "ready" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "padding" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  direct { }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+"""
+INLINE = 'parameters { key: "inline_max_microseconds" value: { string_value: "%d" } }\n'
+# A model of Triton's direct kind: it keeps each batch slot's running total in itself, by batch row, and trusts
+# READY to tell a padding row. `ready` is the batch's READY column as a bit mask (bit i: row i), `padding` the
+# sum of everything the padding rows carry (x, START, CORRID): 0 when they are clean.
+SLOTTED = """
+import numpy as np
+
+class Model:
+    def initialize(self, args):
+        self.totals = np.zeros(4, np.int64)
+
+    def execute(self, inputs):
+        x, start, ready, corrid = (inputs[name][:, 0] for name in ("x", "START", "READY", "CORRID"))
+        assert ready.dtype == np.bool_
+        rows = len(x)
+        for row in range(rows):
+            if ready[row]:
+                self.totals[row] = (0 if start[row] else self.totals[row]) + x[row]
+        mask = sum(1 << row for row in range(rows) if ready[row])
+        padding = int(x[~ready].sum() + start[~ready].sum() + corrid[~ready].sum())
+        column = lambda values: np.asarray(values, np.int32).reshape(rows, 1)
+        return {"total": column(self.totals[:rows]), "row": column(range(rows)),
+                "ready": column([mask] * rows), "padding": column([padding] * rows)}
+"""
+
+# A TYPE_STRING state whose initial value is read from the model directory's initial_state/greeting.
+FILESTATE_CONFIG = """
+backend: "python"
+max_batch_size: 2
+input [ { name: "word" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "said" data_type: TYPE_STRING dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "SAID_IN" output_name: "SAID_OUT" data_type: TYPE_STRING dims: [ 1 ]
+            initial_state [ { name: "greeting" data_type: TYPE_STRING dims: [ 1 ] data_file: "greeting" } ] } ]
+}
+"""
+FILESTATE = """
+import numpy as np
+
+class Model:
+    def execute(self, inputs):
+        said = np.array([[s[0] + b" " + w[0]] for s, w in zip(inputs["SAID_IN"], inputs["word"])], dtype=object)
+        return {"said": said, "SAID_OUT": said}
+"""
+
+# An ensemble whose step is a sequence model (the sequence parameters pass to it), and one without any.
+STATEFUL_ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "DOUBLED" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "accumulator" model_version: -1 input_map { key: "INPUT" value: "IN" }
+    output_map { key: "OUTPUT" value: "SUM" } },
+  { model_name: "plain" model_version: -1 input_map { key: "INPUT0" value: "SUM" }
+    output_map { key: "OUTPUT0" value: "DOUBLED" } }
+] }
+"""
+STATELESS_ENSEMBLE = (
+    'platform: "ensemble" max_batch_size: 4 input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ] '
+    'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ] ensemble_scheduling { step [ { model_name: '
+    '"plain" model_version: -1 input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }'
+)
+
+# The same in Triton's Python API: a batch's requests come one by one, the padding ones among them.
+TRITON_SLOTTED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+def value(request, name):
+    return int(pb_utils.get_input_tensor_by_name(request, name).as_numpy()[0, 0])
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.totals = [0] * 4
+
+    def execute(self, requests):
+        ready = [bool(value(r, "READY")) for r in requests]
+        mask = sum(1 << row for row, flag in enumerate(ready) if flag)
+        padding = sum(value(r, "x") + value(r, "START") + value(r, "CORRID")
+                      for r, flag in zip(requests, ready) if not flag)
+        responses = []
+        for row, (request, flag) in enumerate(zip(requests, ready)):
+            if flag:
+                self.totals[row] = (0 if value(request, "START") else self.totals[row]) + value(request, "x")
+            outputs = [pb_utils.Tensor(name, np.array([[number]], np.int32)) for name, number in
+                       (("total", self.totals[row]), ("row", row), ("ready", mask), ("padding", padding))]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
 """
 
 
@@ -365,5 +495,130 @@ def test_a_reload_finishes_open_sequences_on_the_old_version(server: ServerProce
         assert version_and_summary(20, 22, end=True) == ("2", (30, 10, 22))
         assert error_of(step, http, httpclient, "reloaded", 1, 21).startswith(
             "inference request for sequence 21 to model 'reloaded' must specify the START flag")
+    finally:
+        http.close()
+
+
+def slotted_step(client: Any, module: Any, value: int, sequence_id: int, start: bool = False,
+                 end: bool = False, model: str = "slotted") -> tuple[int, int, int, int]:
+    """(total, row, READY mask, padding sum) of one request to `slotted` (or `queued`)."""
+    tensor = module.InferInput("x", [1, 1], "INT32")
+    tensor.set_data_from_numpy(np.array([[value]], np.int32))
+    result = client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+    return tuple(int(result.as_numpy(name)[0, 0]) for name in ("total", "row", "ready", "padding"))  # type: ignore
+
+
+def test_direct_puts_each_sequence_at_its_slots_batch_row_with_not_ready_padding(server: ServerProcess) -> None:
+    """One request at a time: each runs on the event loop (`slotted` allows it), padded up to its row there."""
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        # Three sequences take slots 0, 1, 2 of the one instance, in turn.
+        assert slotted_step(http, httpclient, 5, 61, start=True) == (5, 0, 0b1, 0)
+        assert slotted_step(http, httpclient, 7, 62, start=True) == (7, 1, 0b10, 0)  # row 0 padded, not ready
+        assert slotted_step(http, httpclient, 9, 63, start=True) == (9, 2, 0b100, 0)
+        assert slotted_step(http, httpclient, 1, 63) == (10, 2, 0b100, 0)  # its total: the model's row 2 state
+        assert slotted_step(http, httpclient, 1, 61, end=True) == (6, 0, 0b1, 0)  # slot 0 frees
+        assert slotted_step(http, httpclient, 2, 62) == (9, 1, 0b10, 0)
+        # A new sequence takes the lowest free slot (Triton's order): the freed 0, then 3.
+        assert slotted_step(http, httpclient, 4, 64, start=True) == (4, 0, 0b1, 0)
+        assert slotted_step(http, httpclient, 3, 65, start=True) == (3, 3, 0b1000, 0)
+        for sequence_id in (62, 63, 64, 65):
+            slotted_step(http, httpclient, 0, sequence_id, end=True)
+    finally:
+        http.close()
+
+
+def test_direct_interleaved_sequences_batch_by_slot(server: ServerProcess) -> None:
+    """Four sequences at once over gRPC: batches hold several of them, each always at its own row, so the
+    per-row totals the model keeps are each sequence's own."""
+    errors: list[BaseException] = []
+    seen: list[tuple[int, int, int]] = []  # (sequence, row, READY mask)
+
+    def run(sequence_id: int) -> None:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            expected = 0
+            for index in range(12):
+                value = sequence_id * 100 + index
+                expected += value
+                total, row, mask, padding = slotted_step(client, grpcclient, value, sequence_id, start=index == 0,
+                                                         end=index == 11, model="queued")
+                assert (total, padding) == (expected, 0) and mask >> row & 1
+                seen.append((sequence_id, row, mask))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(sequence_id,)) for sequence_id in (71, 72, 73, 74)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    rows = {sequence_id: {row for sid, row, _ in seen if sid == sequence_id} for sequence_id in (71, 72, 73, 74)}
+    assert all(len(found) == 1 for found in rows.values()) and len({*map(min, rows.values())}) == 4
+    assert any(bin(mask).count("1") > 1 for _, _, mask in seen)  # some batches held several sequences
+
+
+def test_a_string_state_starts_from_its_initial_state_data_file(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+
+    def say(word: bytes, sequence_id: int, start: bool = False) -> bytes:
+        tensor = httpclient.InferInput("word", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[word]], dtype=object))
+        return http.infer("filestate", [tensor], sequence_id=sequence_id, sequence_start=start).as_numpy("said")[0, 0]
+
+    try:
+        assert say(b"big", 81, start=True) == b"hello big"
+        assert say(b"new", 82, start=True) == b"hello new"
+        assert say(b"world", 81) == b"hello big world"
+        assert say(b"day", 82) == b"hello new day"
+    finally:
+        http.close()
+
+
+def test_an_ensemble_passes_its_sequence_to_its_sequence_step(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    rpc = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def send(client: Any, module: Any, model: str, value: int, **sequence: Any) -> Any:
+        tensor = module.InferInput("IN", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[value]], np.int32))
+        return client.infer(model, [tensor], **sequence)
+
+    try:
+        # Two interleaved sequences through the ensemble, one over each protocol: each keeps its own sum.
+        sums = []
+        for index, value in enumerate((1, 2, 3)):
+            for client, module, sequence_id in ((http, httpclient, 91), (rpc, grpcclient, 92)):
+                result = send(client, module, "stateful_ensemble", value * sequence_id, sequence_id=sequence_id,
+                              sequence_start=index == 0, sequence_end=index == 2)
+                sums.append(int(result.as_numpy("SUM")[0, 0]))
+                assert int(result.as_numpy("DOUBLED")[0, 0]) == sums[-1]  # the next, stateless, step ran too
+        assert sums == [91, 92, 91 * 3, 92 * 3, 91 * 6, 92 * 6]
+        assert error_of(send, http, httpclient, "stateful_ensemble", 1, sequence_id=91) == (
+            "ensemble 'stateful_ensemble' step 1 (model 'accumulator'): inference request for sequence 91 to "
+            "model 'accumulator' must specify the START flag on the first request of the sequence")
+        assert "must specify a non-zero or non-empty correlation ID" in error_of(
+            send, http, httpclient, "stateful_ensemble", 1)
+        for client, module in ((http, httpclient), (rpc, grpcclient)):
+            assert error_of(send, client, module, "stateless_ensemble", 1, sequence_id=5, sequence_start=True) == (
+                "request parameter 'sequence_id' is for sequence models; ensemble 'stateless_ensemble' has no step "
+                "whose model has sequence_batching")
+        assert int(send(http, httpclient, "stateless_ensemble", 4).as_numpy("OUT")[0, 0]) == 4
+    finally:
+        http.close()
+        rpc.close()
+
+
+def test_direct_hands_a_triton_python_model_its_padding_rows_as_requests(server: ServerProcess) -> None:
+    http = httpclient.InferenceServerClient(server.url)
+    try:
+        assert slotted_step(http, httpclient, 5, 101, start=True, model="triton_slotted") == (5, 0, 0b1, 0)
+        assert slotted_step(http, httpclient, 7, 102, start=True, model="triton_slotted") == (7, 1, 0b10, 0)
+        assert slotted_step(http, httpclient, 2, 101, model="triton_slotted") == (7, 0, 0b1, 0)
+        assert slotted_step(http, httpclient, 1, 102, end=True, model="triton_slotted") == (8, 1, 0b10, 0)
+        slotted_step(http, httpclient, 0, 101, end=True, model="triton_slotted")
     finally:
         http.close()
