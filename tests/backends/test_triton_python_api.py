@@ -10,6 +10,9 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
 - `bls`: calls add_sub with InferenceRequest(...).exec(), and with async_exec() from `async def execute`, or
   repeat with exec(decoupled=True);
 - `add_sub_isolated`, `repeat_isolated`, `bls_isolated`: the same model.py files, each instance in a worker process;
+- `auto_add_sub`, `auto_isolated`, `auto_no_config`: add_sub whose config.pbtxt lists no tensors (or which has no
+  config.pbtxt): its auto_complete_config adds them, max_batch_size 8 and dynamic batching; `auto_conflict`: its
+  config.pbtxt says INPUT0 is INT32, which auto_complete_config contradicts (the load fails, as in Triton);
 - `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
   alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>; more than
   4 elements raise a TritonError (INVALID_ARG).
@@ -174,6 +177,23 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse([out, idx]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
+AUTO_COMPLETE = ADD_SUB.replace("class TritonPythonModel:\n", """class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        assert auto_complete_model_config.as_dict()["name"]
+        for name in ("INPUT0", "INPUT1"):
+            auto_complete_model_config.add_input({"name": name, "data_type": "TYPE_FP32", "dims": [4]})
+        for name in ("OUTPUT0", "OUTPUT1"):
+            auto_complete_model_config.add_output({"name": name, "data_type": "TYPE_FP32", "dims": [4]})
+        auto_complete_model_config.set_max_batch_size(8)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+""")
+AUTO_CONFLICT_CONFIG = """
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
+"""
 
 ISOLATED = 'parameters { key: "isolation" value: { string_value: "process" } }\n'
 
@@ -188,6 +208,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "add_sub_isolated", ADD_SUB_CONFIG + ISOLATED, ADD_SUB)
     write_model(repo, "repeat_isolated", REPEAT_CONFIG + ISOLATED, REPEAT)
     write_model(repo, "bls_isolated", BLS_CONFIG + ISOLATED, BLS)
+    write_model(repo, "auto_add_sub", 'backend: "python"\n', AUTO_COMPLETE)
+    write_model(repo, "auto_isolated", 'backend: "python"\n' + ISOLATED, AUTO_COMPLETE)
+    write_model(repo, "auto_conflict", AUTO_CONFLICT_CONFIG, AUTO_COMPLETE)
+    write_model(repo, "auto_no_config", "", AUTO_COMPLETE)
+    (repo / "auto_no_config" / "config.pbtxt").unlink()
     process = ServerProcess(repo)
     process.repository = repo
     try:
@@ -396,3 +421,26 @@ def test_client_leaving_cancels_the_request(server: ServerProcess) -> None:
         time.sleep(0.2)
     wait_for(lambda: (server.repository / "repeat" / "cancelled3").exists(), what="the model to see the cancel")
 
+
+
+@pytest.mark.parametrize("model", ["auto_add_sub", "auto_isolated", "auto_no_config"])
+def test_auto_complete_config(server: ServerProcess, model: str) -> None:
+    # The config the model completed is the one served: its tensors, max_batch_size 8 and the dynamic batcher.
+    client = httpclient.InferenceServerClient(server.url)
+    config = client.get_model_config(model)
+    assert [t["name"] for t in config["input"]] == ["INPUT0", "INPUT1"]
+    assert [(t["data_type"], t["dims"]) for t in config["output"]] == [("TYPE_FP32", [4])] * 2
+    assert config["max_batch_size"] == 8 and "dynamic_batching" in config
+    in0 = np.arange(8, dtype=np.float32).reshape(2, 4)
+    inputs = [httpclient.InferInput("INPUT0", [2, 4], "FP32"), httpclient.InferInput("INPUT1", [2, 4], "FP32")]
+    inputs[0].set_data_from_numpy(in0)
+    inputs[1].set_data_from_numpy(np.ones((2, 4), np.float32))
+    np.testing.assert_array_equal(client.infer(model, inputs).as_numpy("OUTPUT0"), in0 + 1)
+
+
+def test_auto_complete_config_contradicting_the_config_fails_the_load(server: ServerProcess) -> None:
+    index = requests.post(f"{server.base}/v2/repository/index", json={}, timeout=5).json()
+    entry = next(e for e in index if e["name"] == "auto_conflict")
+    assert entry["state"] == "UNAVAILABLE", entry
+    assert ("unable to load model 'auto_conflict', configuration expects datatype TYPE_INT32 for input 'INPUT0', "
+            "model provides TYPE_FP32") in entry["reason"]

@@ -32,6 +32,7 @@ from modelhost.backends.python.triton_helpers import (
     triton_to_numpy_type,
     using_decoupled_model_transaction_policy,
 )
+from modelhost.backends.python.triton_model_config import ModelConfig
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -266,6 +267,7 @@ __all__ = [  # what a model.py finds in pb_utils
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "ModelConfig",
     "get_input_tensor_by_name",
     "get_output_tensor_by_name",
     "Logger",
