@@ -13,6 +13,8 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
 - `auto_add_sub`, `auto_isolated`, `auto_no_config`: add_sub whose config.pbtxt lists no tensors (or which has no
   config.pbtxt): its auto_complete_config adds them, max_batch_size 8 and dynamic batching; `auto_conflict`: its
   config.pbtxt says INPUT0 is INT32, which auto_complete_config contradicts (the load fails, as in Triton);
+- `metrics`, `metrics_isolated`: count their requests, keep the last value and observe each value in custom metrics
+  (pb_utils.MetricFamily), labelled by model;
 - `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
   alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>; more than
   4 elements raise a TritonError (INVALID_ARG).
@@ -33,6 +35,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests.backends.test_python_server import write_model
@@ -194,6 +197,45 @@ AUTO_CONFLICT_CONFIG = """
 backend: "python"
 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
 """
+METRICS_CONFIG = """
+backend: "python"
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ] output [ { name: "count" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+METRICS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        labels = {"model": args["model_name"]}
+        self.families = [
+            pb_utils.MetricFamily(name="custom_requests", description="Requests the model saw",
+                                  kind=pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(name="custom_last_value", description="The last value",
+                                  kind=pb_utils.MetricFamily.GAUGE),
+            pb_utils.MetricFamily(name="custom_value", description="Values seen",
+                                  kind=pb_utils.MetricFamily.HISTOGRAM)]
+        self.requests = self.families[0].Metric(labels=labels)
+        self.last = self.families[1].Metric(labels=labels)
+        self.values = self.families[2].Metric(labels=labels, buckets=[1, 2.5, 10])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = float(pb_utils.get_input_tensor_by_name(request, "x").as_numpy()[0])
+            self.requests.increment(1)
+            self.last.set(x)
+            self.values.observe(x)
+            try:
+                self.requests.set(0)
+            except pb_utils.TritonModelException:
+                pass
+            else:
+                raise AssertionError("a counter cannot be set")
+            count = np.array([self.requests.value()], np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("count", count)]))
+        return responses
+"""
 
 ISOLATED = 'parameters { key: "isolation" value: { string_value: "process" } }\n'
 
@@ -208,6 +250,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "add_sub_isolated", ADD_SUB_CONFIG + ISOLATED, ADD_SUB)
     write_model(repo, "repeat_isolated", REPEAT_CONFIG + ISOLATED, REPEAT)
     write_model(repo, "bls_isolated", BLS_CONFIG + ISOLATED, BLS)
+    write_model(repo, "metrics", METRICS_CONFIG, METRICS)
+    write_model(repo, "metrics_isolated", METRICS_CONFIG + ISOLATED, METRICS)
     write_model(repo, "auto_add_sub", 'backend: "python"\n', AUTO_COMPLETE)
     write_model(repo, "auto_isolated", 'backend: "python"\n' + ISOLATED, AUTO_COMPLETE)
     write_model(repo, "auto_conflict", AUTO_CONFLICT_CONFIG, AUTO_COMPLETE)
@@ -444,3 +488,25 @@ def test_auto_complete_config_contradicting_the_config_fails_the_load(server: Se
     assert entry["state"] == "UNAVAILABLE", entry
     assert ("unable to load model 'auto_conflict', configuration expects datatype TYPE_INT32 for input 'INPUT0', "
             "model provides TYPE_FP32") in entry["reason"]
+
+
+@pytest.mark.parametrize("model", ["metrics", "metrics_isolated"])
+def test_custom_metrics_on_the_metrics_port(server: ServerProcess, model: str) -> None:
+    # The model's counter, gauge and histogram are on /metrics, labelled as it labels them; an isolated model's
+    # reach the server with its replies.
+    client = httpclient.InferenceServerClient(server.url)
+    for value, count in ((2.0, 1), (20.0, 2)):
+        data = httpclient.InferInput("x", [1], "FP32")
+        data.set_data_from_numpy(np.array([value], np.float32))
+        assert client.infer(model, [data]).as_numpy("count")[0] == count
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples
+               if s.labels.get("model") == model}
+    labels = (("model", model),)
+    assert samples[("custom_requests", labels)] == 2
+    assert samples[("custom_last_value", labels)] == 20
+    buckets = {le: samples[("custom_value_bucket", (("le", le), *labels))] for le in ("1", "2.5", "10", "+Inf")}
+    assert buckets == {"1": 0, "2.5": 1, "10": 1, "+Inf": 2}
+    assert samples[("custom_value_count", labels)] == 2 and samples[("custom_value_sum", labels)] == 22
+    assert "# HELP custom_requests Requests the model saw" in text

@@ -13,10 +13,11 @@ model.py defines `class Model` (constructed with no arguments) with:
 - `finalize(self) -> None`, optional, called once at unload.
 
 A Python file declares no tensors, so config.pbtxt must list every input and output (or a Triton model's
-auto_complete_config adds them: `configure`, triton_autocomplete.py); the model's signature is the config's. model.py is imported under a module name of its own per model, version, instance and
-load, with its version directory on sys.path only while it is imported (so model.py imports the modules
-beside it at its top). A model.py that fails to import, or whose Model() or initialize raises, fails the
-load with a ConfigError carrying the traceback's last line (the whole traceback goes to the log).
+auto_complete_config adds them: `configure`, triton_autocomplete.py); the model's signature is the config's.
+model.py is imported under a module name of its own per model, version, instance and load, with its version
+directory on sys.path only while it is imported (so model.py imports the modules beside it at its top).
+A model.py that fails to import, or whose Model() or initialize raises, fails the load with a
+ConfigError carrying the traceback's last line (the whole traceback goes to the log).
 
 By default the model runs in the server's process. With parameter `isolation: "process"` each instance runs
 in a worker process of its own (backends/python/isolated.py): a crash, a hang or a leak there cannot take the server

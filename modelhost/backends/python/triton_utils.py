@@ -23,6 +23,7 @@ import numpy as np
 
 from modelhost.backends.python.triton_helpers import (
     Logger,
+    TritonModelException,
     deserialize_bytes_tensor,
     get_input_config_by_name,
     get_output_config_by_name,
@@ -32,6 +33,7 @@ from modelhost.backends.python.triton_helpers import (
     triton_to_numpy_type,
     using_decoupled_model_transaction_policy,
 )
+from modelhost.backends.python.triton_metrics import Metric, MetricFamily
 from modelhost.backends.python.triton_model_config import ModelConfig
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
@@ -61,10 +63,6 @@ class TritonError(Exception):
 
     def code(self) -> int:
         return self._code
-
-
-class TritonModelException(Exception):
-    """What a model raises to fail its own load or request (Triton's name for it)."""
 
 
 class Tensor:
@@ -268,6 +266,8 @@ __all__ = [  # what a model.py finds in pb_utils
     "InferenceResponse",
     "InferenceResponseSender",
     "ModelConfig",
+    "MetricFamily",
+    "Metric",
     "get_input_tensor_by_name",
     "get_output_tensor_by_name",
     "Logger",
