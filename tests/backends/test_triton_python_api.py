@@ -446,16 +446,7 @@ def test_client_leaving_cancels_the_request(server: ServerProcess) -> None:
     answer.close()
     wait_for(lambda: (server.repository / "repeat" / "cancelled1").exists(), what="the model to see the cancel")
 
-    answers: queue.Queue[Any] = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: answers.put(error or result))
-    data = grpcclient.InferInput("IN", [2], "INT32")
-    data.set_data_from_numpy(np.array([5, -2], np.int32))
-    client.async_stream_infer("repeat", [data])
-    assert int(answers.get(timeout=10).as_numpy("OUT")[0]) == 5
-    client.stop_stream(cancel_requests=True)
-    wait_for(lambda: (server.repository / "repeat" / "cancelled2").exists(), what="the model to see the cancel")
-    assert int(_stream(server, [2])[0].as_numpy("OUT")[0]) == 2
+    _cancel_a_grpc_stream(server, "repeat", 2)
 
     # A client that leaves before the first response (the handler still waits for it) cancels it too.
     body = json.dumps({"IN": [-3]}).encode()
@@ -510,3 +501,24 @@ def test_custom_metrics_on_the_metrics_port(server: ServerProcess, model: str) -
     assert buckets == {"1": 0, "2.5": 1, "10": 1, "+Inf": 2}
     assert samples[("custom_value_count", labels)] == 2 and samples[("custom_value_sum", labels)] == 22
     assert "# HELP custom_requests Requests the model saw" in text
+
+
+def test_client_leaving_cancels_the_request_in_an_isolated_worker(server: ServerProcess) -> None:
+    # is_cancelled() in the worker asks the server, which knows the client left: the model sees it and ends its
+    # stream, and the worker serves the next request.
+    _cancel_a_grpc_stream(server, "repeat_isolated", 4)
+
+
+def _cancel_a_grpc_stream(server: ServerProcess, model: str, mark: int) -> None:
+    """A gRPC stream to `model` that the client cancels after the first response: the model, waiting for
+    is_cancelled(), writes cancelled<mark>; the next request is served."""
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    data = grpcclient.InferInput("IN", [2], "INT32")
+    data.set_data_from_numpy(np.array([5, -mark], np.int32))
+    client.async_stream_infer(model, [data])
+    assert int(answers.get(timeout=10).as_numpy("OUT")[0]) == 5
+    client.stop_stream(cancel_requests=True)
+    wait_for(lambda: (server.repository / model / f"cancelled{mark}").exists(), what="the model to see the cancel")
+    assert [int(r.as_numpy("OUT")[0]) for r in _stream(server, [3], model=model)] == [3]

@@ -3,7 +3,8 @@ TritonPythonModel (backends/python/triton_worker.py), and the server hands it a 
 with where each streamed request's responses go, as an in-process TritonModel gets them.
 
 The worker's BLS calls come to the instance thread while it waits for the batch's reply, which runs each
-through the server's BLS host (triton_bls.py) and sends its responses back.
+through the server's BLS host (triton_bls.py) and sends its responses back; so does its question whether a
+streamed request is cancelled (its client gone), answered from the request's PartialAnswers.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ class IsolatedTritonModel(IsolatedModel):
 
         message = ("requests", [inputs for inputs, _, _ in requests], list(outputs), [s is not None for s in streams],
                    [identity(origin) for _, _, origin in requests])
-        reply = self.exchange(worker, message, self._options.execute_timeout_s, partial, _bls_call)
+        def on_call(what: tuple[Any, ...]) -> Any:
+            if what[0] == "cancelled":  # is_cancelled() of a streamed request, in the worker
+                index = what[1]
+                return 0 <= index < len(streams) and streams[index] is not None and bool(streams[index].cancelled)
+            return _bls_call(what[1])
+
+        reply = self.exchange(worker, message, self._options.execute_timeout_s, partial, on_call)
         if reply[0] != "ok":
             self._answer(worker, reply)  # raises its error
         return [_local(result) or {} for result in reply[1]]
