@@ -15,6 +15,8 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
   config.pbtxt says INPUT0 is INT32, which auto_complete_config contradicts (the load fails, as in Triton);
 - `metrics`, `metrics_isolated`: count their requests, keep the last value and observe each value in custom metrics
   (pb_utils.MetricFamily), labelled by model;
+- `loader`, `loader_isolated`: run the model loading API on the ACTION they get ("ready m", "load m", "unload m",
+  "upload m": load m from a config and a model.py it sends) and answer what it returned or raised;
 - `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
   alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>; more than
   4 elements raise a TritonError (INVALID_ARG).
@@ -236,6 +238,40 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("count", count)]))
         return responses
 """
+LOADER_CONFIG = """
+backend: "python"
+input [ { name: "ACTION" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+LOADER = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            action, name = pb_utils.get_input_tensor_by_name(request, "ACTION").as_numpy()[0].decode().split()
+            try:
+                if action == "ready":
+                    result = str(pb_utils.is_model_ready(name))
+                elif action == "load":
+                    result = str(pb_utils.load_model(model_name=name))
+                elif action == "unload":
+                    result = str(pb_utils.unload_model(name))
+                else:
+                    tensor = {"data_type": "TYPE_FP32", "dims": [1]}
+                    config = json.dumps({"backend": "python", "input": [{"name": "x", **tensor}],
+                                         "output": [{"name": "y", **tensor}]})
+                    code = b"class Model:\\n    def execute(self, inputs):\\n        return {'y': inputs['x']}\\n"
+                    result = str(pb_utils.load_model(name, config=config, files={"file:1/model.py": code}))
+            except pb_utils.TritonModelException as exc:
+                result = "error: " + str(exc)
+            out = pb_utils.Tensor("RESULT", np.array([result.encode()], dtype=np.object_))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
 
 ISOLATED = 'parameters { key: "isolation" value: { string_value: "process" } }\n'
 
@@ -250,6 +286,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "add_sub_isolated", ADD_SUB_CONFIG + ISOLATED, ADD_SUB)
     write_model(repo, "repeat_isolated", REPEAT_CONFIG + ISOLATED, REPEAT)
     write_model(repo, "bls_isolated", BLS_CONFIG + ISOLATED, BLS)
+    write_model(repo, "loader", LOADER_CONFIG, LOADER)
+    write_model(repo, "loader_isolated", LOADER_CONFIG + ISOLATED, LOADER)
     write_model(repo, "metrics", METRICS_CONFIG, METRICS)
     write_model(repo, "metrics_isolated", METRICS_CONFIG + ISOLATED, METRICS)
     write_model(repo, "auto_add_sub", 'backend: "python"\n', AUTO_COMPLETE)
@@ -522,3 +560,23 @@ def _cancel_a_grpc_stream(server: ServerProcess, model: str, mark: int) -> None:
     client.stop_stream(cancel_requests=True)
     wait_for(lambda: (server.repository / model / f"cancelled{mark}").exists(), what="the model to see the cancel")
     assert [int(r.as_numpy("OUT")[0]) for r in _stream(server, [3], model=model)] == [3]
+
+
+def model_loading_call(url: str, model: str, action: str) -> str:
+    """What the loader model answers to ACTION `action`."""
+    client = httpclient.InferenceServerClient(url)
+    data = httpclient.InferInput("ACTION", [1], "BYTES")
+    data.set_data_from_numpy(np.array([action.encode()], dtype=np.object_))
+    return str(client.infer(model, [data]).as_numpy("RESULT")[0].decode())
+
+
+@pytest.mark.parametrize("model", ["loader", "loader_isolated"])
+def test_model_loading_api_outside_explicit_mode(server: ServerProcess, model: str) -> None:
+    # is_model_ready answers in any mode; load and unload follow the model control mode's rules, as a client's
+    # requests do (test_triton_model_loading_api.py: explicit mode).
+    assert model_loading_call(server.url, model, "ready add_sub") == "True"
+    assert model_loading_call(server.url, model, "ready no_such_model") == "False"
+    for action in ("load add_sub", "unload add_sub"):
+        answer = model_loading_call(server.url, model, action)
+        assert answer.startswith("error: explicit model load / unload is not allowed"), answer
+    assert model_loading_call(server.url, model, "ready add_sub") == "True"

@@ -47,6 +47,8 @@ class IsolatedTritonModel(IsolatedModel):
             if what[0] == "cancelled":  # is_cancelled() of a streamed request, in the worker
                 index = what[1]
                 return 0 <= index < len(streams) and streams[index] is not None and bool(streams[index].cancelled)
+            if what[0] == "control":  # the model loading API
+                return _control(what[1:])
             return _bls_call(what[1])
 
         reply = self.exchange(worker, message, self._options.execute_timeout_s, partial, on_call)
@@ -73,6 +75,17 @@ def _bls_call(wire: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         answer = pb.InferenceResponse(error=pb.TritonError(f"the BLS call failed: {type(exc).__name__}"))
     responses = [answer] if isinstance(answer, pb.InferenceResponse) else list(answer)
     return [response_to_wire(response) for response in responses]
+
+
+def _control(what: tuple[Any, ...]) -> tuple[str, Any]:
+    """A worker's load_model, unload_model or is_model_ready, run by this process's BLS host."""
+    try:
+        return "ok", pb.bls_host().control(*what)
+    except pb.TritonModelException as exc:
+        return "error", str(exc)
+    except Exception as exc:  # noqa: BLE001 - the worker waits for an answer: it gets the error as one
+        log.exception("a model loading call from an isolated worker failed")
+        return "error", f"the call failed: {type(exc).__name__}"
 
 
 def _local(item: Any) -> Any:

@@ -227,6 +227,11 @@ class BlsHost:
                          decoupled: bool) -> InferenceResponse | Iterator[InferenceResponse]:
         return _no_bls()
 
+    def control(self, action: str, name: str, *args: Any) -> Any:
+        """The model loading API: ("load", name, config, files), ("unload", name, unload_dependents) or
+        ("ready", name, version); raises TritonModelException when it fails."""
+        raise TritonModelException("the model loading API is not available here: no server runs it")
+
 
 def _no_bls() -> InferenceResponse:
     return InferenceResponse(error=TritonError("BLS calls are not available here: no server runs them",
@@ -243,6 +248,19 @@ def connect(host: BlsHost) -> None:
 
 def bls_host() -> BlsHost:
     return _host
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) a model of the server, as a client's load request (explicit model control mode only)."""
+    _host.control("load", model_name, config, dict(files or {}))
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    _host.control("unload", model_name, unload_dependents)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    return bool(_host.control("ready", model_name, str(model_version)))
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
@@ -269,6 +287,9 @@ __all__ = [  # what a model.py finds in pb_utils
     "MetricFamily",
     "Metric",
     "get_input_tensor_by_name",
+    "load_model",
+    "unload_model",
+    "is_model_ready",
     "get_output_tensor_by_name",
     "Logger",
     "deserialize_bytes_tensor",

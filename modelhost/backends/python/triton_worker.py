@@ -9,7 +9,8 @@ sends after execute returns keeps its worker until its last response, within exe
 A BLS call (`exec`, `async_exec`) goes to the server as ("call", ("bls", request)) while the batch runs; the server
 runs it through its data plane and sends ("answer", responses) back (isolated.WorkerProcess.call). A streamed
 request's `is_cancelled()` asks the same way, ("call", ("cancelled", index)), until the server says yes (a round
-trip per call, as the in-process flag is a read: a model polls it between responses). One call at a
+trip per call, as the in-process flag is a read: a model polls it between responses), and so does the model loading
+API, ("call", ("control", action, name, ...)), answered ("ok", value) or ("error", message). One call at a
 time per worker; `async_exec` waits for its answer as `exec` does.
 """
 
@@ -74,6 +75,13 @@ class WorkerBls(pb.BlsHost):
 
     async def call_async(self, request: pb.InferenceRequest, decoupled: bool) -> Any:
         return self.call(request, decoupled)
+
+    def control(self, action: str, name: str, *args: Any) -> Any:
+        """The model loading API, run by the server: its answer, or its error raised here."""
+        status, value = self.ask(("control", action, name, *args))
+        if status != "ok":
+            raise pb.TritonModelException(value)
+        return value
 
     def ask(self, what: tuple[Any, ...]) -> Any:
         """Ask the server (a BLS call, or whether a request is cancelled) while the batch runs: its answer."""
