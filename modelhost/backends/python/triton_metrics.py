@@ -170,8 +170,9 @@ class MetricFamily:
 
     def __del__(self) -> None:
         family = getattr(self, "_family", None)
-        if family is not None:
-            REGISTRY.release(family)
+        registry = globals().get("REGISTRY")  # None while the interpreter shuts down
+        if family is not None and registry is not None:
+            registry.release(family)
 
 
 class Metric:
