@@ -185,6 +185,8 @@ class TritonPythonModel:
 AUTO_COMPLETE = ADD_SUB.replace("class TritonPythonModel:\n", """class TritonPythonModel:
     @staticmethod
     def auto_complete_config(auto_complete_model_config):
+        import os, pathlib
+        pathlib.Path(__file__).parent.parent.joinpath("completed_in").write_text(str(os.getpid()))
         assert auto_complete_model_config.as_dict()["name"]
         for name in ("INPUT0", "INPUT1"):
             auto_complete_model_config.add_input({"name": name, "data_type": "TYPE_FP32", "dims": [4]})
@@ -509,6 +511,8 @@ def test_auto_complete_config(server: ServerProcess, model: str) -> None:
     inputs[0].set_data_from_numpy(in0)
     inputs[1].set_data_from_numpy(np.ones((2, 4), np.float32))
     np.testing.assert_array_equal(client.infer(model, inputs).as_numpy("OUTPUT0"), in0 + 1)
+    completed_in = int((server.repository / model / "completed_in").read_text())
+    assert (completed_in == server.process.pid) == (model != "auto_isolated")  # isolated: in a worker
 
 
 def test_auto_complete_config_contradicting_the_config_fails_the_load(server: ServerProcess) -> None:
