@@ -15,8 +15,9 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
   config.pbtxt says INPUT0 is INT32, which auto_complete_config contradicts (the load fails, as in Triton);
 - `metrics`, `metrics_isolated`: count their requests, keep the last value and observe each value in custom metrics
   (pb_utils.MetricFamily), labelled by model;
-- `loader`, `loader_isolated`: run the model loading API on the ACTION they get ("ready m", "load m", "unload m",
-  "upload m": load m from a config and a model.py it sends) and answer what it returned or raised;
+- `loader` (and `loader_isolated`, test_triton_model_loading_api.py's): run the model loading API on the ACTION
+  they get ("ready m", "load m", "unload m", "upload m": load m from a config and a model.py it sends) and answer
+  what it returned or raised;
 - `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
   alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>; more than
   4 elements raise a TritonError (INVALID_ARG).
@@ -289,7 +290,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "repeat_isolated", REPEAT_CONFIG + ISOLATED, REPEAT)
     write_model(repo, "bls_isolated", BLS_CONFIG + ISOLATED, BLS)
     write_model(repo, "loader", LOADER_CONFIG, LOADER)
-    write_model(repo, "loader_isolated", LOADER_CONFIG + ISOLATED, LOADER)
     write_model(repo, "metrics", METRICS_CONFIG, METRICS)
     write_model(repo, "metrics_isolated", METRICS_CONFIG + ISOLATED, METRICS)
     write_model(repo, "auto_add_sub", 'backend: "python"\n', AUTO_COMPLETE)
@@ -574,8 +574,7 @@ def model_loading_call(url: str, model: str, action: str) -> str:
     return str(client.infer(model, [data]).as_numpy("RESULT")[0].decode())
 
 
-@pytest.mark.parametrize("model", ["loader", "loader_isolated"])
-def test_model_loading_api_outside_explicit_mode(server: ServerProcess, model: str) -> None:
+def test_model_loading_api_outside_explicit_mode(server: ServerProcess, model: str = "loader") -> None:
     # is_model_ready answers in any mode; load and unload follow the model control mode's rules, as a client's
     # requests do (test_triton_model_loading_api.py: explicit mode).
     assert model_loading_call(server.url, model, "ready add_sub") == "True"
