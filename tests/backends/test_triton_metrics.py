@@ -9,8 +9,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from modelhost.backends.python import triton_metrics
 from modelhost.backends.python import triton_utils as pb_utils
-from modelhost.backends.python.triton_metrics import Registry, WorkerMetrics, drain
+from modelhost.backends.python.triton_metrics import Registry
 from modelhost.backends.python.triton_metrics_export import CustomMetricsCollector
+from modelhost.backends.python.triton_metrics_relay import WorkerMetrics, drain
 
 
 def test_counter_and_gauge() -> None:

@@ -33,7 +33,7 @@ import numpy as np
 import modelhost
 from modelhost.backends.base import CoreLender, Model, ModelSignature
 from modelhost.backends.python.channel import Channel, ChannelClosed
-from modelhost.backends.python.triton_metrics import WorkerMetrics
+from modelhost.backends.python.triton_metrics_relay import WorkerMetrics
 from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.python.worker_code import WorkerSpec
 from modelhost.client_log import client_log

@@ -32,7 +32,8 @@ import time
 from typing import Any
 
 from modelhost.backends.python.channel import Channel, ChannelClosed
-from modelhost.backends.python.triton_metrics import REGISTRY, drain
+from modelhost.backends.python.triton_metrics import REGISTRY
+from modelhost.backends.python.triton_metrics_relay import drain
 from modelhost.backends.python.triton_worker import execute_requests
 from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.python.worker_code import WorkerModel, WorkerSpec
