@@ -13,7 +13,7 @@ model.py defines `class Model` (constructed with no arguments) with:
 - `finalize(self) -> None`, optional, called once at unload.
 
 A Python file declares no tensors, so config.pbtxt must list every input and output (or a Triton model's
-auto_complete_config adds them: `configure`, triton_autocomplete.py); the model's signature is the config's.
+auto_complete_config adds them: `configure`, triton_completion.py); the model's signature is the config's.
 model.py is imported under a module name of its own per model, version, instance and load, with its version
 directory on sys.path only while it is imported (so model.py imports the modules beside it at its top).
 A model.py that fails to import, or whose Model() or initialize raises, fails the load with a
@@ -35,18 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from google.protobuf import json_format
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
-from modelhost.backends.python.channel import ChannelClosed
 from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions, WorkerProcess
-from modelhost.backends.python.triton_autocomplete import (
-    CompletionSpec,
-    auto_complete,
-    completed_by_worker,
-    completion_message,
-    mentions_hook,
-)
+from modelhost.backends.python.triton_completion import complete_from_model
 from modelhost.backends.python.triton_isolated import IsolatedTritonModel
 from modelhost.backends.python.triton_model import TritonUserModel, identity
 from modelhost.backends.python.user_model import (
@@ -88,22 +80,7 @@ class PythonBackend(Backend):
     def configure(self, path: Path, config: ModelConfig, overrides: ModelOverrides) -> None:
         """Triton's auto-complete: a TritonPythonModel's auto_complete_config completes `config` (model loading
         calls this once the code policy let the model's code run); in its worker when the model is isolated."""
-        if not path.is_file() or not mentions_hook(path):
-            return
-        isolated, options = read_options(config)
-        document = config_to_json(config)
-        name = document["name"] = config.name or path.parent.parent.name
-        spec = CompletionSpec(path=str(path), module_name=f"modelhost_python_autocomplete_{next(_loads)}",
-                              label=f"Python model '{name}'", args={"model_config": document}, outputs=(),
-                              batching=False)
-        try:
-            completed = _complete_isolated(spec, options) if isolated else auto_complete(spec, document)
-        except UserCodeError as exc:
-            if exc.details:
-                log.error("%s\n%s", exc.message, exc.details)
-            raise ConfigError(exc.message) from None
-        if completed is not None:
-            _apply_completed(name, completed, config)
+        complete_from_model(path, config, *read_options(config))
 
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         isolated, options = read_options(config)
@@ -241,30 +218,6 @@ def _state_outputs(config: ModelConfig) -> tuple[OutputRule, ...]:
     batch = (-1,) if config.max_batch_size > 0 else ()
     return tuple(OutputRule(s.output_name, v2_datatype(s.data_type), (*batch, *s.dims))
                  for s in config.sequence_batching.state)
-
-
-def _complete_isolated(spec: CompletionSpec, options: IsolationOptions) -> dict[str, Any] | None:
-    """Run auto_complete_config in a worker of its own (the model's code never runs in the server)."""
-    worker = WorkerProcess(spec, options)
-    try:
-        reply = worker.call(completion_message(), options.initialize_timeout_s)
-    except (TimeoutError, ChannelClosed):
-        raise UserCodeError(f"{spec.label}: its worker did not complete the config within "
-                            f"{options.initialize_timeout_s:g} s (initialize_timeout_seconds)") from None
-    finally:
-        worker.stop(options.initialize_timeout_s)
-    if reply[0] != "ok":
-        raise UserCodeError(reply[2], reply[3])
-    return completed_by_worker(reply[1])
-
-
-def _apply_completed(name: str, completed: dict[str, Any], config: ModelConfig) -> None:
-    parsed = ModelConfig()
-    try:
-        json_format.ParseDict(completed, parsed)
-    except (json_format.ParseError, TypeError, ValueError) as exc:
-        raise ConfigError(f"model '{name}': auto_complete_config made a config that is not valid: {exc}") from None
-    config.CopyFrom(parsed)
 
 
 def _no_tensors(path: Path) -> str:
