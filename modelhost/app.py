@@ -316,7 +316,7 @@ class Server:
         return next(front_end for front_end in self.front_ends if front_end.name == name)
 
     async def _start(self) -> None:
-        triton_bls.connect(self.dataplane)  # Triton Python models' BLS calls run through the data plane
+        triton_bls.connect(self.dataplane, self.control)  # Triton Python models' BLS calls and model loading API
         if self.worker_statistics is not None:  # before the models load: the other workers may ask any time
             await self.worker_statistics.serve(self.dataplane.local_statistics, self.metrics.render)
         if self.settings.workers > 1:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from modelhost.backends.python.triton_metrics_export import CustomMetricsCollector
 from modelhost.core.in_flight import InFlight
 from modelhost.core.latency_target import LatencyTarget
 from modelhost.core.model_cache import ModelCache
@@ -229,6 +230,7 @@ class MetricsExporter:
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(ModelCollector(models, in_flight))
         self._registry.register(EmbeddingCollector(shared_store))
+        self._registry.register(CustomMetricsCollector())  # Triton Python models' pb_utils.MetricFamily
         if cache is not None:
             self._registry.register(CacheCollector(cache))
 

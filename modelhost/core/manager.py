@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Protocol
 
 from modelhost.backends import freeze_long_lived
+from modelhost.backends.base import Backend
+from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides
 from modelhost.core import compute_threads
 from modelhost.core.classification import read_labels
@@ -122,8 +124,9 @@ class ModelManager:
             try:
                 source = await asyncio.to_thread(self._source, name, override)
                 config = override.config if override else None
-                plan = await asyncio.to_thread(plan_model, source, self._overrides, config)
-                self._check_code(name, plan, uploaded=override is not None and bool(override.files))
+                uploaded = override is not None and bool(override.files)
+                plan = await asyncio.to_thread(plan_model, source, self._overrides, config,
+                                               self._code_check(name, uploaded))
             except FileNotFoundError as exc:
                 if not record.versions and self._records.get(name) is record:
                     del self._records[name]  # not in the repository: nothing to report in the index
@@ -159,11 +162,15 @@ class ModelManager:
         assert self._store is not None
         return self._store.fetch(name)
 
-    def _check_code(self, name: str, plan: LoadPlan, uploaded: bool) -> None:
-        if plan.backend is not None:
-            code = plan.backend.code_in(plan.config.default_model_filename or plan.backend.default_filename)
+    def _code_check(self, name: str, uploaded: bool) -> Callable[[Backend, ModelConfig], None]:
+        """The code policy's check of `name`, which plan_model runs before any of the model's code may run."""
+
+        def check(backend: Backend, config: ModelConfig) -> None:
+            code = backend.code_in(config.default_model_filename or backend.default_filename)
             if code is not None:
                 self._code_policy.check(name, code, uploaded)
+
+        return check
 
     def _fingerprint(self, name: str, override: LoadOverride | None) -> ModelFingerprint | None:
         # A model loaded from an override is not the repository's: polling must not take it back.
@@ -319,7 +326,7 @@ class ModelManager:
     def plan(self, source: ModelSource) -> LoadPlan:
         """How `add` would load `source` (its config read and completed by the overrides); blocking, for a caller
         that prepares a load in a thread of its own."""
-        return plan_model(source, self._overrides)
+        return plan_model(source, self._overrides, check_code=self._code_check(source.name, uploaded=False))
 
     async def add(self, source: ModelSource, plan: LoadPlan | None = None) -> None:
         """Load a model the store does not list under `source.name`, as `plan` says (by default, `plan(source)`).
@@ -331,8 +338,9 @@ class ModelManager:
         record = self._records[source.name] = ModelRecord(source.name, from_store=False)
         try:
             if plan is None:
-                plan = await asyncio.to_thread(plan_model, source, self._overrides)
-            self._check_code(source.name, plan, uploaded=False)
+                plan = await asyncio.to_thread(self.plan, source)
+            elif plan.backend is not None:  # a plan made elsewhere: the policy still decides
+                self._code_check(source.name, uploaded=False)(plan.backend, plan.config)
             await self._load_versions(record, source, plan, None)
         except BaseException as exc:
             await self._evict_record(record)

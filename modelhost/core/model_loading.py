@@ -6,6 +6,7 @@ Everything here blocks (file reads, session creation); the manager calls it in a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,10 +56,13 @@ class LoadPlan:
 
 
 def plan_model(
-    source: ModelSource, overrides: ModelOverrides | None = None, config: ModelConfig | None = None
+    source: ModelSource, overrides: ModelOverrides | None = None, config: ModelConfig | None = None,
+    check_code: Callable[[Backend, ModelConfig], None] | None = None,
 ) -> LoadPlan:
     """Read the model's config (or take `config`, a load request's override), fill what it leaves unset
-    from `overrides`, and pick the versions to serve."""
+    from `overrides`, and pick the versions to serve. `check_code` (the code policy) raises when the model's
+    code may not run: it is called before the backend's configure, which may run it (Triton's
+    auto_complete_config)."""
     if config is None:
         config = read_config(source.path) or ModelConfig()
     else:
@@ -79,6 +83,8 @@ def plan_model(
         raise ConfigError(str(exc)) from None
     versions = select_versions(config, source)
     filename = config.default_model_filename or backend.default_filename
+    if check_code is not None:
+        check_code(backend, config)
     # What the model file says comes before the endpoint-wide overrides: it is about this model.
     backend.configure(backend.model_path(source.path / str(versions[-1]), filename), config, overrides)
     apply_overrides(config, overrides)

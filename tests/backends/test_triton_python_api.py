@@ -10,6 +10,14 @@ The models are written in the style of python_backend's examples (add_sub, bls, 
 - `bls`: calls add_sub with InferenceRequest(...).exec(), and with async_exec() from `async def execute`, or
   repeat with exec(decoupled=True);
 - `add_sub_isolated`, `repeat_isolated`, `bls_isolated`: the same model.py files, each instance in a worker process;
+- `auto_add_sub`, `auto_isolated`, `auto_no_config`: add_sub whose config.pbtxt lists no tensors (or which has no
+  config.pbtxt): its auto_complete_config adds them, max_batch_size 8 and dynamic batching; `auto_conflict`: its
+  config.pbtxt says INPUT0 is INT32, which auto_complete_config contradicts (the load fails, as in Triton);
+- `metrics`, `metrics_isolated`: count their requests, keep the last value and observe each value in custom metrics
+  (pb_utils.MetricFamily), labelled by model;
+- `loader` (and `loader_isolated`, test_triton_model_loading_api.py's): run the model loading API on the ACTION
+  they get ("ready m", "load m", "unload m", "upload m": load m from a config and a model.py it sends) and answer
+  what it returned or raised;
 - `repeat`: decoupled; sends IN's elements one response each from a thread of its own, then the final flag
   alone; at an element -n it waits until request.is_cancelled(), then writes the file cancelled<n>; more than
   4 elements raise a TritonError (INVALID_ARG).
@@ -30,6 +38,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests.backends.test_python_server import write_model
@@ -174,6 +183,98 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse([out, idx]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
+AUTO_COMPLETE = ADD_SUB.replace("class TritonPythonModel:\n", """class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        import os, pathlib
+        pathlib.Path(__file__).parent.parent.joinpath("completed_in").write_text(str(os.getpid()))
+        assert auto_complete_model_config.as_dict()["name"]
+        for name in ("INPUT0", "INPUT1"):
+            auto_complete_model_config.add_input({"name": name, "data_type": "TYPE_FP32", "dims": [4]})
+        for name in ("OUTPUT0", "OUTPUT1"):
+            auto_complete_model_config.add_output({"name": name, "data_type": "TYPE_FP32", "dims": [4]})
+        auto_complete_model_config.set_max_batch_size(8)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+""")
+AUTO_CONFLICT_CONFIG = """
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
+"""
+METRICS_CONFIG = """
+backend: "python"
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ] output [ { name: "count" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+METRICS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        labels = {"model": args["model_name"]}
+        self.families = [
+            pb_utils.MetricFamily(name="custom_requests", description="Requests the model saw",
+                                  kind=pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily(name="custom_last_value", description="The last value",
+                                  kind=pb_utils.MetricFamily.GAUGE),
+            pb_utils.MetricFamily(name="custom_value", description="Values seen",
+                                  kind=pb_utils.MetricFamily.HISTOGRAM)]
+        self.requests = self.families[0].Metric(labels=labels)
+        self.last = self.families[1].Metric(labels=labels)
+        self.values = self.families[2].Metric(labels=labels, buckets=[1, 2.5, 10])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = float(pb_utils.get_input_tensor_by_name(request, "x").as_numpy()[0])
+            self.requests.increment(1)
+            self.last.set(x)
+            self.values.observe(x)
+            try:
+                self.requests.set(0)
+            except pb_utils.TritonModelException:
+                pass
+            else:
+                raise AssertionError("a counter cannot be set")
+            count = np.array([self.requests.value()], np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("count", count)]))
+        return responses
+"""
+LOADER_CONFIG = """
+backend: "python"
+input [ { name: "ACTION" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "RESULT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+LOADER = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            action, name = pb_utils.get_input_tensor_by_name(request, "ACTION").as_numpy()[0].decode().split()
+            try:
+                if action == "ready":
+                    result = str(pb_utils.is_model_ready(name))
+                elif action == "load":
+                    result = str(pb_utils.load_model(model_name=name))
+                elif action == "unload":
+                    result = str(pb_utils.unload_model(name))
+                else:
+                    tensor = {"data_type": "TYPE_FP32", "dims": [1]}
+                    config = json.dumps({"backend": "python", "input": [{"name": "x", **tensor}],
+                                         "output": [{"name": "y", **tensor}]})
+                    code = b"class Model:\\n    def execute(self, inputs):\\n        return {'y': inputs['x']}\\n"
+                    result = str(pb_utils.load_model(name, config=config, files={"file:1/model.py": code}))
+            except pb_utils.TritonModelException as exc:
+                result = "error: " + str(exc)
+            out = pb_utils.Tensor("RESULT", np.array([result.encode()], dtype=np.object_))
+            responses.append(pb_utils.InferenceResponse([out]))
+        return responses
+"""
 
 ISOLATED = 'parameters { key: "isolation" value: { string_value: "process" } }\n'
 
@@ -188,6 +289,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "add_sub_isolated", ADD_SUB_CONFIG + ISOLATED, ADD_SUB)
     write_model(repo, "repeat_isolated", REPEAT_CONFIG + ISOLATED, REPEAT)
     write_model(repo, "bls_isolated", BLS_CONFIG + ISOLATED, BLS)
+    write_model(repo, "loader", LOADER_CONFIG, LOADER)
+    write_model(repo, "metrics", METRICS_CONFIG, METRICS)
+    write_model(repo, "metrics_isolated", METRICS_CONFIG + ISOLATED, METRICS)
+    write_model(repo, "auto_add_sub", 'backend: "python"\n', AUTO_COMPLETE)
+    write_model(repo, "auto_isolated", 'backend: "python"\n' + ISOLATED, AUTO_COMPLETE)
+    write_model(repo, "auto_conflict", AUTO_CONFLICT_CONFIG, AUTO_COMPLETE)
+    write_model(repo, "auto_no_config", "", AUTO_COMPLETE)
+    (repo / "auto_no_config" / "config.pbtxt").unlink()
     process = ServerProcess(repo)
     process.repository = repo
     try:
@@ -377,16 +486,7 @@ def test_client_leaving_cancels_the_request(server: ServerProcess) -> None:
     answer.close()
     wait_for(lambda: (server.repository / "repeat" / "cancelled1").exists(), what="the model to see the cancel")
 
-    answers: queue.Queue[Any] = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: answers.put(error or result))
-    data = grpcclient.InferInput("IN", [2], "INT32")
-    data.set_data_from_numpy(np.array([5, -2], np.int32))
-    client.async_stream_infer("repeat", [data])
-    assert int(answers.get(timeout=10).as_numpy("OUT")[0]) == 5
-    client.stop_stream(cancel_requests=True)
-    wait_for(lambda: (server.repository / "repeat" / "cancelled2").exists(), what="the model to see the cancel")
-    assert int(_stream(server, [2])[0].as_numpy("OUT")[0]) == 2
+    _cancel_a_grpc_stream(server, "repeat", 2)
 
     # A client that leaves before the first response (the handler still waits for it) cancels it too.
     body = json.dumps({"IN": [-3]}).encode()
@@ -396,3 +496,90 @@ def test_client_leaving_cancels_the_request(server: ServerProcess) -> None:
         time.sleep(0.2)
     wait_for(lambda: (server.repository / "repeat" / "cancelled3").exists(), what="the model to see the cancel")
 
+
+
+@pytest.mark.parametrize("model", ["auto_add_sub", "auto_isolated", "auto_no_config"])
+def test_auto_complete_config(server: ServerProcess, model: str) -> None:
+    # The config the model completed is the one served: its tensors, max_batch_size 8 and the dynamic batcher.
+    client = httpclient.InferenceServerClient(server.url)
+    config = client.get_model_config(model)
+    assert [t["name"] for t in config["input"]] == ["INPUT0", "INPUT1"]
+    assert [(t["data_type"], t["dims"]) for t in config["output"]] == [("TYPE_FP32", [4])] * 2
+    assert config["max_batch_size"] == 8 and "dynamic_batching" in config
+    in0 = np.arange(8, dtype=np.float32).reshape(2, 4)
+    inputs = [httpclient.InferInput("INPUT0", [2, 4], "FP32"), httpclient.InferInput("INPUT1", [2, 4], "FP32")]
+    inputs[0].set_data_from_numpy(in0)
+    inputs[1].set_data_from_numpy(np.ones((2, 4), np.float32))
+    np.testing.assert_array_equal(client.infer(model, inputs).as_numpy("OUTPUT0"), in0 + 1)
+    completed_in = int((server.repository / model / "completed_in").read_text())
+    assert (completed_in == server.process.pid) == (model != "auto_isolated")  # isolated: in a worker
+
+
+def test_auto_complete_config_contradicting_the_config_fails_the_load(server: ServerProcess) -> None:
+    index = requests.post(f"{server.base}/v2/repository/index", json={}, timeout=5).json()
+    entry = next(e for e in index if e["name"] == "auto_conflict")
+    assert entry["state"] == "UNAVAILABLE", entry
+    assert ("unable to load model 'auto_conflict', configuration expects datatype TYPE_INT32 for input 'INPUT0', "
+            "model provides TYPE_FP32") in entry["reason"]
+
+
+@pytest.mark.parametrize("model", ["metrics", "metrics_isolated"])
+def test_custom_metrics_on_the_metrics_port(server: ServerProcess, model: str) -> None:
+    # The model's counter, gauge and histogram are on /metrics, labelled as it labels them; an isolated model's
+    # reach the server with its replies.
+    client = httpclient.InferenceServerClient(server.url)
+    for value, count in ((2.0, 1), (20.0, 2)):
+        data = httpclient.InferInput("x", [1], "FP32")
+        data.set_data_from_numpy(np.array([value], np.float32))
+        assert client.infer(model, [data]).as_numpy("count")[0] == count
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples
+               if s.labels.get("model") == model}
+    labels = (("model", model),)
+    assert samples[("custom_requests", labels)] == 2
+    assert samples[("custom_last_value", labels)] == 20
+    buckets = {le: samples[("custom_value_bucket", (("le", le), *labels))] for le in ("1", "2.5", "10", "+Inf")}
+    assert buckets == {"1": 0, "2.5": 1, "10": 1, "+Inf": 2}
+    assert samples[("custom_value_count", labels)] == 2 and samples[("custom_value_sum", labels)] == 22
+    assert "# HELP custom_requests Requests the model saw" in text
+
+
+def test_client_leaving_cancels_the_request_in_an_isolated_worker(server: ServerProcess) -> None:
+    # is_cancelled() in the worker asks the server, which knows the client left: the model sees it and ends its
+    # stream, and the worker serves the next request.
+    _cancel_a_grpc_stream(server, "repeat_isolated", 4)
+
+
+def _cancel_a_grpc_stream(server: ServerProcess, model: str, mark: int) -> None:
+    """A gRPC stream to `model` that the client cancels after the first response: the model, waiting for
+    is_cancelled(), writes cancelled<mark>; the next request is served."""
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    data = grpcclient.InferInput("IN", [2], "INT32")
+    data.set_data_from_numpy(np.array([5, -mark], np.int32))
+    client.async_stream_infer(model, [data])
+    assert int(answers.get(timeout=10).as_numpy("OUT")[0]) == 5
+    client.stop_stream(cancel_requests=True)
+    wait_for(lambda: (server.repository / model / f"cancelled{mark}").exists(), what="the model to see the cancel")
+    assert [int(r.as_numpy("OUT")[0]) for r in _stream(server, [3], model=model)] == [3]
+
+
+def model_loading_call(url: str, model: str, action: str) -> str:
+    """What the loader model answers to ACTION `action`."""
+    client = httpclient.InferenceServerClient(url)
+    data = httpclient.InferInput("ACTION", [1], "BYTES")
+    data.set_data_from_numpy(np.array([action.encode()], dtype=np.object_))
+    return str(client.infer(model, [data]).as_numpy("RESULT")[0].decode())
+
+
+def test_model_loading_api_outside_explicit_mode(server: ServerProcess, model: str = "loader") -> None:
+    # is_model_ready answers in any mode; load and unload follow the model control mode's rules, as a client's
+    # requests do (test_triton_model_loading_api.py: explicit mode).
+    assert model_loading_call(server.url, model, "ready add_sub") == "True"
+    assert model_loading_call(server.url, model, "ready no_such_model") == "False"
+    for action in ("load add_sub", "unload add_sub"):
+        answer = model_loading_call(server.url, model, action)
+        assert answer.startswith("error: explicit model load / unload is not allowed"), answer
+    assert model_loading_call(server.url, model, "ready add_sub") == "True"

@@ -79,3 +79,44 @@ def test_a_torch_export_program_is_code(tmp_path: Path) -> None:
     assert load(tmp_path / "repo", "repository", "exported") is None
     error = load(tmp_path / "repo", "none", "exported")
     assert error is not None and "model.pt2" in error.message and "pickle" in error.message
+
+
+TRITON_AUTO_COMPLETE = """
+from pathlib import Path
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        Path(__file__).parent.parent.joinpath("auto_complete_ran").write_text("")
+        config.add_input({"name": "x", "data_type": "TYPE_FP32", "dims": [1]})
+        config.add_output({"name": "y", "data_type": "TYPE_FP32", "dims": [1]})
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x")
+                                                            .as_numpy())]) for r in requests]
+"""
+
+
+@pytest.mark.parametrize(("mode", "uploaded", "refused"),
+                         [("all", True, False), ("repository", False, False), ("repository", True, True),
+                          ("none", False, True)])
+def test_auto_complete_config_runs_only_where_code_may(tmp_path: Path, mode: str, uploaded: bool,
+                                                       refused: bool) -> None:
+    # Triton's auto_complete_config is the model's code: the policy refuses the model before it runs (the hook
+    # leaves a file where it runs), and where the policy allows it, it completes the config the model loads with.
+    root = tmp_path / "repo"
+    (root / "auto" / "1").mkdir(parents=True)
+    (root / "auto" / "config.pbtxt").write_text('backend: "python"\n')
+    (root / "auto" / "1" / "model.py").write_text(TRITON_AUTO_COMPLETE)
+    override = None
+    if uploaded:
+        files = {PurePosixPath("1/model.py"): TRITON_AUTO_COMPLETE.encode()}
+        override = LoadOverride(read_config(root / "auto"), files)
+    error = load(root, mode, "up" if uploaded else "auto", override)
+    ran = list(tmp_path.rglob("auto_complete_ran"))
+    assert (error is not None) == refused, error
+    assert bool(ran) != refused
+    if error is not None:
+        assert error.kind is ErrorKind.INVALID_INPUT and f"--user-code {mode}" in error.message

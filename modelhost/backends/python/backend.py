@@ -12,11 +12,12 @@ model.py defines `class Model` (constructed with no arguments) with:
   may be read-only views of the request: copy one before changing it in place;
 - `finalize(self) -> None`, optional, called once at unload.
 
-A Python file declares no tensors, so config.pbtxt must list every input and output; the model's signature
-is the config's. model.py is imported under a module name of its own per model, version, instance and
-load, with its version directory on sys.path only while it is imported (so model.py imports the modules
-beside it at its top). A model.py that fails to import, or whose Model() or initialize raises, fails the
-load with a ConfigError carrying the traceback's last line (the whole traceback goes to the log).
+A Python file declares no tensors, so config.pbtxt must list every input and output (or a Triton model's
+auto_complete_config adds them: `configure`, triton_completion.py); the model's signature is the config's.
+model.py is imported under a module name of its own per model, version, instance and load, with its version
+directory on sys.path only while it is imported (so model.py imports the modules beside it at its top).
+A model.py that fails to import, or whose Model() or initialize raises, fails the load with a
+ConfigError carrying the traceback's last line (the whole traceback goes to the log).
 
 By default the model runs in the server's process. With parameter `isolation: "process"` each instance runs
 in a worker process of its own (backends/python/isolated.py): a crash, a hang or a leak there cannot take the server
@@ -37,6 +38,7 @@ import numpy as np
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
 from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions, WorkerProcess
+from modelhost.backends.python.triton_completion import complete_from_model
 from modelhost.backends.python.triton_isolated import IsolatedTritonModel
 from modelhost.backends.python.triton_model import TritonUserModel, identity
 from modelhost.backends.python.user_model import (
@@ -50,6 +52,7 @@ from modelhost.backends.python.user_model import (
 from modelhost.client_log import client_log
 from modelhost.config.datatypes import v2_datatype
 from modelhost.config.model_config_pb2 import ModelConfig
+from modelhost.config.overrides import ModelOverrides
 from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError, config_to_json
 from modelhost.errors import ErrorKind, ModelhostError
 
@@ -73,6 +76,11 @@ class PythonBackend(Backend):
 
     def describe(self, path: Path) -> ModelSignature:
         raise ConfigError(_no_tensors(path))
+
+    def configure(self, path: Path, config: ModelConfig, overrides: ModelOverrides) -> None:
+        """Triton's auto-complete: a TritonPythonModel's auto_complete_config completes `config` (model loading
+        calls this once the code policy let the model's code run); in its worker when the model is isolated."""
+        complete_from_model(path, config, *read_options(config))
 
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         isolated, options = read_options(config)

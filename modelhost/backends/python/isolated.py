@@ -33,6 +33,7 @@ import numpy as np
 import modelhost
 from modelhost.backends.base import CoreLender, Model, ModelSignature
 from modelhost.backends.python.channel import Channel, ChannelClosed
+from modelhost.backends.python.triton_metrics_relay import WorkerMetrics
 from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.python.worker_code import WorkerSpec
 from modelhost.client_log import client_log
@@ -59,6 +60,7 @@ class WorkerProcess:
 
     def __init__(self, spec: WorkerSpec, options: IsolationOptions) -> None:
         self._spec = spec
+        self.metrics = WorkerMetrics()  # its Triton model's custom metrics, in the server's registry while it lives
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
             try:
@@ -101,6 +103,9 @@ class WorkerProcess:
             if reply[0] == "call" and on_call is not None:
                 self.channel.send(("answer", on_call(reply[1])), deadline)
                 continue
+            if reply[0] == "metrics":
+                self.metrics.apply(reply[1])
+                continue
             if reply[0] != "partial":
                 return reply
             if partial is not None:
@@ -125,6 +130,9 @@ class WorkerProcess:
             await self.channel.send_async(message)
             while True:
                 reply: tuple[Any, ...] = await self.channel.receive_async()
+                if reply[0] == "metrics":
+                    self.metrics.apply(reply[1])
+                    continue
                 if reply[0] != "partial":
                     return reply
                 if partial is not None:
@@ -172,6 +180,7 @@ class WorkerProcess:
             self.process.kill()
         self.process.wait()
         self.channel.close()
+        self.metrics.close()
 
 
 def _timed_out(timeout: float) -> str:

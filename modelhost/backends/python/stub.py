@@ -12,6 +12,9 @@ spec loads (worker_code.py: a Python model's model.py, a TorchServe handler):
                                             its final one included (triton_worker.py)
     ("stop",)                             ("ok", None) | ("error", None, message, traceback), then exits
 
+Before any reply, ("metrics", changes): the changes of a Triton model's custom metrics (triton_metrics.py drain)
+since the last reply, which the server applies to its own registry.
+
 The worker exits when the server closes the socket or dies (even while execute hangs). It ignores SIGINT:
 a Ctrl-C on the server's terminal reaches the whole process group, and the server stops its workers
 itself, after finalize. Its stdout and stderr are the server's (inherited, unbuffered): what the model
@@ -29,6 +32,8 @@ import time
 from typing import Any
 
 from modelhost.backends.python.channel import Channel, ChannelClosed
+from modelhost.backends.python.triton_metrics import REGISTRY
+from modelhost.backends.python.triton_metrics_relay import drain
 from modelhost.backends.python.triton_worker import execute_requests
 from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.python.worker_code import WorkerModel, WorkerSpec
@@ -108,6 +113,10 @@ def _finalize(model: WorkerModel) -> tuple[Any, ...]:
 
 
 def _reply(channel: Channel, spec: WorkerSpec, reply: tuple[Any, ...]) -> None:
+    if REGISTRY.families:  # a Triton model's custom metrics changed here reach the server before the reply
+        changes = drain()
+        if changes:
+            channel.send(("metrics", changes))
     try:
         channel.send(reply)
     except (ChannelClosed, OSError):

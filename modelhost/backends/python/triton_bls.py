@@ -6,6 +6,10 @@ The model calls from its instance thread (a TritonModel never runs on the event 
 the request runs on the loop (asyncio.run_coroutine_threadsafe) and the thread waits for it. `exec` from the
 loop's own thread would wait on itself forever, so it answers an error instead. `exec(decoupled=True)` answers
 an iterator over the model's responses, the final (possibly empty) one included, gathered as they come.
+
+The model loading API (pb_utils.load_model, unload_model, is_model_ready) goes to the server's Control as a
+client's load and unload requests do: explicit model control mode only, and files it uploads are code the
+--user-code policy judges as a client's uploads.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from modelhost.backends.python import triton_utils as pb
+from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
+from modelhost.core.load_request import LoadRequest
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import InferRequest, InferResponse, RequestedOutput
 
@@ -29,16 +35,36 @@ TRITON_CODES = {
 Answer = pb.InferenceResponse | Iterator[pb.InferenceResponse]
 
 
-def connect(dataplane: DataPlane) -> None:
-    """Serve the BLS calls of this process's Triton Python models through `dataplane`; on the event loop."""
-    pb.connect(ServerBls(dataplane, asyncio.get_running_loop()))
+def connect(dataplane: DataPlane, control: Control | None = None) -> None:
+    """Serve the BLS calls of this process's Triton Python models through `dataplane`, and their model loading API
+    through `control` (its model control mode's rules); on the event loop."""
+    pb.connect(ServerBls(dataplane, asyncio.get_running_loop(), control))
 
 
 class ServerBls(pb.BlsHost):
-    def __init__(self, dataplane: DataPlane, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, dataplane: DataPlane, loop: asyncio.AbstractEventLoop, control: Control | None = None) -> None:
         self._dataplane = dataplane
         self._loop = loop
         self._loop_thread = threading.get_ident()
+        self._control = control
+
+    def control(self, action: str, name: str, *args: Any) -> Any:
+        """load_model, unload_model (as a client's load and unload requests: explicit mode only, --user-code for
+        uploaded files) and is_model_ready; from a model's thread, never the event loop's."""
+        if action == "ready":
+            return self._dataplane.model_ready(name, args[0])
+        if self._control is None or threading.get_ident() == self._loop_thread:
+            raise pb.TritonModelException(f"cannot {action} model '{name}' from here (the server's event loop, or "
+                                          "a process without model control)")
+        if action == "load":
+            config, files = args
+            work = self._control.load(name, LoadRequest(config or None, _file_parameters(files)))
+        else:
+            work = self._control.unload(name, bool(args[0]))
+        try:
+            asyncio.run_coroutine_threadsafe(work, self._loop).result()
+        except ModelhostError as exc:
+            raise pb.TritonModelException(exc.message) from None
 
     def call(self, request: pb.InferenceRequest, decoupled: bool) -> Answer:
         if threading.get_ident() == self._loop_thread:
@@ -63,6 +89,12 @@ class ServerBls(pb.BlsHost):
             return iter(answers)
         except ModelhostError as exc:
             return _error(exc) if not decoupled else iter([_error(exc)])
+
+
+def _file_parameters(files: Any) -> dict[str, bytes]:
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, bytes) for k, v in files.items()):
+        raise pb.TritonModelException("load_model files must map 'file:<version>/<path>' to the file's bytes")
+    return files
 
 
 def _infer_request(request: pb.InferenceRequest) -> InferRequest:

@@ -69,6 +69,11 @@ def deserialize_bytes_tensor(data: bytes) -> np.ndarray:
     return np.array(items, dtype=np.object_)
 
 
+class TritonModelException(Exception):
+    """What a model raises to fail its own load or request (Triton's name for it), and what pb_utils raises at a
+    misuse the model may catch (a metric's wrong operation)."""
+
+
 class Logger:
     """Triton's pb_utils.Logger: the model's messages go to the server's log."""
 

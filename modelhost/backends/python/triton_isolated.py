@@ -3,7 +3,8 @@ TritonPythonModel (backends/python/triton_worker.py), and the server hands it a 
 with where each streamed request's responses go, as an in-process TritonModel gets them.
 
 The worker's BLS calls come to the instance thread while it waits for the batch's reply, which runs each
-through the server's BLS host (triton_bls.py) and sends its responses back.
+through the server's BLS host (triton_bls.py) and sends its responses back; so does its question whether a
+streamed request is cancelled (its client gone), answered from the request's PartialAnswers.
 """
 
 from __future__ import annotations
@@ -42,7 +43,15 @@ class IsolatedTritonModel(IsolatedModel):
 
         message = ("requests", [inputs for inputs, _, _ in requests], list(outputs), [s is not None for s in streams],
                    [identity(origin) for _, _, origin in requests])
-        reply = self.exchange(worker, message, self._options.execute_timeout_s, partial, _bls_call)
+        def on_call(what: tuple[Any, ...]) -> Any:
+            if what[0] == "cancelled":  # is_cancelled() of a streamed request, in the worker
+                index = what[1]
+                return 0 <= index < len(streams) and streams[index] is not None and bool(streams[index].cancelled)
+            if what[0] == "control":  # the model loading API
+                return _control(what[1:])
+            return _bls_call(what[1])
+
+        reply = self.exchange(worker, message, self._options.execute_timeout_s, partial, on_call)
         if reply[0] != "ok":
             self._answer(worker, reply)  # raises its error
         return [_local(result) or {} for result in reply[1]]
@@ -66,6 +75,17 @@ def _bls_call(wire: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         answer = pb.InferenceResponse(error=pb.TritonError(f"the BLS call failed: {type(exc).__name__}"))
     responses = [answer] if isinstance(answer, pb.InferenceResponse) else list(answer)
     return [response_to_wire(response) for response in responses]
+
+
+def _control(what: tuple[Any, ...]) -> tuple[str, Any]:
+    """A worker's load_model, unload_model or is_model_ready, run by this process's BLS host."""
+    try:
+        return "ok", pb.bls_host().control(*what)
+    except pb.TritonModelException as exc:
+        return "error", str(exc)
+    except Exception as exc:  # noqa: BLE001 - the worker waits for an answer: it gets the error as one
+        log.exception("a model loading call from an isolated worker failed")
+        return "error", f"the call failed: {type(exc).__name__}"
 
 
 def _local(item: Any) -> Any:

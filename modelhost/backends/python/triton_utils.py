@@ -23,6 +23,7 @@ import numpy as np
 
 from modelhost.backends.python.triton_helpers import (
     Logger,
+    TritonModelException,
     deserialize_bytes_tensor,
     get_input_config_by_name,
     get_output_config_by_name,
@@ -32,6 +33,8 @@ from modelhost.backends.python.triton_helpers import (
     triton_to_numpy_type,
     using_decoupled_model_transaction_policy,
 )
+from modelhost.backends.python.triton_metrics import Metric, MetricFamily
+from modelhost.backends.python.triton_model_config import ModelConfig
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
@@ -60,10 +63,6 @@ class TritonError(Exception):
 
     def code(self) -> int:
         return self._code
-
-
-class TritonModelException(Exception):
-    """What a model raises to fail its own load or request (Triton's name for it)."""
 
 
 class Tensor:
@@ -228,6 +227,11 @@ class BlsHost:
                          decoupled: bool) -> InferenceResponse | Iterator[InferenceResponse]:
         return _no_bls()
 
+    def control(self, action: str, name: str, *args: Any) -> Any:
+        """The model loading API: ("load", name, config, files), ("unload", name, unload_dependents) or
+        ("ready", name, version); raises TritonModelException when it fails."""
+        raise TritonModelException("the model loading API is not available here: no server runs it")
+
 
 def _no_bls() -> InferenceResponse:
     return InferenceResponse(error=TritonError("BLS calls are not available here: no server runs them",
@@ -244,6 +248,19 @@ def connect(host: BlsHost) -> None:
 
 def bls_host() -> BlsHost:
     return _host
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) a model of the server, as a client's load request (explicit model control mode only)."""
+    _host.control("load", model_name, config, dict(files or {}))
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    _host.control("unload", model_name, unload_dependents)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    return bool(_host.control("ready", model_name, str(model_version)))
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
@@ -266,7 +283,13 @@ __all__ = [  # what a model.py finds in pb_utils
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "ModelConfig",
+    "MetricFamily",
+    "Metric",
     "get_input_tensor_by_name",
+    "load_model",
+    "unload_model",
+    "is_model_ready",
     "get_output_tensor_by_name",
     "Logger",
     "deserialize_bytes_tensor",

@@ -4,17 +4,20 @@ by one, and a decoupled model's responses sent to the server as they come.
 Each streamed request's responses go over the channel as ("partial", index, (response, final)), from whichever
 thread the model sends them; the batch's reply follows once every streamed request's final response is sent,
 so that no response of a batch arrives after its reply (the instance is busy until then: a decoupled model that
-sends after execute returns keeps its worker until its last response, within execute_timeout_seconds). A
-request's cancellation is not seen in the worker: is_cancelled() is False there.
+sends after execute returns keeps its worker until its last response, within execute_timeout_seconds).
 
-A BLS call (`exec`, `async_exec`) goes to the server as ("call", request) while the batch runs; the server runs
-it through its data plane and sends ("answer", responses) back (isolated.WorkerProcess.call). One call at a
-time per worker; `async_exec` waits for its answer as `exec` does.
+A BLS call (`exec`, `async_exec`) goes to the server as ("call", ("bls", request)) while the batch runs; the server
+runs it through its data plane and sends ("answer", responses) back (isolated.WorkerProcess.call). A streamed
+request's `is_cancelled()` asks the same way, ("call", ("cancelled", index)), until the server says yes (at most
+once per CANCEL_POLL_S: a round trip costs far more than the in-process flag's read, and models poll it in loops),
+and so does the model loading API, ("call", ("control", action, name, ...)), answered ("ok", value) or ("error",
+message). One call at a time per worker; `async_exec` waits for its answer as `exec` does.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,7 @@ from modelhost.backends.python.channel import Channel
 from modelhost.errors import ModelhostError
 
 Outputs = dict[str, np.ndarray]
+CANCEL_POLL_S = 0.005  # how stale a worker's "not cancelled" may be
 
 
 def portable(item: Outputs | ModelhostError | None) -> Any:
@@ -32,15 +36,25 @@ def portable(item: Outputs | ModelhostError | None) -> Any:
 
 
 class _Stream:
-    """One streamed request's responses, sent to the server (`PartialAnswers`'s part the model uses)."""
+    """One streamed request's responses, sent to the server (`PartialAnswers`'s part the model uses), and whether
+    its client went away (asked of the server, until it says yes)."""
 
-    cancelled = False
-
-    def __init__(self, channel: Channel, lock: threading.Lock, index: int) -> None:
+    def __init__(self, channel: Channel, lock: threading.Lock, index: int, server: WorkerBls) -> None:
         self._channel = channel
         self._lock = lock
         self._index = index
+        self._server = server
+        self._cancelled = False
+        self._next_ask = 0.0
         self.done = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        # A round trip costs about 130 µs: a model that polls in a tight loop asks once per CANCEL_POLL_S.
+        if not self._cancelled and not self.done.is_set() and time.monotonic() >= self._next_ask:
+            self._cancelled = bool(self._server.ask(("cancelled", self._index)))
+            self._next_ask = time.monotonic() + CANCEL_POLL_S
+        return self._cancelled
 
     def put(self, answer: tuple[Outputs | ModelhostError | None, bool], size: int, last: bool = False) -> None:
         item, final = answer
@@ -61,16 +75,27 @@ class WorkerBls(pb.BlsHost):
     def call(self, request: pb.InferenceRequest, decoupled: bool) -> Any:
         wire = (request.model_name, request.model_version, request.request_id(), request.requested_output_names(),
                 {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}, decoupled, request.parameters())
-        with self._call_lock:
-            with self._send_lock:
-                self._channel.send(("call", wire))
-            kind, answers = self._channel.receive()
-        assert kind == "answer", f"expected the server's answer, got {kind!r}"
-        responses = [response_from_wire(answer) for answer in answers]
+        responses = [response_from_wire(answer) for answer in self.ask(("bls", wire))]
         return iter(responses) if decoupled else responses[0]
 
     async def call_async(self, request: pb.InferenceRequest, decoupled: bool) -> Any:
         return self.call(request, decoupled)
+
+    def control(self, action: str, name: str, *args: Any) -> Any:
+        """The model loading API, run by the server: its answer, or its error raised here."""
+        status, value = self.ask(("control", action, name, *args))
+        if status != "ok":
+            raise pb.TritonModelException(value)
+        return value
+
+    def ask(self, what: tuple[Any, ...]) -> Any:
+        """Ask the server (a BLS call, or whether a request is cancelled) while the batch runs: its answer."""
+        with self._call_lock:
+            with self._send_lock:
+                self._channel.send(("call", what))
+            kind, answer = self._channel.receive()
+        assert kind == "answer", f"expected the server's answer, got {kind!r}"
+        return answer
 
 
 def response_to_wire(response: pb.InferenceResponse) -> tuple[Any, ...]:
@@ -90,8 +115,9 @@ def execute_requests(model: Any, channel: Channel, inputs: list[Outputs], output
                      streams: list[bool], identities: list[tuple[str, dict[str, Any]]]) -> tuple[Any, ...]:
     """Run a "requests" message on a TritonUserModel: ("ok", each request's outputs or portable error)."""
     lock = threading.Lock()
-    pb.connect(WorkerBls(channel, lock))
-    senders = [_Stream(channel, lock, index) if streamed else None for index, streamed in enumerate(streams)]
+    server = WorkerBls(channel, lock)
+    pb.connect(server)
+    senders = [_Stream(channel, lock, index, server) if streamed else None for index, streamed in enumerate(streams)]
     try:
         calls = [(request, sender, *who) for request, sender, who in zip(inputs, senders, identities, strict=True)]
         results = model.execute_requests(calls, outputs)

@@ -112,7 +112,7 @@ def execute_error(spec: UserCodeSpec, exc: BaseException) -> ExecuteError:
 def load_user_model(spec: UserCodeSpec) -> UserModel | TritonUserModel:
     """Import model.py, construct its Model and run initialize(args); raises UserCodeError. A model.py written
     for Triton's Python backend (`class TritonPythonModel`, no `Model`) loads as a TritonUserModel."""
-    module = _import(spec)
+    module = import_model(spec)
     try:
         model_class = getattr(module, "Model", None)
         triton_class = getattr(module, "TritonPythonModel", None)
@@ -134,7 +134,7 @@ def load_user_model(spec: UserCodeSpec) -> UserModel | TritonUserModel:
     return UserModel(spec, instance)
 
 
-def _import(spec: UserCodeSpec) -> ModuleType:
+def import_model(spec: UserCodeSpec) -> ModuleType:
     triton_utils.install()  # a Triton model.py imports triton_python_backend_utils at its top
     try:
         return import_user_module(Path(spec.path), spec.module_name)
