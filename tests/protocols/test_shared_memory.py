@@ -7,6 +7,7 @@ shrunk after registration). One server with --allow-client-shm for the module; t
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -311,6 +312,22 @@ def test_malformed_region_parameters(server: ServerProcess, parameters: dict[str
         answer = requests.post(f"{server.base}/v2/models/simple/infer", json=body, timeout=10)
         assert answer.status_code == 400
         assert problem in answer.json()["error"]
+
+
+def test_an_input_with_data_and_a_region_is_refused(server: ServerProcess) -> None:
+    # Triton refuses an input that names a region and carries data too, rather than pick one.
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": TENSOR_BYTES}
+    other = {"name": "INPUT1", "datatype": "FP32", "shape": [BATCH, WIDTH], "data": [0.0] * (BATCH * WIDTH)}
+    json_data = {"inputs": [{**other, "name": "INPUT0", "parameters": region}, other]}
+    answer = requests.post(f"{server.base}/v2/models/simple/infer", json=json_data, timeout=10)
+    assert answer.status_code == 400 and "also carries data" in answer.json()["error"]
+
+    header = json.dumps({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [BATCH, WIDTH],
+         "parameters": {**region, "binary_data_size": TENSOR_BYTES}}, other]}).encode()
+    answer = requests.post(f"{server.base}/v2/models/simple/infer", data=header + bytes(TENSOR_BYTES), timeout=10,
+                           headers={"Inference-Header-Content-Length": str(len(header))})
+    assert answer.status_code == 400 and "also carries data" in answer.json()["error"]
 
 
 def test_unregister_while_a_request_holds_its_view(server: ServerProcess, http: httpclient.InferenceServerClient,

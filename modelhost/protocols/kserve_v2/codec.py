@@ -62,7 +62,13 @@ def decode_infer_request(
             raise invalid(f"input '{name}' appears twice in the request")
         budget.take(f"input '{name}'", shape)
         size = parameters.get("binary_data_size")
-        if size is not None:
+        if "shared_memory_region" in parameters:
+            from modelhost.protocols.kserve_v2 import shm_tensors  # a rare path: imported when used
+
+            if size is not None or "data" in entry:
+                raise shm_tensors.data_and_region(name)
+            inputs[name] = shm_tensors.input_from_region(regions, name, datatype, shape, parameters)
+        elif size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise invalid(f"input '{name}': binary_data_size must be a non-negative integer, "
                               f"got {client_value(size)}")
@@ -75,10 +81,6 @@ def decode_infer_request(
             offset += size
         elif "data" in entry:
             inputs[name] = tensor_from_json(name, datatype, shape, entry["data"], limits.max_json_depth)
-        elif "shared_memory_region" in parameters:
-            from modelhost.protocols.kserve_v2 import shm_tensors  # a rare path: imported when used
-
-            inputs[name] = shm_tensors.input_from_region(regions, name, datatype, shape, parameters)
         else:
             raise invalid(f"input '{name}' has neither 'data' nor a binary_data_size parameter")
     if offset != len(body):

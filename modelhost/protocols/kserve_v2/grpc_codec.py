@@ -107,6 +107,8 @@ def decode_infer_request(message: ModelInferRequest, limits: RequestLimits = DEF
         if may_be_placed and tensor.parameters and _REGION in tensor.parameters:
             from modelhost.protocols.kserve_v2 import shm_tensors  # a rare path: imported when used
 
+            if tensor.HasField("contents"):
+                raise shm_tensors.data_and_region(name)
             parameters = parameters_from_proto(tensor.parameters, f"input '{name}'")
             inputs[name] = shm_tensors.input_from_region(regions, name, datatype, shape, parameters)
             placed += 1

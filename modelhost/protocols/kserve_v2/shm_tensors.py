@@ -46,6 +46,12 @@ def placement(parameters: Mapping[str, Any], where: str) -> tuple[str, int, int]
     return region, numbers[0], numbers[1]
 
 
+def data_and_region(name: str) -> ModelhostError:
+    """An input that names a region and also carries its data: Triton refuses it rather than pick one."""
+    return invalid(f"input '{name}' names a shared memory region ({REGION}) and also carries data; "
+                   "send its data in one place")
+
+
 def input_from_region(regions: SharedMemory | None, name: str, datatype: str, shape: tuple[int, ...],
                       parameters: Mapping[str, Any]) -> np.ndarray:
     """The input's tensor as a read-only view of its region; the caller has checked `shape` (ElementBudget)."""
