@@ -34,16 +34,17 @@ _SSE = b"text/event-stream; charset=utf-8"
 
 def routes(dataplane: DataPlane) -> list[Route]:
     async def generate(request: HttpRequest) -> HttpResponse:
-        bodies = []
+        bodies: list[dict[str, Any]] = []
         async with aclosing(dataplane.stream(_request(dataplane, request))) as answers:
             async for response, _final in answers:
                 if isinstance(response, ModelhostError):
                     raise response
                 if response.outputs:
+                    if bodies:  # stop at the second: the model's stream is closed (cancelled), not collected
+                        raise _not_one(request, "more than one response")
                     bodies.append(_body(response))
-        if len(bodies) != 1:
-            raise invalid(f"model '{request.params['model']}' sent {len(bodies)} responses to the request; "
-                          "generate answers exactly one (generate_stream answers any number)")
+        if not bodies:
+            raise _not_one(request, "no response")
         return json_response(bodies[0])
 
     async def generate_stream(request: HttpRequest) -> HttpResponse:
@@ -65,6 +66,11 @@ def routes(dataplane: DataPlane) -> list[Route]:
         Route("POST", _MODEL + "/generate", generate, Api.INFERENCE),
         Route("POST", _MODEL + "/generate_stream", generate_stream, Api.INFERENCE),
     ]
+
+
+def _not_one(request: HttpRequest, what: str) -> ModelhostError:
+    return invalid(f"model '{request.params['model']}' sent {what} to the request; generate answers exactly one "
+                   "(generate_stream answers any number)")
 
 
 def _request(dataplane: DataPlane, request: HttpRequest) -> InferRequest:
