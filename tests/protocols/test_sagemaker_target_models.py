@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 
+from modelhost.core.cache_memory import PEAK_OVERHEAD_BYTES, PEAK_PER_FILE_BYTE
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
@@ -154,7 +155,13 @@ def test_a_model_a_request_holds_over_another_protocol_is_not_evicted(tmp_path: 
     async def scenario() -> None:
         h = Harness(tmp_path)
         await h.infer("model-0.tar.gz")
-        h.cache.budget_bytes = h.cache.used_bytes + WIDTH  # no room for a second model
+        # Room for one model, not two: the larger of the first's measured memory and the second's expected peak
+        # (its files are the first's size), whichever the process's memory noise made larger, plus a slack far
+        # below either (both are over 1 MiB) for what the process holds once the first is evicted.
+        fetched = h.models.get("model-0.tar.gz").fetched
+        assert fetched is not None
+        expected = fetched.disk_bytes * PEAK_PER_FILE_BYTE + PEAK_OVERHEAD_BYTES
+        h.cache.budget_bytes = max(h.cache.used_bytes, expected) + (256 << 10)
         served = h.manager.hold(h.models.get("model-0.tar.gz").served["model"])
         with pytest.raises(ModelhostError) as caught:
             await h.infer("model-1.tar.gz")
