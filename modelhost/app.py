@@ -35,7 +35,7 @@ from modelhost.core.spare_cores import FILE_NAME as SPARE_CORES_FILE
 from modelhost.core.spare_cores import SpareCores
 from modelhost.core.trace import Tracer
 from modelhost.core.trace_setup import make_tracer
-from modelhost.core.worker_statistics import WorkerStatistics
+from modelhost.core.worker_statistics import StatisticsPeers, WorkerStatistics
 from modelhost.embeddings.store import StoreSettings, configure_store, shared_store
 from modelhost.embeddings.watcher import TableWatcher
 from modelhost.errors import ModelhostError, hide_paths_under
@@ -88,9 +88,11 @@ class Server:
     """One modelhost server; `build_asgi()` gives the ASGI app, `run()` serves it (and gRPC) until a signal."""
 
     def __init__(self, settings: ServerSettings, tfserving: TfServingSetup | None = None,
-                 torchserve: TorchServeSetup | None = None) -> None:
+                 torchserve: TorchServeSetup | None = None, peers: StatisticsPeers | None = None) -> None:
         """`tfserving`: serve as `modelhost tfserving` does, its model list instead of a repository; `torchserve`:
-        as `modelhost torchserve`, the models registered with its APIs."""
+        as `modelhost torchserve`, the models registered with its APIs. `peers`: the other processes serving the
+        same models (a Ray Serve deployment's replicas), whose statistics and metrics answers add up with this
+        one's; --workers' are found without it."""
         self.settings = settings
         self.tfserving_setup = tfserving
         self.torchserve_setup = torchserve
@@ -160,11 +162,13 @@ class Server:
             else TokenKeys(Path.cwd(), torchserve.config.token_expiration_min)
         self.worker_statistics = (WorkerStatistics(Path(settings.workers_dir), settings.worker_index, settings.workers)
                                   if settings.workers > 1 and settings.workers_dir else None)
-        if self.worker_statistics is not None:
-            self.dataplane.sum_statistics_with(self.worker_statistics)
+        self.peers = peers or self.worker_statistics
+        if self.peers is not None:
+            self.dataplane.sum_statistics_with(self.peers)
         self.archives = archives  # a multi-model endpoint's TargetModel archives
         # A multi-model endpoint: every model in memory is within the cache's budget.
-        self.cache = ModelCache(self.manager, settings.model_cache_bytes) if settings.multi_model else None
+        self.cache = (ModelCache(self.manager, settings.model_cache_bytes)
+                      if settings.multi_model or settings.models_on_demand else None)
         if self.cache is not None:
             self.manager.set_budget(self.cache)
         self.metrics = MetricsExporter(self.manager.served, self.in_flight, self.cache)
@@ -309,7 +313,7 @@ class Server:
                                  self.layout, self.root, self.work_dir, self.code_policy, self.http_access)
 
     def _metrics_front_end(self) -> MetricsFrontEnd:
-        return MetricsFrontEnd(self.metrics, self.settings.metrics_port, self.http_access, self.worker_statistics)
+        return MetricsFrontEnd(self.metrics, self.settings.metrics_port, self.http_access, self.peers)
 
     def front_end(self, name: str) -> FrontEnd:
         """The front-end of that name (e.g. "SageMaker"), when its port is set."""

@@ -238,6 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("perf", add_help=False,
                         help="load a model on any KServe V2 server: latency and throughput by load, with a report "
                              "(modelhost perf --help)")
+    commands.add_parser("ray", add_help=False,
+                        help="serve on a Ray Serve cluster, each model's requests routed to a replica that holds it "
+                             "(modelhost ray --help)")
     commands.add_parser("tune", add_help=False,
                         help="find a model's configuration that serves the most within a p99 budget, on a running "
                              "server (modelhost tune --help)")
@@ -319,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         from modelhost.tune.command import main as tune_main
 
         return tune_main(argv[1:])
+    if argv[:1] == ["ray"]:
+        from modelhost.ray_serve.command import main as ray_main
+
+        return ray_main(argv[1:])
     return run(modelhost_settings(argv, os.environ), unused_variables(os.environ))
 
 

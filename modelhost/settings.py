@@ -199,6 +199,9 @@ class ServerSettings:
     cache_dir: Path = _default_cache_dir()
     sagemaker_port: int = 8080
     multi_model: bool = False
+    # A Ray Serve replica's (`modelhost ray`): a local repository's models load when a request first names one,
+    # within model_cache_bytes, as a multi-model endpoint's archives do. No flag sets it.
+    models_on_demand: bool = False
     model_cache_bytes: int = field(default_factory=_default_model_cache_bytes)
     max_unpacked_bytes: int = 16 * GIB
     unpacked_cache_bytes: int = 0

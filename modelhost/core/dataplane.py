@@ -18,7 +18,7 @@ from modelhost.core.served_model import ServedModel
 from modelhost.core.shared_memory import SharedMemory
 from modelhost.core.trace import INFER_RESPONSE_COMPLETE, REQUEST_END, REQUEST_START, Trace, Tracer
 from modelhost.core.trace_config import TraceStartup
-from modelhost.core.worker_statistics import WorkerStatistics, merge
+from modelhost.core.worker_statistics import StatisticsPeers, merge
 from modelhost.errors import ErrorKind, ModelhostError, client_value, invalid
 from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, ModelMetadata, RequestLimits
 
@@ -50,11 +50,12 @@ class DataPlane:
         self._version = version
         self._strict_readiness = strict_readiness
         self._started = False
-        self._workers: WorkerStatistics | None = None
+        self._workers: StatisticsPeers | None = None
 
-    def sum_statistics_with(self, workers: WorkerStatistics) -> None:
-        """Under --workers N: statistics answer for every worker (core/worker_statistics.py)."""
-        self._workers = workers
+    def sum_statistics_with(self, peers: StatisticsPeers) -> None:
+        """Under --workers N, or as a Ray Serve replica: statistics answer for every process serving the models
+        (core/worker_statistics.py)."""
+        self._workers = peers
 
     def mark_started(self) -> None:
         self._started = True

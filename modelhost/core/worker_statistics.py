@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -30,6 +30,15 @@ MAX_QUERY_BYTES = 1024
 Statistics = list[dict[str, Any]]
 DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
              "cache_miss")
+
+
+class StatisticsPeers(Protocol):
+    """The other processes serving the same models, whose counters a statistics request or a scrape adds to this
+    process's: the workers of --workers (WorkerStatistics), or a Ray Serve deployment's other replicas."""
+
+    async def gather(self, name: str, version: str) -> list[Statistics]: ...
+
+    async def gather_metrics(self) -> list[str]: ...
 
 
 class WorkerStatistics:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from modelhost.access import AccessPolicy, Api
-from modelhost.core.worker_statistics import WorkerStatistics
+from modelhost.core.worker_statistics import StatisticsPeers
 from modelhost.metrics import MetricsExporter
 from modelhost.metrics_sum import sum_expositions
 from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.http.app import HttpApp, HttpRequest, HttpResponse, Route
 
 
-def routes(exporter: MetricsExporter, workers: WorkerStatistics | None = None) -> list[Route]:
+def routes(exporter: MetricsExporter, workers: StatisticsPeers | None = None) -> list[Route]:
     content_type = exporter.content_type.encode()
 
     async def metrics(request: HttpRequest) -> HttpResponse:
@@ -29,6 +29,6 @@ class MetricsFrontEnd(FrontEnd):
     counts_in_flight = False  # a scrape is not inference work
 
     def __init__(self, exporter: MetricsExporter, port: int, access: AccessPolicy,
-                 workers: WorkerStatistics | None = None) -> None:
+                 workers: StatisticsPeers | None = None) -> None:
         self.port = port
         self.app = HttpApp(routes(exporter, workers), access=access)

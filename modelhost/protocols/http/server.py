@@ -97,7 +97,7 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, self.stop)
-        lifespans = [_Lifespan(listener.app) for listener in self.listeners]
+        lifespans = [Lifespan(listener.app) for listener in self.listeners]
         for lifespan in lifespans:
             await lifespan.startup()
         servers = []
@@ -138,7 +138,7 @@ class HttpServer:
         for lifespan in reversed(lifespans):
             await lifespan.shutdown()
 
-class _Lifespan:
+class Lifespan:
     """Runs the ASGI lifespan protocol around serving; an app without it is fine."""
 
     def __init__(self, app: ASGIApp) -> None:

@@ -1,0 +1,59 @@
+"""Ray Serve's request router for modelhost's replicas: each model's requests go to a replica that holds it,
+and a model no replica holds yet goes to the one replica its name hashes to.
+
+Ray's default router with multiplexing prefers replicas that report holding a request's model id, and sends a
+model no one reports to the replicas holding the fewest models. Reports reach the routers through the
+controller, a fraction of a second after a load begins, so a model's first requests, arriving before that, were
+spread over replicas that each loaded it (seen in tests/ray: a fifth of 50 models loaded twice with two
+replicas). Here a model's place does not wait for a report: every router ranks the replicas the same way,
+by rendezvous hashing of the model's name with each replica's id, so all of a cold model's requests meet on its
+first-ranked replica, and a replica joining or leaving moves only the models that ranked it first.
+
+Ranks, tried in order (Ray probes a rank's replicas and takes the least busy that accepts; a replica
+accepts while it has fewer than max_ongoing_requests):
+1. the replicas that hold the model (its report reached this router);
+2. then every other replica, one rank each, in the model's hash order: a model whose holders are all full
+   spills to its next-ranked replica, which loads it, so a hot model comes to be held by several replicas.
+Requests naming no model take two random replicas, the less busy first (power of two choices).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, Protocol
+
+from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+
+
+class _Replica(Protocol):
+    @property
+    def replica_id(self) -> Any: ...
+
+    @property
+    def multiplexed_model_ids(self) -> set[str]: ...
+
+
+class ModelAffinityRouter(FIFOMixin, RequestRouter):
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if pending_request is not None:
+            pending_request.routing_context.should_backoff = True  # every rank full: wait before trying again
+        model = pending_request.metadata.multiplexed_model_id if pending_request is not None else ""
+        if not model:
+            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        return affinity_ranks(model, candidate_replicas)
+
+
+def affinity_ranks(model: str, replicas: Sequence[_Replica]) -> list[list[Any]]:
+    ordered = sorted(replicas, key=lambda replica: _weight(model, replica.replica_id.unique_id), reverse=True)
+    holders = [replica for replica in ordered if model in replica.multiplexed_model_ids]
+    others = [[replica] for replica in ordered if model not in replica.multiplexed_model_ids]
+    return ([holders] if holders else []) + others
+
+
+@lru_cache(maxsize=1 << 16)
+def _weight(model: str, replica: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{model}\0{replica}".encode(), digest_size=8).digest(), "big")

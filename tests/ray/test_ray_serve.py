@@ -1,0 +1,264 @@
+"""modelhost on Ray Serve, on a local two-node Ray cluster (a head node and a second node process, both on
+127.0.0.1), started with `modelhost ray`: every HTTP protocol through Ray's proxy against onnxruntime, 50
+archives routed with model affinity, statistics and metrics summed over the replicas, bad requests answered as
+a single server answers them, a replica killed under load and 1 -> 3 -> 1 replicas under load with no failed
+request for a retrying client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import numpy as np
+import onnxruntime as ort
+import pytest
+import ray
+import requests
+import tritonclient.http as triton_http
+from botocore.config import Config
+from ray import serve
+from ray.cluster_utils import Cluster
+
+from modelhost.client import Client, RetryPolicy
+from modelhost.ray_serve.application import REPLICA_DEPLOYMENT
+from modelhost.ray_serve.command import APP_NAME, deploy, parse_flags, serve_config
+from tests.archives import weighted_model, write_archives
+from tests.server import ServerProcess, free_port
+
+WIDTH = 256 * 1024  # float32 weights: 1 MiB per model
+COUNT = 50
+BUDGET = 400 * 1024 * 1024  # per replica: every model fits, so that only routing decides where models load
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("archives")
+    write_archives(root, COUNT, WIDTH)
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
+    nodes.add_node(num_cpus=4)
+    ray.init(address=nodes.address, log_to_driver=False)
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+
+
+class RayApp:
+    """`modelhost ray` on the cluster, and what the tests need to reach and reshape it."""
+
+    def __init__(self, cluster: Cluster, archives: Path) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.argv = ["--model-repository", str(archives), "--replicas", "2", "--replica-cpus", "1",
+                     "--host", "127.0.0.1", "--http-port", str(self.port), "--model-cache-bytes", str(BUDGET)]
+        self.process = subprocess.Popen([sys.executable, "-m", "modelhost", "ray", "--address", cluster.address,
+                                         *self.argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.stdout.read() if self.process.stdout else ""
+            try:
+                if requests.get(self.base + "/v2/health/ready", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise AssertionError("modelhost ray did not become ready")
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """The live replicas (one killed a moment ago may still be asked, and answer that it died)."""
+        handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, APP_NAME)
+        answers = handle.broadcast("describe").results(timeout_s=30, return_exceptions=True)
+        return sorted((a for a in answers if not isinstance(a, Exception)), key=lambda r: r["replica"])
+
+    def resize(self, replicas: int) -> None:
+        """Deploy the same application's config with another replica count, as `serve deploy` of an edited config
+        file would: resized in place."""
+        settings, _ = parse_flags(self.argv)
+        deploy(serve_config(self.argv, settings, replicas={"num_replicas": replicas}))
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def app(cluster: Cluster, archives: Path) -> Iterator[RayApp]:
+    running = RayApp(cluster, archives)
+    try:
+        running.wait_ready()
+        yield running
+    finally:
+        running.stop()
+
+
+def row(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).random((1, WIDTH), dtype=np.float32)
+
+
+def onnxruntime_answer(model: int, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(weighted_model(float(model), WIDTH).SerializeToString())
+    return session.run(["OUTPUT0"], {"INPUT0": x})[0]
+
+
+def v2_infer(app: RayApp, model: int, x: np.ndarray) -> np.ndarray:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{app.port}")
+    given = triton_http.InferInput("INPUT0", list(x.shape), "FP32")
+    given.set_data_from_numpy(x, binary_data=True)
+    return client.infer(f"model-{model}", [given]).as_numpy("OUTPUT0")
+
+
+def test_each_model_loads_on_one_replica_and_its_requests_follow_it(app: RayApp) -> None:
+    x = row(0)
+    for model in range(COUNT):
+        for _ in range(3):
+            np.testing.assert_array_equal(v2_infer(app, model, x), x + model)
+    replicas = app.replicas()
+    assert len(replicas) == 2
+    held = [set(replica["models"]) for replica in replicas]
+    assert held[0] | held[1] == {f"model-{i}" for i in range(COUNT)}
+    assert not held[0] & held[1], "a model was loaded by both replicas"
+    assert min(len(models) for models in held) >= COUNT // 5, "one replica took almost every model"
+    assert all(replica["cache_bytes"] <= replica["cache_budget_bytes"] for replica in replicas)
+
+
+def test_statistics_and_metrics_answer_for_every_replica(app: RayApp) -> None:
+    stats = requests.get(app.base + "/v2/models/stats", timeout=30).json()["model_stats"]
+    counts = {stat["name"]: stat["inference_count"] for stat in stats}
+    assert {f"model-{i}" for i in range(COUNT)} <= set(counts)
+    assert all(counts[f"model-{i}"] >= 3 for i in range(COUNT))
+    one = requests.get(app.base + "/v2/models/model-7/stats", timeout=30).json()["model_stats"]
+    assert [stat["name"] for stat in one] == ["model-7"]
+    metrics = requests.get(app.base + "/metrics", timeout=30).text
+    loads = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith("modelhost_model_loading_seconds_count"))
+    assert loads == COUNT, "each model is loaded once across the replicas"
+
+
+def test_every_http_protocol_answers_as_onnxruntime(app: RayApp) -> None:
+    x = row(1)
+    np.testing.assert_array_equal(v2_infer(app, 3, x), onnxruntime_answer(3, x))
+    predicted = requests.post(app.base + "/v1/models/model-4:predict", json={"instances": x.tolist()}, timeout=60)
+    assert predicted.status_code == 200, predicted.text
+    np.testing.assert_allclose(np.array(predicted.json()["predictions"], np.float32), onnxruntime_answer(4, x))
+    runtime = boto3.client("sagemaker-runtime", endpoint_url=app.base, region_name="us-east-1",
+                           aws_access_key_id="local", aws_secret_access_key="local",
+                           config=Config(retries={"max_attempts": 0}))
+    answer = runtime.invoke_endpoint(EndpointName="ray", TargetModel="model-5.tar.gz", ContentType="text/csv",
+                                     Accept="text/csv", Body=",".join(str(v) for v in x[0].tolist()))
+    got = np.array([float(v) for v in answer["Body"].read().decode().strip().split(",")], np.float32)
+    np.testing.assert_allclose(got, onnxruntime_answer(5, x)[0], rtol=1e-6)
+    assert requests.get(app.base + "/ping", timeout=10).status_code == 200
+
+
+BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("POST", "/v2/models/model-7/infer", {"json": {"inputs": [{"name": "INPUT0", "datatype": "INT32",
+                                                               "shape": [1, 2], "data": [1, 2]}]}}),
+    ("POST", "/v2/models/model-7/infer", {"json": {"inputs": [{"name": "INPUT0", "datatype": "FP32",
+                                                               "shape": [1, 3], "data": [1, 2]}]}}),
+    ("POST", "/v2/models/model-7/infer", {"data": b"{not json"}),
+    ("POST", "/v2/models/model-7/infer", {"json": {"outputs": []}}),
+    ("POST", "/v2/models/no-such-model/infer", {"json": {"inputs": []}}),
+    ("POST", "/v2/models/..%2F..%2Fetc/infer", {"json": {"inputs": []}}),
+    ("GET", "/v2/models/no-such-model", {}),
+    ("POST", "/v1/models/model-7:predict", {"json": {"instances": "nope"}}),
+    ("POST", "/v1/models/no-such-model:predict", {"json": {"instances": [[1.0]]}}),
+]
+
+
+def test_bad_requests_get_what_a_single_server_answers(app: RayApp, archives: Path) -> None:
+    requests.post(app.base + "/v2/models/model-7/infer", timeout=30)  # model-7 is loaded on a replica first
+    single = ServerProcess(archives, "--multi-model", "--model-control-mode", "explicit", "--load-model", "model-7")
+    try:
+        single.wait_ready()
+        for method, path, body in BAD_REQUESTS:
+            ours = requests.request(method, app.base + path, timeout=30, **body)
+            theirs = requests.request(method, single.base + path, timeout=30, **body)
+            assert 400 <= ours.status_code < 500, (path, ours.text)
+            assert (ours.status_code, ours.json()) == (theirs.status_code, theirs.json()), path
+    finally:
+        single.stop()
+    too_large = requests.post(app.base + "/v2/models/model-7/infer", data=b"0" * (65 * 1024 * 1024), timeout=60)
+    assert too_large.status_code == 413 and "limit" in too_large.json()["error"]
+
+
+class Load:
+    """Clients sending requests for ten models until stopped, with retries, each answer checked."""
+
+    def __init__(self, app: RayApp, clients: int = 3) -> None:
+        self.answered = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._url = f"127.0.0.1:{app.port}"
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, first: int) -> None:
+        x = row(first)
+        retry = RetryPolicy(attempts=20, base_s=0.05, cap_s=1.0)
+        with Client(self._url, timeout=60, retry=retry) as client:
+            model = first
+            while not self._stop.is_set():
+                try:
+                    answer = client.infer(f"model-{model % 10}", {"INPUT0": x})["OUTPUT0"]
+                    np.testing.assert_array_equal(answer, x + model % 10)
+                    self.answered += 1
+                except Exception as exc:
+                    self.failures.append(repr(exc))
+                model += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
+
+
+def until(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_replica_killed_under_load_loses_no_request(app: RayApp) -> None:
+    before = app.replicas()
+    load = Load(app)
+    try:
+        until(lambda: load.answered > 20, "requests to be answered")
+        ray.kill(ray.get_actor(before[0]["actor"], namespace="serve"), no_restart=True)
+        until(lambda: len(ids := {r["replica"] for r in app.replicas()}) == 2 and before[0]["replica"] not in ids,
+              "the killed replica to be replaced")
+        answered = load.answered
+        until(lambda: load.answered > answered + 20, "requests to the new replicas")
+    finally:
+        load.stop()
+    assert load.failures == []
+
+
+def test_scaling_1_3_1_under_load_loses_no_request(app: RayApp) -> None:
+    load = Load(app)
+    try:
+        for replicas in (1, 3, 1):
+            app.resize(replicas)
+            until(lambda: len(app.replicas()) == replicas, f"{replicas} replicas")  # noqa: B023
+            answered = load.answered
+            until(lambda: load.answered > answered + 10, "requests after resizing")  # noqa: B023
+    finally:
+        load.stop()
+    assert load.failures == []
+    assert load.answered > 30
