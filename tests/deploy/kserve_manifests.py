@@ -34,12 +34,27 @@ ISVC_NAME = "[a-z]([-a-z0-9]*[a-z0-9])?"  # KServe's IsvcNameFmt (inference_serv
 _PORT_FLAG = re.compile(r"--(?P<flag>[a-z-]+-port)=(?P<port>\d+)")
 
 
+class StrictLoader(yaml.SafeLoader):
+    """YAML as kubectl's strict validation reads it: a key given twice in one mapping is an error."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [self.construct_object(key, deep=deep) for key, _ in node.value]
+        twice = sorted({str(key) for key in keys if keys.count(key) > 1})
+        if twice:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate field(s) {', '.join(twice)}",
+                                                    node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_all(text: str) -> list[dict[str, Any]]:
+    return [document for document in yaml.load_all(text, Loader=StrictLoader) if document is not None]
+
+
 def manifests() -> Iterator[tuple[str, dict[str, Any]]]:
     """(file name relative to deploy/kserve, document) for every YAML document there."""
     for path in sorted(MANIFESTS.rglob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if document is not None:
-                yield str(path.relative_to(MANIFESTS)), document
+        for document in load_all(path.read_text()):
+            yield str(path.relative_to(MANIFESTS)), document
 
 
 def of_kind(kind: str) -> list[dict[str, Any]]:

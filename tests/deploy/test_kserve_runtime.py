@@ -2,10 +2,10 @@
 
 The container's command and args are taken from the YAML as KServe's controller renders them (`{{.Name}}` is the
 InferenceService's name), with what a pod has and a test machine does not swapped: /mnt/models is a directory
-holding what the storage initializer would have downloaded from the example's storageUri, read-only as KServe
-mounts it; the ports are free ones; the host is 127.0.0.1. Each server is probed on the runtime's own probe
-routes and queried with tritonclient (HTTP, and gRPC on the port the example names h2c), the answers checked
-against onnxruntime, torch and numpy. One server per example, started together.
+holding what the storage initializer would have downloaded from the example's storageUri (KServe mounts it
+read-only: modelhost must write nothing there); the ports are free ones; the host is 127.0.0.1. Each server is
+probed on the runtime's own probe routes and queried with tritonclient (HTTP, and gRPC on the port the example
+names h2c), the answers checked against onnxruntime, torch and numpy. One server per example, started together.
 """
 
 from __future__ import annotations
@@ -82,22 +82,23 @@ STORAGE: dict[str, Callable[[Path], None]] = {
 }
 
 
-def _set_writable(root: Path, writable: bool) -> None:
-    for path in [root, *root.rglob("*")]:
-        path.chmod((0o755 if writable else 0o555) if path.is_dir() else (0o644 if writable else 0o444))
+def _listing(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under `root` with its size and modification time: what a write would change."""
+    return {str(path.relative_to(root)): (path.lstat().st_size, path.lstat().st_mtime_ns) for path in root.rglob("*")}
 
 
 class RuntimeProcess(ServerProcess):
     """The runtime's container for one InferenceService; `ports` maps the YAML's ports to the free ones used."""
 
-    def __init__(self, isvc_name: str, models: Path, root: Path) -> None:  # noqa: D107
+    def __init__(self, isvc_name: str, models: Path, root: Path) -> None:
         container = runtime_container()
-        self.ports = {port: free_port() for port in port_flags(container["args"]).values() if port}
-        self.port = self.ports[8080]
-        self.url = f"127.0.0.1:{self.port}"
+        flags = port_flags(container["args"])
+        self.ports = {port: free_port() for port in flags.values() if port}
+        self.port, self.grpc_port, self.metrics_port = (self.ports[flags[f"{site}-port"]]
+                                                        for site in ("http", "grpc", "metrics"))
+        self.url, self.grpc_url = f"127.0.0.1:{self.port}", f"127.0.0.1:{self.grpc_port}"
         self.base = f"http://{self.url}"
-        self.grpc_port = self.ports[8081]
-        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
+        self.models, self.files_at_start = models, _listing(models)
         self.cache_dir = None
 
         def render(text: str) -> str:
@@ -124,15 +125,12 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Runt
     examples = {isvc["metadata"]["name"] for isvc in of_kind("InferenceService")}
     assert examples == set(STORAGE), "each InferenceService example needs what its storageUri holds, here"
     started: dict[str, RuntimeProcess] = {}
-    roots = []
     try:
         for name, write_files in STORAGE.items():
             root = tmp_path_factory.mktemp(name)
             models = root / "mnt-models"
             models.mkdir()
             write_files(models)
-            _set_writable(models, False)
-            roots.append(models)
             started[name] = RuntimeProcess(name, models, root)
         for server in started.values():
             server.wait_ready(path=server.probe_url("readinessProbe"))
@@ -140,8 +138,6 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Runt
     finally:
         for server in started.values():
             server.stop()
-        for models in roots:
-            _set_writable(models, True)
 
 
 def _http_infer(server: RuntimeProcess, model: str, inputs: dict[str, np.ndarray]) -> httpclient.InferResult:
@@ -168,7 +164,7 @@ def test_probes_and_metrics_answer_on_the_runtimes_ports(servers: dict[str, Runt
     server = servers["add-sub"]
     assert requests.get(server.probe_url("livenessProbe"), timeout=5).status_code == 200
     assert requests.get(server.probe_url("readinessProbe"), timeout=5).status_code == 200
-    metrics = requests.get(f"http://127.0.0.1:{server.ports[8082]}/metrics", timeout=5)
+    metrics = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5)
     assert metrics.status_code == 200 and 'model="add-sub"' in metrics.text
 
 
@@ -218,3 +214,10 @@ def test_a_torchscript_model_directory_is_served_as_the_inference_services_name(
     result = _http_infer(servers["scaled-sum"], "scaled-sum", {"INPUT__0": a, "INPUT__1": b})
     expected = ScaledSum()(torch.from_numpy(a), torch.from_numpy(b)).numpy()
     np.testing.assert_array_equal(result.as_numpy("OUTPUT__0"), expected)
+
+
+def test_nothing_is_written_to_the_model_directory(servers: dict[str, RuntimeProcess]) -> None:
+    """KServe mounts /mnt/models read-only (and a root test run could write there anyway): checked after the
+    other tests, with the servers still up."""
+    for server in servers.values():
+        assert _listing(server.models) == server.files_at_start

@@ -8,8 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.deploy.kserve_manifests import (
+    MANIFESTS,
+    load_all,
     manifests,
     of_kind,
     port_flags,
@@ -61,6 +64,13 @@ def test_a_misspelled_or_mistyped_field_is_an_error(kind: str, break_it: Callabl
     break_it(document)
     errors = validation_errors(document)
     assert any(pointed_at in error for error in errors), errors
+
+
+def test_a_field_given_twice_is_an_error() -> None:
+    text = (MANIFESTS / "examples" / "onnx-model.yaml").read_text()
+    assert "      runtime: modelhost\n" in text
+    with pytest.raises(yaml.YAMLError, match="duplicate field.* runtime"):
+        load_all(text.replace("      runtime: modelhost\n", "      runtime: modelhost\n      runtime: other\n"))
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e["metadata"]["name"] for e in EXAMPLES])
