@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from modelhost import __version__
 from tests.deploy.kserve_manifests import (
     MANIFESTS,
     load_all,
@@ -89,6 +90,10 @@ def test_each_example_is_one_the_runtime_takes(example: dict[str, Any]) -> None:
     for port in model.get("ports", []):
         grpc = "h2c" in port["name"] or "grpc" in port["name"]
         assert port["containerPort"] == listening["grpc-port" if grpc else "http-port"], port
+    mode = example["metadata"].get("annotations", {}).get("serving.kserve.io/deploymentMode", "Standard")
+    assert mode in ("Standard", "RawDeployment", "Knative", "Serverless")
+    if mode in ("Knative", "Serverless"):  # Knative runs a container with one port
+        assert len(model.get("ports", [])) <= 1
 
 
 def test_the_runtime_listens_where_kserve_and_its_probes_expect() -> None:
@@ -103,3 +108,4 @@ def test_the_runtime_listens_where_kserve_and_its_probes_expect() -> None:
     assert int(spec["annotations"]["prometheus.kserve.io/port"]) == listening["metrics-port"]
     assert "--model-repository=/mnt/models" in container["args"]
     assert "ports" not in container  # Knative takes one port; each InferenceService chooses which
+    assert container["image"] == f"modelhost:{__version__}"  # docs/kubernetes.md's commands name this tag
