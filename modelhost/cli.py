@@ -93,6 +93,10 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--model-repository", help="model repository directory, or in multi-model mode an s3://bucket/prefix URL "
         f"(default: {repository})")
     add("--host", help=f"address to bind (default {d.host})")
+    add("--model-name", dest="default_model_name", help="the name a single model is served under when "
+        "--model-repository holds one model (a model file such as model.onnx, or a model directory) rather than a "
+        f"repository; a name in its config.pbtxt wins (default {d.default_model_name}, or "
+        "SAGEMAKER_TFS_DEFAULT_MODEL_NAME)")
     add("--http-port", type=int, help=f"KServe V2 HTTP port (default {d.http_port})")
     add("--grpc-port", type=int, help=f"KServe V2 / Triton gRPC port; 0: off (default {d.grpc_port})")
     add("--metrics-port", type=int, help=f"Prometheus metrics at /metrics; 0: off (default {d.metrics_port})")

@@ -59,6 +59,14 @@ class ServerProcess:
         self._reader = threading.Thread(target=self._read_log, daemon=True)
         self._reader.start()
 
+    def _spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        """Start `args` as the server, its log read as it comes (for subclasses with their own command line)."""
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+        self.output = ""
+        self._lines = []
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+
     def _read_log(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:

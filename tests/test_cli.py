@@ -75,6 +75,11 @@ class TestModelhostServe:
         assert modelhost_settings(["serve", "--workers", "1"], {"SAGEMAKER_TFS_INSTANCE_COUNT": "3"}).workers == 1
         assert modelhost_settings(["serve"], {"SAGEMAKER_TFS_INSTANCE_COUNT": "3"}).workers == 3
 
+    def test_model_name_flag_beats_the_default_model_name_variable(self) -> None:
+        environ = {"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "from-env"}
+        assert modelhost_settings(["serve", "--model-name", "add-sub"], environ).default_model_name == "add-sub"
+        assert modelhost_settings(["serve"], environ).default_model_name == "from-env"
+
     def test_a_bad_variable_exits_2_naming_it(self, capsys: pytest.CaptureFixture[str]) -> None:
         err = serve_error(capsys, ["serve"], {"SAGEMAKER_MULTI_MODEL": "maybe"})
         assert "SAGEMAKER_MULTI_MODEL='maybe' must be true or false" in err
