@@ -52,18 +52,14 @@ class ServerProcess:
         env = {**os.environ, **(env or {})}
         if cache_dir is not None:
             env["MODELHOST_CACHE_DIR"] = str(cache_dir)
+        self._spawn(args, env)
+
+    def _spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        """Start `args` as the server (subclasses with their own command line call it too)."""
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
         self.output = ""
         # Read the log as it comes: a server that logs more than a pipe holds would block on a full pipe.
         self._lines: list[str] = []
-        self._reader = threading.Thread(target=self._read_log, daemon=True)
-        self._reader.start()
-
-    def _spawn(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        """Start `args` as the server, its log read as it comes (for subclasses with their own command line)."""
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-        self.output = ""
-        self._lines = []
         self._reader = threading.Thread(target=self._read_log, daemon=True)
         self._reader.start()
 
