@@ -277,7 +277,7 @@ class ModelManager:
             drained = [self._retire(record, v, "unloaded", keep=True) for v in list(record.versions)]
             record.failure, record.unloaded, record.fingerprint = "", True, None
             await asyncio.gather(*(task for task in drained if task is not None))
-        await self._removed(name)
+        await self._removed(record)
         log.info("unloaded model %s", name)
         if unload_dependents:
             for composing in record.composing:
@@ -361,13 +361,19 @@ class ModelManager:
             del self._records[record.name]
         drained = [self._retire(record, v, "unloaded") for v in list(record.versions)]
         await asyncio.gather(*(task for task in drained if task is not None))
-        await self._removed(record.name, record.from_store)
+        await self._removed(record)
 
-    async def _removed(self, name: str, from_store: bool = True) -> None:
-        """A model left, drained: its budget charge and the files its store fetched for it are released."""
+    async def _removed(self, record: ModelRecord) -> None:
+        """A model left, drained: its budget charge and the files its store fetched for it are released, unless
+        it is being loaded again meanwhile (an evicted model's next request, under a new record; a load after an
+        unload, holding the record's lock): that load may be using the same fetched files, and its own unload
+        releases them."""
+        name = record.name
         if self._budget is not None:
             self._budget.removed(name)
-        if self._store is not None and from_store:
+        current = self._records.get(name)
+        loading_again = current is not None and (current is not record or record.lock.locked())
+        if self._store is not None and record.from_store and not loading_again:
             await asyncio.to_thread(self._store.release, name)
 
     # routing and reporting

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tarfile
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from modelhost.core.manager import ModelManager
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.archive_repository import ArchiveRepository
 from modelhost.store.archive_store import LocalArchiveStore, holds_only_archives, open_archive_store
@@ -221,3 +223,28 @@ def test_an_unloaded_models_copies_go_and_a_later_load_fetches_it_again(tmp_path
             await manager.stop()
 
     asyncio.run(main())
+
+
+def test_a_model_loaded_again_while_its_eviction_drains_keeps_its_files(tmp_path: Path) -> None:
+    """An evicted model's next request loads it again while the eviction still waits for a request holding the
+    old copy: the new load fetches the same unpacked files, and the eviction's end must not remove them (a
+    multi-model cache under churn: 'model file ... does not exist' on the next load)."""
+    root = tmp_path / "archives"
+    root.mkdir()
+    model_archive(root / "a.tar.gz", 2.0)
+    work = tmp_path / "work"
+
+    async def scenario() -> list[Path]:
+        manager = ModelManager(repository(root, work), cpu_count=1, default_max_batch_size=4)
+        await manager.load("a")
+        held = manager.hold("a")
+        eviction = asyncio.create_task(manager.evict("a"))
+        await asyncio.sleep(0.05)  # the eviction waits for the held request
+        await manager.load("a")  # the next request's load, under a new record
+        held.pins.release()
+        await eviction
+        files = [path for path in (work / "models" / "a").rglob("*.onnx")]
+        await manager.stop()
+        return files
+
+    assert asyncio.run(scenario()), "the reloaded model's unpacked files were removed by the old copy's eviction"
