@@ -25,7 +25,9 @@ INGRESS_DEPLOYMENT = "ModelhostIngress"
 @dataclass(frozen=True, slots=True)
 class RayOptions:
     """The application's shape on Ray. `max_replicas` above `min_replicas` turns on Ray Serve's autoscaling on
-    ongoing requests per replica (`target_ongoing_requests`); otherwise `replicas` run."""
+    ongoing requests per replica (`target_ongoing_requests`); otherwise `replicas` run. `routing`: `affinity`
+    (each model's requests to a replica holding it) or `spread` (the less busy of two random replicas, whatever
+    the model: for models that every replica can hold)."""
 
     replicas: int = 1
     min_replicas: int = 0
@@ -35,6 +37,7 @@ class RayOptions:
     replica_cpus: float = 1.0
     ingress_replicas: int = 1
     graceful_shutdown_seconds: float = 20.0
+    routing: str = "affinity"
 
     def scaling(self) -> dict[str, Any]:
         if self.max_replicas > max(self.min_replicas, 0) and self.max_replicas > 1:
@@ -71,12 +74,12 @@ def build_application(settings: ServerSettings, options: RayOptions) -> Any:
         name=INGRESS_DEPLOYMENT, num_replicas=options.ingress_replicas,
         max_ongoing_requests=max(1000, options.max_ongoing_requests * 16), ray_actor_options={"num_cpus": 0},
     )(serve.ingress()(IngressDeployment))
-    return ingress.bind(replica.bind(settings), settings.http_max_body_bytes)
+    return ingress.bind(replica.bind(settings), settings.http_max_body_bytes, options.routing == "affinity")
 
 
 class IngressDeployment:
-    def __init__(self, replicas: Any, max_body_bytes: int) -> None:
-        self._app = Ingress(replicas, max_body_bytes)
+    def __init__(self, replicas: Any, max_body_bytes: int, affinity: bool) -> None:
+        self._app = Ingress(replicas, max_body_bytes, affinity)
 
     def __serve_build_asgi_app__(self) -> Ingress:
         return self._app

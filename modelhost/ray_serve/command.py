@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-ongoing-requests", type=int,
         help=f"requests a replica takes at once; more wait in Ray's queues (default {d.max_ongoing_requests})")
     add("--replica-cpus", type=float, help=f"Ray CPUs each replica reserves (default {d.replica_cpus:g})")
+    add("--routing", choices=("affinity", "spread"), help="affinity: each model's requests to a replica that holds "
+        "it; spread: to the less busy of two random replicas, for models every replica can hold (default affinity)")
     add("--ingress-replicas", type=int, help=f"replicas of the ingress that routes requests (default "
         f"{d.ingress_replicas})")
     add_serve_flags(parser, ServerSettings(), "the built-in example repository")

@@ -20,12 +20,14 @@ RETRY_AFTER_S = b"1"
 
 
 class Ingress:
-    """An ASGI app over the replicas' DeploymentHandle. `max_body_bytes`: the largest body it forwards."""
+    """An ASGI app over the replicas' DeploymentHandle. `max_body_bytes`: the largest body it forwards.
+    `affinity`: route by the model a request names (else every request to any replica)."""
 
-    def __init__(self, replicas: Any, max_body_bytes: int) -> None:
+    def __init__(self, replicas: Any, max_body_bytes: int, affinity: bool = True) -> None:
         self._replicas = replicas
         self._streaming = replicas.options(stream=True)
         self._max_body_bytes = max_body_bytes
+        self._affinity = affinity
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -54,7 +56,7 @@ class Ingress:
             await _send(send, _failure(exc))
 
     def _handle(self, handle: Any, named: Any) -> Any:
-        return handle if named is None else handle.options(multiplexed_model_id=named.key)
+        return handle if named is None or not self._affinity else handle.options(multiplexed_model_id=named.key)
 
     async def _body(self, receive: Any) -> bytes | None:
         chunks: list[bytes] = []

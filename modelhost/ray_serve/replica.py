@@ -45,6 +45,8 @@ class ModelhostReplica:
                                            else None)
         self._metrics = HttpApp(prometheus.routes(self.server.metrics, peers), access=self.server.http_access)
         self._loads: dict[str, asyncio.Task[None]] = {}
+        self._found = 0  # requests naming a model that was ready here when they came
+        self._missed = 0  # and those that waited for it to load
         self._lifespan = Lifespan(self._app)
         await self._lifespan.startup()
         await self._until_started()
@@ -73,14 +75,15 @@ class ModelhostReplica:
         return self.replica_id, self.server.metrics.render().decode()
 
     async def describe(self) -> dict[str, Any]:
-        """This replica, for operators and tests: its id, its Ray actor's name, the models it holds and the
-        bytes its model cache charges for them."""
+        """This replica, for operators and tests: its id, its Ray actor's name, the models it holds, the bytes
+        its model cache charges for them, and how many requests found their model here or waited for a load."""
         import ray
 
         cache = self.server.cache
         return {"replica": self.replica_id, "actor": ray.get_runtime_context().get_actor_name(),
                 "models": sorted(self._held_models()), "cache_bytes": cache.used_bytes if cache else 0,
-                "cache_budget_bytes": cache.budget_bytes if cache else 0}
+                "cache_budget_bytes": cache.budget_bytes if cache else 0, "found": self._found,
+                "missed": self._missed}
 
     async def __del__(self) -> None:
         """Ray Serve's graceful shutdown: called once the requests this replica accepted are answered."""
@@ -98,7 +101,9 @@ class ModelhostReplica:
         """Load `name` unless it is ready here; concurrent requests for it wait for the same load. A model that
         fails to load, or does not exist, is left to the protocol to answer for in its own words."""
         if self._is_ready(name):
+            self._found += 1
             return
+        self._missed += 1
         load = self._loads.get(name)
         if load is None:
             load = self._loads[name] = asyncio.create_task(self._load_once(name))
