@@ -213,7 +213,7 @@ def _generic_handler(service: Service, in_flight: InFlight, limit: int, access: 
     for rpc in service.rpcs:
         if isinstance(rpc, Unary):
             handlers[rpc.name] = grpc.unary_unary_rpc_method_handler(
-                _unary_behavior(rpc, in_flight, limit, access, guard))
+                unary_behavior(rpc, in_flight, limit, access, guard))
         elif isinstance(rpc, ServerStream):
             handlers[rpc.name] = grpc.unary_stream_rpc_method_handler(
                 _server_stream_behavior(rpc, in_flight, limit, access, guard))
@@ -273,8 +273,10 @@ async def _abort(context: Any, rpc_name: str, exc: Exception) -> None:
     await context.abort(STATUS[error.kind], public_message(error.message), trailers)
 
 
-def _unary_behavior(rpc: Unary, in_flight: InFlight, limit: int, access: AccessPolicy,
-                    guard: Guard | None = None) -> Callable[[bytes, Any], Awaitable[bytes]]:
+def unary_behavior(rpc: Unary, in_flight: InFlight, limit: int, access: AccessPolicy,
+                   guard: Guard | None = None) -> Callable[[bytes, Any], Awaitable[bytes]]:
+    """A unary RPC as grpc calls it: the request's bytes and the call's context (its invocation metadata; its
+    `abort` ends the call with a status) -> the response's bytes. Also run on calls forwarded by Ray Serve."""
     with_context = rpc.with_context
 
     async def behavior(data: bytes, context: grpc.aio.ServicerContext) -> bytes:

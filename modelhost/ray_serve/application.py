@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from modelhost.ray_serve.grpc_forwarding import IngressRpcs
 from modelhost.ray_serve.ingress import Ingress
 from modelhost.ray_serve.replica import ModelhostReplica
 from modelhost.settings import ServerSettings
@@ -77,9 +78,13 @@ def build_application(settings: ServerSettings, options: RayOptions) -> Any:
     return ingress.bind(replica.bind(settings), settings.http_max_body_bytes, options.routing == "affinity")
 
 
-class IngressDeployment:
+class IngressDeployment(IngressRpcs):
+    """HTTP through Ray's HTTP proxy (the ASGI app), and V2 gRPC through its gRPC proxy (IngressRpcs)."""
+
     def __init__(self, replicas: Any, max_body_bytes: int, affinity: bool) -> None:
         self._app = Ingress(replicas, max_body_bytes, affinity)
+        self._replicas = replicas
+        self._affinity = affinity
 
     def __serve_build_asgi_app__(self) -> Ingress:
         return self._app

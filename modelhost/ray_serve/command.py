@@ -24,6 +24,7 @@ import orjson
 
 from modelhost.cli import add_serve_flags
 from modelhost.ray_serve.application import REPLICA_DEPLOYMENT, RayOptions
+from modelhost.ray_serve.grpc_forwarding import SERVICER_FUNCTION
 from modelhost.settings import ServerSettings, SettingsError, resolve_settings
 
 log = logging.getLogger("modelhost.ray")
@@ -100,7 +101,11 @@ def serve_config(flags: Sequence[str], settings: ServerSettings, app_name: str =
     }
     if replicas:
         application["deployments"] = [{"name": REPLICA_DEPLOYMENT, **replicas}]
-    return {"http_options": {"host": settings.host, "port": settings.http_port}, "applications": [application]}
+    config: dict[str, Any] = {"http_options": {"host": settings.host, "port": settings.http_port},
+                              "applications": [application]}
+    if settings.grpc_port:
+        config["grpc_options"] = {"port": settings.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]}
+    return config
 
 
 def deploy(config: dict[str, Any], timeout: float = START_TIMEOUT_S) -> None:
@@ -111,7 +116,7 @@ def deploy(config: dict[str, Any], timeout: float = START_TIMEOUT_S) -> None:
     from ray.serve.schema import ServeDeploySchema
 
     schema = ServeDeploySchema.model_validate(config)
-    serve.start(http_options=config["http_options"])
+    serve.start(http_options=config["http_options"], grpc_options=config.get("grpc_options"))
     client = _get_global_client()
     assert client is not None
     client.deploy_apps(schema)

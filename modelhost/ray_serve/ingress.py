@@ -76,19 +76,27 @@ class Ingress:
 
 def _failure(exc: Exception) -> ForwardedResponse:
     """Ray's failures to reach a replica: 503 + Retry-After; anything else is a fault of ours (500, logged)."""
+    message = ray_failure(exc)
+    if message is None:
+        log.error("a forwarded request failed", exc_info=exc)
+        return _error(500, f"internal error ({type(exc).__name__}); the server log has the details")
+    response = _error(503, message)
+    response.headers.append((b"retry-after", RETRY_AFTER_S))
+    return response
+
+
+def ray_failure(exc: Exception) -> str | None:
+    """What the client is told when Ray could not get a request answered by a replica (to retry: the replica
+    died or is gone, or every queue is full); None for any other exception."""
     from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
     from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
     if isinstance(exc, (RayActorError, WorkerCrashedError, NodeDiedError, ReplicaUnavailableError,
                         DeploymentUnavailableError)):
-        response = _error(503, "the replica serving this request stopped before answering; retry")
-    elif isinstance(exc, BackPressureError):
-        response = _error(503, "every replica's queue is full; retry")
-    else:
-        log.error("a forwarded request failed", exc_info=exc)
-        return _error(500, f"internal error ({type(exc).__name__}); the server log has the details")
-    response.headers.append((b"retry-after", RETRY_AFTER_S))
-    return response
+        return "the replica serving this request stopped before answering; retry"
+    if isinstance(exc, BackPressureError):
+        return "every replica's queue is full; retry"
+    return None
 
 
 def _error(status: int, message: str) -> ForwardedResponse:

@@ -19,6 +19,7 @@ from modelhost.protocols.http.exchange import ASGIApp
 from modelhost.protocols.http.server import Lifespan
 from modelhost.ray_serve import forwarded
 from modelhost.ray_serve.forwarded import ForwardedRequest, ForwardedResponse
+from modelhost.ray_serve.grpc_forwarding import GrpcAnswer, ReplicaRpcs
 from modelhost.ray_serve.held_models import HeldModels
 from modelhost.ray_serve.peers import ReplicaPeers
 from modelhost.settings import ServerSettings
@@ -47,6 +48,7 @@ class ModelhostReplica:
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._found = 0  # requests naming a model that was ready here when they came
         self._missed = 0  # and those that waited for it to load
+        self._rpcs = ReplicaRpcs(self.server)
         self._lifespan = Lifespan(self._app)
         await self._lifespan.startup()
         await self._until_started()
@@ -63,6 +65,12 @@ class ModelhostReplica:
             await self._load(model)
         async for part in forwarded.stream(self._app_for(request.path), request):
             yield part
+
+    async def grpc_call(self, method: str, data: bytes, metadata: list[tuple[str, str]],
+                        model: str | None) -> GrpcAnswer:
+        if model is not None:
+            await self._load(model)
+        return await self._rpcs.answer(method, data, metadata)
 
     async def local_statistics(self, name: str, version: str) -> tuple[str, list[dict[str, Any]]]:
         """This replica's statistics (for a peer summing them): none for a model it does not hold."""

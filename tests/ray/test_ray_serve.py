@@ -1,5 +1,5 @@
 """modelhost on Ray Serve, on a local two-node Ray cluster (a head node and a second node process, both on
-127.0.0.1), started with `modelhost ray`: every HTTP protocol through Ray's proxy against onnxruntime, 50
+127.0.0.1), started with `modelhost ray`: every protocol through Ray's proxies against onnxruntime, 50
 archives routed with model affinity, statistics and metrics summed over the replicas, bad requests answered as
 a single server answers them, a replica killed under load and 1 -> 3 -> 1 replicas under load with no failed
 request for a retrying client."""
@@ -22,10 +22,12 @@ import onnxruntime as ort
 import pytest
 import ray
 import requests
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from botocore.config import Config
 from ray import serve
 from ray.cluster_utils import Cluster
+from tritonclient.utils import InferenceServerException
 
 from modelhost.client import Client, RetryPolicy
 from modelhost.ray_serve.application import REPLICA_DEPLOYMENT
@@ -65,9 +67,11 @@ class RayApp:
 
     def __init__(self, cluster: Cluster, archives: Path) -> None:
         self.port = free_port()
+        self.grpc_port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.argv = ["--model-repository", str(archives), "--replicas", "2", "--replica-cpus", "1",
-                     "--host", "127.0.0.1", "--http-port", str(self.port), "--model-cache-bytes", str(BUDGET)]
+                     "--host", "127.0.0.1", "--http-port", str(self.port), "--grpc-port", str(self.grpc_port),
+                     "--model-cache-bytes", str(BUDGET)]
         self.process = subprocess.Popen([sys.executable, "-m", "modelhost", "ray", "--address", cluster.address,
                                          *self.argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -153,12 +157,20 @@ def test_statistics_and_metrics_answer_for_every_replica(app: RayApp) -> None:
     assert loads == COUNT, "each model is loaded once across the replicas"
 
 
-def test_every_http_protocol_answers_as_onnxruntime(app: RayApp) -> None:
+def test_every_protocol_answers_as_onnxruntime(app: RayApp) -> None:
     x = row(1)
     np.testing.assert_array_equal(v2_infer(app, 3, x), onnxruntime_answer(3, x))
     predicted = requests.post(app.base + "/v1/models/model-4:predict", json={"instances": x.tolist()}, timeout=60)
     assert predicted.status_code == 200, predicted.text
     np.testing.assert_allclose(np.array(predicted.json()["predictions"], np.float32), onnxruntime_answer(4, x))
+    grpc_client = triton_grpc.InferenceServerClient(f"127.0.0.1:{app.grpc_port}")
+    given = triton_grpc.InferInput("INPUT0", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    np.testing.assert_array_equal(grpc_client.infer("model-6", [given]).as_numpy("OUTPUT0"), onnxruntime_answer(6, x))
+    assert grpc_client.is_model_ready("model-6") and grpc_client.get_model_metadata("model-6").name == "model-6"
+    with pytest.raises(InferenceServerException) as unknown:
+        grpc_client.infer("no-such-model", [given])
+    assert unknown.value.status() == "StatusCode.NOT_FOUND" and "no-such-model" in unknown.value.message()
     runtime = boto3.client("sagemaker-runtime", endpoint_url=app.base, region_name="us-east-1",
                            aws_access_key_id="local", aws_secret_access_key="local",
                            config=Config(retries={"max_attempts": 0}))

@@ -1,0 +1,147 @@
+"""KServe V2 / Triton gRPC through Ray Serve's gRPC proxy: its unary RPCs.
+
+Ray's gRPC proxy serves the services whose `add_..._to_server` functions its config names
+(`add_inference_service_to_server` here), and calls the ingress deployment's method of each RPC's name with the
+request. The request stays bytes (no deserializer: Ray passes what the client sent); the ingress reads the model
+it names, forwards the bytes to a replica holding that model, and the replica runs the RPC as modelhost's own
+gRPC server does (grpc_server.unary_behavior: access control, parsing, the call, its status). The status and
+trailers come back through Ray's gRPC context. Streaming RPCs (ModelStreamInfer) are not forwarded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from modelhost.protocols.grpc_server import Unary, unary_behavior
+from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
+from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
+
+SERVICE = kserve_v2_grpc.SERVICE_NAME
+SERVICER_FUNCTION = "modelhost.ray_serve.grpc_forwarding.add_inference_service_to_server"
+# RPC -> (its request, the field naming its model, whether the model must be loaded first).
+RPCS: dict[str, tuple[Any, str, bool]] = {
+    "ServerLive": (pb.ServerLiveRequest, "", False),
+    "ServerReady": (pb.ServerReadyRequest, "", False),
+    "ServerMetadata": (pb.ServerMetadataRequest, "", False),
+    "RepositoryIndex": (pb.RepositoryIndexRequest, "", False),
+    "ModelReady": (pb.ModelReadyRequest, "name", True),
+    "ModelMetadata": (pb.ModelMetadataRequest, "name", True),
+    "ModelConfig": (pb.ModelConfigRequest, "name", True),
+    "ModelInfer": (pb.ModelInferRequest, "model_name", True),
+    "ModelStatistics": (pb.ModelStatisticsRequest, "name", False),
+    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, "model_name", False),
+    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, "model_name", False),
+}
+
+
+def add_inference_service_to_server(servicer: Any, server: Any) -> None:
+    """What Ray's gRPC proxy calls to learn the service (as generated `add_*Servicer_to_server` functions do)."""
+    handlers = {name: grpc.unary_unary_rpc_method_handler(getattr(servicer, name)) for name in RPCS}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+
+def model_of(method: str, data: bytes) -> tuple[str, bool]:
+    """The model an RPC's request names ("" for none, or a request that does not parse: the replica answers
+    that) and whether it must be loaded before the call."""
+    request_type, name_field, loads = RPCS[method]
+    if not name_field:
+        return "", False
+    try:
+        return getattr(request_type.FromString(data), name_field), loads
+    except Exception:
+        return "", False
+
+
+class RawMessage(bytes):
+    """A serialized response, which Ray serializes once more by calling this."""
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - protobuf's name, which Ray calls
+        return bytes(self)
+
+
+@dataclass(slots=True)
+class GrpcAnswer:
+    body: bytes = b""
+    code: str = "OK"  # a grpc.StatusCode name
+    details: str = ""
+    trailers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class _Aborted(Exception):
+    def __init__(self, answer: GrpcAnswer) -> None:
+        self.answer = answer
+
+
+class _ForwardedContext:
+    """What unary_behavior reads of a call's context: its metadata, and `abort`."""
+
+    def __init__(self, metadata: list[tuple[str, str]]) -> None:
+        self._metadata = metadata
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return self._metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        raise _Aborted(GrpcAnswer(b"", code.name, details, [tuple(pair) for pair in trailing_metadata]))
+
+
+class ReplicaRpcs:
+    """A replica's side: the V2 service's unary RPCs, run on forwarded bytes."""
+
+    def __init__(self, server: Any) -> None:
+        service = kserve_v2_grpc.service(server.dataplane, server.control)
+        limit = server.settings.grpc_max_message_bytes
+        self._calls = {rpc.name: unary_behavior(rpc, server.in_flight, limit, server.grpc_access)
+                       for rpc in service.rpcs if isinstance(rpc, Unary) and rpc.name in RPCS}
+
+    async def answer(self, method: str, data: bytes, metadata: list[tuple[str, str]]) -> GrpcAnswer:
+        call = self._calls.get(method)
+        if call is None:
+            return GrpcAnswer(code="UNIMPLEMENTED", details=f"{method} is not served through Ray Serve")
+        try:
+            return GrpcAnswer(await call(data, _ForwardedContext(metadata)))
+        except _Aborted as aborted:
+            return aborted.answer
+
+
+class IngressRpcs:
+    """The ingress deployment's side: one method per RPC (Ray's gRPC proxy calls them by name), each forwarding
+    to a replica holding the model its request names."""
+
+    _replicas: Any
+    _affinity: bool
+
+    async def _forward(self, method: str, data: bytes, grpc_context: Any) -> RawMessage:
+        from modelhost.ray_serve.ingress import ray_failure
+
+        name, loads = model_of(method, data)
+        handle = self._replicas.options(multiplexed_model_id=name) if name and self._affinity else self._replicas
+        metadata = [(k, v) for k, v in (grpc_context.invocation_metadata() if grpc_context is not None else ())]
+        try:
+            answer: GrpcAnswer = await handle.grpc_call.remote(method, data, metadata, name if loads else None)
+        except Exception as exc:
+            message = ray_failure(exc)
+            if message is None:
+                raise
+            answer = GrpcAnswer(code="UNAVAILABLE", details=message, trailers=[("retry-after", "1")])
+        if answer.code != "OK" and grpc_context is not None:
+            grpc_context.set_code(grpc.StatusCode[answer.code])
+            grpc_context.set_details(answer.details)
+            if answer.trailers:
+                grpc_context.set_trailing_metadata(answer.trailers)
+        return RawMessage(answer.body)
+
+
+def _rpc_method(method: str) -> Any:
+    async def call(self: IngressRpcs, request: bytes, grpc_context: Any = None) -> RawMessage:
+        return await self._forward(method, request, grpc_context)
+
+    call.__name__ = method
+    return call
+
+
+for _method in RPCS:
+    setattr(IngressRpcs, _method, _rpc_method(_method))
