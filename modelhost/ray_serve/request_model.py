@@ -38,7 +38,7 @@ class NamedModel:
 def named_model(method: str, path: str, headers: Mapping[bytes, bytes]) -> NamedModel | None:
     """The model the request is for, None for a request about the server (health, metadata, index, metrics)."""
     match = _V2.fullmatch(path)
-    if match:
+    if match and not (match["name"] == "stats" and not match["rest"]):  # /v2/models/stats: every model's
         rest = match["rest"] or ""
         needs = not any(rest.endswith(suffix) for suffix in _V2_WITHOUT_LOAD)
         return NamedModel(match["name"], match["name"] if needs else None)
