@@ -6,6 +6,7 @@ request for a retrying client."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -179,6 +180,12 @@ def test_every_protocol_answers_as_onnxruntime(app: RayApp) -> None:
     got = np.array([float(v) for v in answer["Body"].read().decode().strip().split(",")], np.float32)
     np.testing.assert_allclose(got, onnxruntime_answer(5, x)[0], rtol=1e-6)
     assert requests.get(app.base + "/ping", timeout=10).status_code == 200
+    streamed = requests.post(app.base + "/v2/models/model-8/generate_stream", json={"INPUT0": x[0].tolist()},
+                             stream=True, timeout=60)
+    events = [line for line in streamed.iter_lines() if line.startswith(b"data:")]
+    assert streamed.headers["content-type"].startswith("text/event-stream") and len(events) == 1
+    np.testing.assert_allclose(np.array(json.loads(events[0][5:])["OUTPUT0"], np.float32).reshape(x.shape),
+                               onnxruntime_answer(8, x))
 
 
 BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
