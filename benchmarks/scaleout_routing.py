@@ -19,9 +19,10 @@ popularity (exponent s; `uniform` for none), served in --service-ms once its mod
 Each configuration runs max(--requests, --requests-per-replica x N) requests; the first --warmup of them fill the
 caches and are not counted. Reported: hit ratio (requests whose replica started no load for them), loads a second
 (cluster; the busiest replica), imbalance (max / mean over replicas of requests and of busy seconds: service plus
-load work), copies of the 10 most popular models at the end, latency p50 / p99 (arrival to answer, ms), and the
-backlog: seconds from the last arrival to the last answer (more than a few: the configuration is overloaded, its
-latencies grow with the run's length and mean only that).
+load work), copies of the 10 most popular models at the end, what one replica's death would orphan at the worst
+replica (the models only it holds at the end, and their share of the requests), latency p50 / p99 (arrival to
+answer, ms), and the backlog: seconds from the last arrival to the last answer (more than a few: the configuration
+is overloaded, its latencies grow with the run's length and mean only that).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ POLICIES = ("affinity", "affinity_spread", "random", "round_robin", "one_cache")
 SWEEP_REPLICAS = (4, 16, 64, 256, 1000)
 SWEEP_MODELS = (100, 1000, 10_000, 100_000)
 COLUMNS = ("policy", "replicas", "models", "zipf", "requests", "hit_ratio", "loads_per_s", "max_replica_loads_per_s",
-           "request_imbalance", "busy_imbalance", "top10_copies", "top1_copies", "p50_ms", "p99_ms", "backlog_s",
+           "request_imbalance", "busy_imbalance", "top10_copies", "top1_copies", "sole_models_max",
+           "sole_traffic_max", "p50_ms", "p99_ms", "backlog_s",
            "wall_s")
 
 
@@ -67,6 +69,7 @@ def summarize(engine: Engine) -> dict[str, float]:
     busy = np.array([r.busy for r in replicas])
     latency = np.array(engine.latency[first:]) * 1000
     copies = [sum(1 for r in replicas if m in r.lru) for m in range(min(10, len(work.sizes)))]
+    sole, sole_traffic = sole_copies(engine)
     return {
         "requests": len(latency),
         "hit_ratio": float(np.mean(engine.hit[first:])),
@@ -76,10 +79,26 @@ def summarize(engine: Engine) -> dict[str, float]:
         "busy_imbalance": float(busy.max() / max(busy.mean(), 1e-9)),
         "top10_copies": float(np.mean(copies)),
         "top1_copies": float(copies[0]),
+        "sole_models_max": float(sole),
+        "sole_traffic_max": sole_traffic,
         "p50_ms": float(np.percentile(latency, 50)),
         "p99_ms": float(np.percentile(latency, 99)),
         "backlog_s": float(max(engine.latency[i] + work.arrival[i] for i in range(first, len(work.arrival))) - end),
     }
+
+
+def sole_copies(engine: Engine) -> tuple[int, float]:
+    """What one replica's death orphans, at the worst replica: the models only it holds at the end, and the share
+    of the measured requests that asked for them (each would miss until its model is loaded elsewhere)."""
+    holders = np.zeros(len(engine.work.sizes), dtype=np.int64)
+    for replica in engine.replicas:
+        holders[list(replica.lru)] += 1
+    asked = np.bincount(engine.work.model[engine.work.measured_from:], minlength=len(holders))
+    worst = (0, 0.0)
+    for replica in engine.replicas:
+        alone = [m for m in replica.lru if holders[m] == 1]
+        worst = max(worst, (len(alone), float(asked[alone].sum() / asked.sum())))
+    return worst
 
 
 def run_config(args: argparse.Namespace, replicas: int, models: int, zipf: float | None) -> list[dict[str, object]]:
@@ -102,11 +121,35 @@ def run_config(args: argparse.Namespace, replicas: int, models: int, zipf: float
 
 
 def format_row(row: dict[str, object]) -> str:
-    cells = []
-    for column in COLUMNS:
+    cells = [f"{row['policy']!s:<15}"]
+    for column in COLUMNS[1:]:
         value = row[column]
         cells.append(f"{value:>9.3f}" if isinstance(value, float) else f"{value!s:>9}")
     return " ".join(cells)
+
+
+def markdown(rows: list[dict[str, object]]) -> str:
+    """One line per configuration, the policies side by side: the table docs/scale-out.md shows."""
+    by: dict[tuple[object, object, object], dict[object, dict[str, object]]] = {}
+    for row in rows:
+        by.setdefault((row["replicas"], row["models"], row["zipf"]), {})[row["policy"]] = row
+    lines = ["| replicas | models | Zipf | hit ratio: affinity / spread / random / one cache | loads/s: affinity / "
+             "random / one cache | busiest replica loads/s: affinity / random | imbalance, affinity: requests / "
+             "busy | p99 ms: affinity / spread / round-robin |", "|" + " --- |" * 8]
+    for (replicas, models, zipf), cells in by.items():
+        lines.append(" | ".join((
+            f"| {replicas}", f"{models:,}", str(zipf),
+            side_by_side(cells, ("affinity", "affinity_spread", "random", "one_cache"), "hit_ratio", ".3f"),
+            side_by_side(cells, ("affinity", "random", "one_cache"), "loads_per_s", ".0f"),
+            side_by_side(cells, ("affinity", "random"), "max_replica_loads_per_s", ".1f"),
+            side_by_side(cells, ("affinity",), "request_imbalance", ".2f") + " / "
+            + side_by_side(cells, ("affinity",), "busy_imbalance", ".2f"),
+            side_by_side(cells, ("affinity", "affinity_spread", "round_robin"), "p99_ms", ".0f") + " |")))
+    return "\n".join(lines)
+
+
+def side_by_side(cells: dict[object, dict[str, object]], policies: tuple[str, ...], column: str, form: str) -> str:
+    return " / ".join(format(cells[p][column], form) if column in cells.get(p, {}) else "-" for p in policies)
 
 
 def parse_zipf(text: str) -> float | None:
@@ -137,6 +180,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the rows here")
     p.add_argument("--csv", type=Path, help="also write the rows here")
+    p.add_argument("--markdown", action="store_true", help="end with the policies side by side, as a Markdown table")
     return p
 
 
@@ -144,7 +188,7 @@ def main() -> int:
     args = parser().parse_args()
     if args.sweep:
         args.replicas, args.models = list(SWEEP_REPLICAS), list(SWEEP_MODELS)
-    print(" ".join(f"{c[:9]:>9}" for c in COLUMNS), flush=True)
+    print(f"{COLUMNS[0]:<15} " + " ".join(f"{c[:9]:>9}" for c in COLUMNS[1:]), flush=True)
     rows = []
     for replicas in args.replicas:
         for models in args.models:
@@ -152,6 +196,8 @@ def main() -> int:
                 for row in run_config(args, replicas, models, zipf):
                     print(format_row(row), flush=True)
                     rows.append(row)
+    if args.markdown:
+        print(markdown(rows))
     if args.json:
         args.json.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "rows": rows},
                                         indent=1))

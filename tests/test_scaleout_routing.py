@@ -82,10 +82,12 @@ def test_command_writes_its_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "rows.json"
     monkeypatch.setattr(sys, "argv", ["scaleout_routing.py", "--replicas", "2", "--models", "30", "--zipf", "uniform",
-                                      "--requests", "400", "--json", str(out), "--csv", str(tmp_path / "rows.csv")])
+                                      "--requests", "400", "--json", str(out), "--csv", str(tmp_path / "rows.csv"),
+                                      "--markdown"])
     assert scaleout_routing.main() == 0
     rows = json.loads(out.read_text())["rows"]
     assert [row["policy"] for row in rows] == list(POLICIES)
     assert all(row["zipf"] == "uniform" and row["requests"] == 200 for row in rows)
     assert len((tmp_path / "rows.csv").read_text().splitlines()) == len(POLICIES) + 1
-    assert "round_robin" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "round_robin" in printed and "\n| 2 | 30 | uniform | " in printed
