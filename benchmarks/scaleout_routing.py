@@ -3,12 +3,12 @@
     python benchmarks/scaleout_routing.py                      # 4 replicas x 10-model budgets, 200 models
     python benchmarks/scaleout_routing.py --sweep --json scaleout.json --csv scaleout.csv   # 4..1000 x 100..100k
 
-N replicas, each a byte-budgeted LRU model cache (modelhost/core/model_cache.py's policy: benchmarks/
-scaleout_sim.py says how it is simulated) with max_ongoing_requests slots; M models of lognormal sizes (median
---median-mb, --sigma; seeded); Poisson requests at --rate-per-replica x N a second, each for a model drawn by Zipf
-popularity (exponent s; `uniform` for none), served in --service-ms once its model is loaded; a load costs
---load-base-s + size / --bandwidth-mbps. The per-replica budget is --budget-models x the models' mean size
-(or --budget-mb). Policies:
+N replicas, each a byte-budgeted LRU model cache (modelhost/core/model_cache.py's policy:
+benchmarks/scaleout_sim.py says how it is simulated) with max_ongoing_requests slots; M models of lognormal sizes
+(median --median-mb, --sigma; seeded; truncated at half a replica's budget); Poisson requests at --rate-per-replica
+x N a second, each for a model drawn by Zipf popularity (exponent s; `uniform` for none), served in --service-ms
+once its model is loaded; a load costs --load-base-s + size / --bandwidth-mbps. The per-replica budget is
+--budget-models x the models' mean size (or --budget-mb). Policies:
   affinity     Ray Serve's model-multiplexing router (benchmarks/scaleout_ray_router.py states its rules and
                the Ray source they come from), each replica's cache byte-budgeted as modelhost's
   affinity_spread  the same, but a request no reporting replica can take goes to any replica (power of two
@@ -19,10 +19,10 @@ popularity (exponent s; `uniform` for none), served in --service-ms once its mod
 Each configuration runs max(--requests, --requests-per-replica x N) requests; the first --warmup of them fill the
 caches and are not counted. Reported: hit ratio (requests whose replica started no load for them), loads a second
 (cluster; the busiest replica), imbalance (max / mean over replicas of requests and of busy seconds: service plus
-load work), copies of the 10 most popular models at the end, what one replica's death would orphan at the worst
-replica (the models only it holds at the end, and their share of the requests), latency p50 / p99 (arrival to
-answer, ms), and the backlog: seconds from the last arrival to the last answer (more than a few: the configuration
-is overloaded, its latencies grow with the run's length and mean only that).
+load work), copies of the 10 most popular models when the last request arrives, what one replica's death would
+orphan then at the worst replica (the models only it holds, and their share of the requests), latency p50 / p99
+(arrival to answer, ms), and the backlog: seconds from the last arrival to the last answer (more than a few: the
+configuration is overloaded, its latencies grow with the run's length and mean only that).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def summarize(engine: Engine) -> dict[str, float]:
     requests = np.array([r.requests for r in replicas], dtype=np.float64)
     busy = np.array([r.busy for r in replicas])
     latency = np.array(engine.latency[first:]) * 1000
-    copies = [sum(1 for r in replicas if m in r.lru) for m in range(min(10, len(work.sizes)))]
+    copies = [sum(1 for held in engine.held_at_end if m in held) for m in range(min(10, len(work.sizes)))]
     sole, sole_traffic = sole_copies(engine)
     return {
         "requests": len(latency),
@@ -88,15 +88,16 @@ def summarize(engine: Engine) -> dict[str, float]:
 
 
 def sole_copies(engine: Engine) -> tuple[int, float]:
-    """What one replica's death orphans, at the worst replica: the models only it holds at the end, and the share
+    """What one replica's death orphans, at the worst replica: the models only it holds when the last request
+    arrives, and the share
     of the measured requests that asked for them (each would miss until its model is loaded elsewhere)."""
     holders = np.zeros(len(engine.work.sizes), dtype=np.int64)
-    for replica in engine.replicas:
-        holders[list(replica.lru)] += 1
+    for held in engine.held_at_end:
+        holders[list(held)] += 1
     asked = np.bincount(engine.work.model[engine.work.measured_from:], minlength=len(holders))
     worst = (0, 0.0)
-    for replica in engine.replicas:
-        alone = [m for m in replica.lru if holders[m] == 1]
+    for held in engine.held_at_end:
+        alone = [m for m in held if holders[m] == 1]
         worst = max(worst, (len(alone), float(asked[alone].sum() / asked.sum())))
     return worst
 
@@ -106,7 +107,7 @@ def run_config(args: argparse.Namespace, replicas: int, models: int, zipf: float
     mean_mb = args.median_mb * float(np.exp(args.sigma ** 2 / 2))
     budget = round((args.budget_mb or args.budget_models * mean_mb) * 1e6)
     work = make_workload(models, zipf, requests, args.rate_per_replica * replicas, median_mb=args.median_mb,
-                         sigma=args.sigma, cap=budget, service=args.service_ms / 1000, warmup=args.warmup,
+                         sigma=args.sigma, cap=budget // 2, service=args.service_ms / 1000, warmup=args.warmup,
                          seed=args.seed)
     cluster = Cluster(replicas, budget, args.concurrency, args.loads, args.load_base_s, args.bandwidth_mbps * 1e6,
                       args.report_lag_s)

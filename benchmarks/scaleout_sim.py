@@ -53,18 +53,21 @@ class Workload:
 def make_workload(models: int, zipf: float | None, requests: int, rate: float, *, median_mb: float = 100.0,
                   sigma: float = 1.0, cap: int = 2 ** 62, service: float = 0.01, warmup: float = 0.5,
                   seed: int = 0) -> Workload:
-    """Sizes lognormal around median_mb, in whole bytes (capped at `cap` bytes: a model no replica can hold is
-    served by no policy),
+    """Sizes lognormal around median_mb, in whole bytes, truncated at `cap` (larger draws are drawn again: a model
+    no replica can hold is served by no policy),
     popularity Zipf(zipf) over model ids (uniform when None), Poisson arrivals at `rate`, exponential service."""
     rng = np.random.default_rng(seed)
-    sizes = np.minimum(np.round(rng.lognormal(np.log(median_mb * 1e6), sigma, models)), cap).astype(np.int64)
+    sizes = np.round(rng.lognormal(np.log(median_mb * 1e6), sigma, models))
+    while (over := sizes > cap).any():
+        sizes[over] = np.round(rng.lognormal(np.log(median_mb * 1e6), sigma, int(over.sum())))
     if zipf is None:
         model = rng.integers(0, models, requests)
     else:
         cumulative = np.cumsum(np.arange(1, models + 1, dtype=np.float64) ** -zipf)
         model = np.minimum(np.searchsorted(cumulative, rng.random(requests) * cumulative[-1]), models - 1)
     arrival = np.cumsum(rng.exponential(1.0 / rate, requests))
-    return Workload(sizes.tolist(), arrival.tolist(), model.tolist(), rng.exponential(service, requests).tolist(),
+    service_times = rng.exponential(service, requests)
+    return Workload(sizes.astype(np.int64).tolist(), arrival.tolist(), model.tolist(), service_times.tolist(),
                     int(requests * warmup))
 
 
@@ -114,6 +117,7 @@ class Engine:
         self.hit = [True] * len(work.model)
         self.placed = [-1] * len(work.model)
         self.on_change: Callable[[int, float], None] | None = None  # a replica's set of models changed
+        self.held_at_end: list[set[int]] = []  # each replica's loaded models when the last request arrived
 
     def push(self, at: float, kind: int, replica: int, item: int) -> None:
         self.seq += 1
@@ -127,6 +131,8 @@ class Engine:
             if i < count and (not events or arrival[i] <= events[0][0]):
                 route(i, arrival[i])
                 i += 1
+                if i == count:
+                    self.held_at_end = [set(r.lru) for r in self.replicas]
                 continue
             at, _, kind, replica, item = heapq.heappop(events)
             handler = handlers.get(kind)
