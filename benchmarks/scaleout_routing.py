@@ -169,7 +169,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--median-mb", type=float, default=100.0)
     p.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of model sizes (0: all the median)")
     p.add_argument("--requests", type=int, default=20_000)
-    p.add_argument("--requests-per-replica", type=int, default=100)
+    p.add_argument("--requests-per-replica", type=int, default=200)
     p.add_argument("--rate-per-replica", type=float, default=10.0, help="requests a second per replica")
     p.add_argument("--service-ms", type=float, default=10.0, help="mean service time (exponential)")
     p.add_argument("--concurrency", type=int, default=5, help="max_ongoing_requests per replica")
