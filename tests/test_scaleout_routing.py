@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks import scaleout_routing
+from benchmarks.scaleout_ray_router import MultiplexRouter
 from benchmarks.scaleout_routing import POLICIES, simulate, summarize
 from benchmarks.scaleout_sim import Cluster, Workload, make_workload
 
@@ -91,3 +92,38 @@ def test_command_writes_its_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert len((tmp_path / "rows.csv").read_text().splitlines()) == len(POLICIES) + 1
     printed = capsys.readouterr().out
     assert "round_robin" in printed and "\n| 2 | 30 | uniform | " in printed
+
+
+def test_affinity_candidates_follow_rays_multiplex_rules() -> None:
+    """request_router.py apply_multiplex_routing, as benchmarks/scaleout_ray_router.py states it."""
+    cluster = Cluster(4, budget=10 * MEDIAN)
+    router = MultiplexRouter(cluster, workload(10, 1.0, 10, rate=10.0))
+    router.view = [{1, 2}, {1}, {3, 4, 5}, {6, 7, 8}]
+    for r in range(4):
+        router.engine.replicas[r].lru.update({m: MEDIAN for m in router.view[r]})
+    router.view = [set() for _ in range(4)]
+    for r in range(4):
+        router.report(r)
+    assert router.holders[1] == [0, 1] and router.fewest() == (1,)  # replica 1 reports the fewest ids
+
+    def fresh() -> list[float]:  # a request that started routing at 0: [started, tried_first, tried_fewest, backoffs]
+        return [0.0, 0.0, 0.0, -1.0]
+
+    assert router.candidates(1, fresh(), 0.0) == [0, 1]  # first attempt: the replicas reporting the model
+    state = fresh()
+    assert router.candidates(9, state, 0.0) == (1,) and 9 in router.fallback  # nobody has it: fewest ids
+    assert router.candidates(9, fresh(), 0.0) == ()  # another request for it already fell back
+    assert router.candidates(1, state, 0.5) == (1,)  # any later attempt within the timeout: fewest ids
+    assert router.candidates(1, state, 2.0) == (1,)  # past the timeout (1 to 2 s): fewest ids once more,
+    assert router.candidates(1, state, 2.1) == (0, 1, 2, 3)  # then everyone
+    router.spread = True
+    assert router.candidates(0, fresh(), 0.0) == (0, 1, 2, 3)  # affinity_spread: nobody has it, anyone
+
+
+def test_a_request_waits_at_the_router_while_its_candidates_are_full() -> None:
+    cluster = Cluster(2, budget=10 * MEDIAN, concurrency=1)
+    router = MultiplexRouter(cluster, workload(1, None, 3, rate=1e6, service=1.0, sigma=0.0))
+    engine = router.run()
+    assert sorted(engine.placed) == [0, 0, 1] or sorted(engine.placed) == [0, 1, 1]
+    assert all(len(r.queue) == 0 for r in engine.replicas)  # never queued at a replica
+    assert max(engine.latency) > 1.0 + 0.3  # the third waited for a slot, retrying with backoff
