@@ -1,5 +1,5 @@
 """Ray Serve's model-multiplexing router, as benchmarks/scaleout_routing.py simulates it (our own code, modelled on
-ray/serve/_private/request_router/request_router.py `MultiplexMixin` and pow_2_router.py, Ray 2.x as installed).
+ray/serve/_private/request_router/request_router.py `MultiplexMixin` and pow_2_router.py, Ray 2.60.0 as installed).
 
 The rules, and where Ray has them:
 - The router knows which model ids each replica holds only from the replica's reports: the replica pushes its
