@@ -37,7 +37,6 @@ class RayOptions:
     max_ongoing_requests: int = 64
     replica_cpus: float = 1.0
     ingress_replicas: int = 1
-    graceful_shutdown_seconds: float = 20.0
     routing: str = "affinity"
 
     def scaling(self) -> dict[str, Any]:
@@ -68,7 +67,7 @@ def build_application(settings: ServerSettings, options: RayOptions) -> Any:
     replica = serve.deployment(
         name=REPLICA_DEPLOYMENT, max_ongoing_requests=options.max_ongoing_requests,
         ray_actor_options={"num_cpus": options.replica_cpus},
-        graceful_shutdown_timeout_s=options.graceful_shutdown_seconds, graceful_shutdown_wait_loop_s=0.5,
+        graceful_shutdown_timeout_s=settings.graceful_shutdown_seconds, graceful_shutdown_wait_loop_s=0.5,
         health_check_period_s=2.0, request_router_config={"request_router_class": ROUTER_CLASS},
         **options.scaling())(ModelhostReplica)
     ingress = serve.deployment(

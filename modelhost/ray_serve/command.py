@@ -35,6 +35,7 @@ IMPORT_PATH = "modelhost.ray_serve.application:app_builder"
 # Variables each replica reads as the server reads them; passed in the application's runtime environment.
 FORWARDED_VARIABLES = ("MODELHOST_", "SAGEMAKER_")
 START_TIMEOUT_S = 600.0
+STOP_GRACE_S = 15.0  # beyond the replicas' graceful shutdown, for Ray to remove them
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,7 +160,13 @@ def main(argv: Sequence[str]) -> int:
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     log.info("stopping: the replicas finish what they accepted")
-    serve.delete(app_name)
+    # serve.delete waits for the replicas to drain; a cluster that is going away itself never answers.
+    deleting = threading.Thread(target=serve.delete, args=(app_name,), daemon=True)
+    deleting.start()
+    deleting.join(timeout=settings.graceful_shutdown_seconds + STOP_GRACE_S)
+    if deleting.is_alive():
+        log.warning("the application was not deleted within %.0f s; leaving it to the cluster",
+                    settings.graceful_shutdown_seconds + STOP_GRACE_S)
     ray.shutdown()
     return 0
 

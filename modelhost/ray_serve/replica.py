@@ -58,13 +58,23 @@ class ModelhostReplica:
     async def __call__(self, request: ForwardedRequest, model: str | None) -> ForwardedResponse:
         if model is not None:
             await self._load(model)
-        return await forwarded.answer(self._app_for(request.path), request)
+        in_flight = self.server.in_flight  # counted as the HTTP transport counts: the schedulers tell a lone request
+        in_flight.requests += 1
+        try:
+            return await forwarded.answer(self._app_for(request.path), request)
+        finally:
+            in_flight.requests -= 1
 
     async def stream(self, request: ForwardedRequest, model: str | None) -> AsyncIterator[ForwardedResponse | bytes]:
         if model is not None:
             await self._load(model)
-        async for part in forwarded.stream(self._app_for(request.path), request):
-            yield part
+        in_flight = self.server.in_flight
+        in_flight.requests += 1
+        try:
+            async for part in forwarded.stream(self._app_for(request.path), request):
+                yield part
+        finally:
+            in_flight.requests -= 1
 
     async def grpc_call(self, method: str, data: bytes, metadata: list[tuple[str, str]],
                         model: str | None) -> GrpcAnswer:
