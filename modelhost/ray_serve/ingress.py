@@ -36,7 +36,10 @@ class Ingress:
         if scope["type"] != "http":
             return
         headers = dict(scope["headers"])
-        body = await self._body(receive)
+        try:
+            body = await self._body(receive)
+        except _Gone:
+            return  # the client left before sending its whole body: nothing to forward, no one to answer
         if body is None:
             await _send(send, _error(413, f"request body exceeds the {self._max_body_bytes}-byte limit "
                                           "(--http-max-body-bytes)"))
@@ -59,12 +62,13 @@ class Ingress:
         return handle if named is None or not self._affinity else handle.options(multiplexed_model_id=named.key)
 
     async def _body(self, receive: Any) -> bytes | None:
+        """The whole body; None past the limit (read no further)."""
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return b"".join(chunks)
+                raise _Gone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self._max_body_bytes:
@@ -111,6 +115,10 @@ async def _send(send: Any, response: ForwardedResponse) -> None:
         headers = [*headers, (b"content-length", str(len(response.body)).encode())]
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body})
+
+
+class _Gone(Exception):
+    """The client disconnected before its request was whole."""
 
 
 class _Cut(Exception):
