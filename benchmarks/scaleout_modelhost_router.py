@@ -1,0 +1,110 @@
+"""modelhost's own Ray Serve router, as benchmarks/scaleout_routing.py simulates it (policy `modelhost`): the
+routing the product ships, modelhost/ray_serve/affinity_router.py `ModelAffinityRouter`, as Ray 2.60.0 runs it.
+
+The rules, and where they are:
+- Ranks for a request (`affinity_ranks`): first the replicas the router knows hold its model (from the same
+  reports as Ray's default router: loaded and loading ids, reaching the routers `report_lag` seconds after a
+  change), then every other replica, one per rank, in the model's rendezvous-hash order. The hash order needs no
+  report: every router computes it from the model and the replica ids alone.
+- Each rank is one `_select_from_candidate_replicas`: the replica with the fewest ongoing requests among those
+  below max_ongoing_requests, the first in the rank's order on a tie (here queue lengths are known exactly).
+  A full rank yields to the next one; holders all full spill to the next-ranked replica, which loads the model.
+- Every rank full: the router tries the whole pass again at once, then after 25 ms doubling to 500 ms
+  (`should_backoff`; `_choose_replicas_with_backoff`, RAY_SERVE_ROUTER_RETRY_*). Requests wait at the router.
+- FIFO hand-over (`FIFOMixin` without `MultiplexMixin`): a replica found for one request goes to the oldest
+  request still waiting at the router, whatever its model; the finder goes on with its next rank. With nobody
+  waiting, that is the finder itself.
+The hash: splitmix64 of (seed, model, replica) instead of blake2b of their names (the same kind of order, an
+independent uniform permutation of the replicas per model, at a cost the sweep's 1,000 replicas allow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from benchmarks.scaleout_ray_router import INITIAL_BACKOFF, MAX_BACKOFF, ReportedView
+from benchmarks.scaleout_sim import RETRY, Cluster, Workload
+
+TOP = 8  # hash ranks kept per model; a request that finds these all full sorts the rest
+
+
+def weights(seed: int, model: int, replicas: np.ndarray) -> np.ndarray:
+    """Rendezvous weights of `replicas` for `model` (splitmix64): higher ranks first."""
+    z = (np.uint64(seed) << np.uint64(44)) + (np.uint64(model) << np.uint64(20)) + replicas.astype(np.uint64)
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    mixed: np.ndarray = z ^ (z >> np.uint64(31))
+    return mixed
+
+
+class AffinityRouter(ReportedView):
+    def __init__(self, cluster: Cluster, work: Workload, seed: int = 0) -> None:
+        super().__init__(cluster, work)  # holders: model -> replicas reporting it, kept in the model's hash order
+        self.seed = seed
+        self.all = np.arange(cluster.replicas)
+        self.top: dict[int, list[int]] = {}  # model -> its first TOP replicas in hash order
+        self.waiting: dict[int, int] = {}  # requests waiting at the router, oldest first -> backoffs so far
+
+    def on_event(self, kind: int, r: int, item: int, now: float) -> None:
+        if kind != RETRY or item in self.waiting:  # a request handed a replica meanwhile retries no more
+            super().on_event(kind, r, item, now)
+
+    def added(self, m: int) -> None:
+        held = self.holders[m]
+        if len(held) > 1:
+            held[:] = [held[k] for k in np.argsort(weights(self.seed, m, np.array(held)))[::-1].tolist()]
+
+    def hash_order(self, m: int) -> list[int]:
+        """The model's first TOP replicas in its hash order (cached; the rest is sorted only when needed)."""
+        top = self.top.get(m)
+        if top is None:
+            w = weights(self.seed, m, self.all)
+            first = np.argpartition(w, len(w) - TOP)[len(w) - TOP:] if len(w) > TOP else self.all
+            top = self.top[m] = sorted(first.tolist(), key=lambda r: -int(w[r]))
+        return top
+
+    def ranks(self, m: int) -> Iterator[Sequence[int]]:
+        """affinity_ranks: the holders the router knows of, then each other replica in the model's hash order."""
+        held = self.holders.get(m, ())
+        if held:
+            yield held
+        top = self.hash_order(m)
+        for r in top:
+            if r not in held:
+                yield (r,)
+        if len(top) < len(self.all):
+            for r in np.argsort(weights(self.seed, m, self.all))[::-1][len(top):].tolist():
+                if r not in held:
+                    yield (r,)
+
+    def select(self, candidates: Sequence[int]) -> int | None:
+        """The least busy candidate below its limit, the first on a tie."""
+        best, lowest = None, self.engine.cluster.concurrency
+        replicas = self.engine.replicas
+        for r in candidates:
+            if replicas[r].ongoing < lowest:
+                best, lowest = r, replicas[r].ongoing
+        return best
+
+    def attempt(self, i: int, now: float) -> None:
+        """Route request i (on arrival, or a retry): passes over its ranks until a replica takes it or it backs off."""
+        backoffs = self.waiting.setdefault(i, -1)  # -1: the immediate second pass is still due
+        model = self.engine.work.model[i]
+        while True:
+            for candidates in self.ranks(model):
+                r = self.select(candidates)
+                if r is None:
+                    continue
+                oldest = next(iter(self.waiting))
+                del self.waiting[oldest]
+                self.engine.start(r, oldest, now)
+                if oldest == i:
+                    return
+            if backoffs >= 0:
+                break
+            backoffs = 0
+        self.waiting[i] = backoffs + 1
+        self.engine.push(now + min(INITIAL_BACKOFF * 2 ** min(backoffs, 16), MAX_BACKOFF), RETRY, -1, i)
