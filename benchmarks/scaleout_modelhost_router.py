@@ -21,11 +21,12 @@ independent uniform permutation of the replicas per model, at a cost the sweep's
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from benchmarks.scaleout_ray_router import INITIAL_BACKOFF, MAX_BACKOFF, ReportedView
-from benchmarks.scaleout_sim import RETRY, Cluster, Workload
+from benchmarks.scaleout_sim import RETRY, STATS, Cluster, Workload
 
 TOP = 8  # hash ranks kept per model; a request that finds these all full sorts the rest
 
@@ -108,3 +109,31 @@ class AffinityRouter(ReportedView):
             backoffs = 0
         self.waiting[i] = backoffs + 1
         self.engine.push(now + min(INITIAL_BACKOFF * 2 ** min(backoffs, 16), MAX_BACKOFF), RETRY, -1, i)
+
+
+class FreeBytesRouter(AffinityRouter):
+    """A proposal, not what modelhost ships (policy `modelhost_free_bytes`): a model no replica reports goes to
+    the one of its first two hash ranks with more free bytes (its budget less its models, loaded and loading), as
+    the replicas' routing stats said at the last sample (Ray's `record_routing_stats`, every `stats_period`
+    seconds). Every router sees the same samples, so a cold model's requests still meet on one replica; the
+    rest of the ranks is as `AffinityRouter`'s."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        replicas, period = self.engine.replicas, self.engine.cluster.stats_period
+        self.free = [r.budget for r in replicas]
+        for k in range(1, int(self.engine.work.arrival[-1] / period) + 1):
+            self.engine.push(k * period, STATS, -1, 0)
+
+    def on_event(self, kind: int, r: int, item: int, now: float) -> None:
+        if kind == STATS:
+            self.free = [replica.budget - replica.used for replica in self.engine.replicas]
+        else:
+            super().on_event(kind, r, item, now)
+
+    def ranks(self, m: int) -> Iterator[Sequence[int]]:
+        if m not in self.holders:
+            first, second = (self.hash_order(m) + [-1])[:2]
+            if second >= 0 and self.free[second] > self.free[first]:
+                yield (second,)
+        yield from super().ranks(m)

@@ -16,6 +16,8 @@ once its model is loaded; a load costs --load-base-s + size / --bandwidth-mbps. 
                and the Ray source they come from), each replica's cache byte-budgeted as modelhost's
   ray_spread   Ray's default rules, but a request no reporting replica can take goes to any replica (power of two
                choices over all) instead of to the replicas reporting the fewest model ids
+  modelhost_free_bytes  a proposal, not shipped: modelhost's ranks, but a model no replica reports goes to the
+               one of its first two hash ranks whose last routing stats (--stats-period-s) showed more free bytes
   random       each request to a uniformly random replica, queued there
   round_robin  each request to the next replica in turn, queued there
   one_cache    one cache of the whole cluster's bytes, slots and load slots: the bound routing is measured against
@@ -42,11 +44,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.scaleout_modelhost_router import AffinityRouter  # noqa: E402
+from benchmarks.scaleout_modelhost_router import AffinityRouter, FreeBytesRouter  # noqa: E402
 from benchmarks.scaleout_ray_router import MultiplexRouter  # noqa: E402
 from benchmarks.scaleout_sim import Cluster, Engine, Workload, make_workload, simple_policy  # noqa: E402
 
 POLICIES = ("modelhost", "ray_default", "ray_spread", "random", "round_robin", "one_cache")
+PROPOSALS = ("modelhost_free_bytes",)  # run only when named in --policies
 SWEEP_REPLICAS = (4, 16, 64, 256, 1000)
 SWEEP_MODELS = (100, 1000, 10_000, 100_000)
 COLUMNS = ("policy", "replicas", "models", "zipf", "requests", "hit_ratio", "loads_per_s", "max_replica_loads_per_s",
@@ -58,6 +61,8 @@ COLUMNS = ("policy", "replicas", "models", "zipf", "requests", "hit_ratio", "loa
 def simulate(policy: str, cluster: Cluster, work: Workload, seed: int = 0) -> Engine:
     if policy == "modelhost":
         return AffinityRouter(cluster, work, seed).run()
+    if policy == "modelhost_free_bytes":
+        return FreeBytesRouter(cluster, work, seed).run()
     if policy == "ray_default":
         return MultiplexRouter(cluster, work, seed).run()
     if policy == "ray_spread":
@@ -116,7 +121,7 @@ def run_config(args: argparse.Namespace, replicas: int, models: int, zipf: float
                          sigma=args.sigma, cap=budget // 2, service=args.service_ms / 1000, warmup=args.warmup,
                          seed=args.seed)
     cluster = Cluster(replicas, budget, args.concurrency, args.loads, args.load_base_s, args.bandwidth_mbps * 1e6,
-                      args.report_lag_s)
+                      args.report_lag_s, stats_period=args.stats_period_s)
     rows: list[dict[str, object]] = []
     for policy in args.policies:
         started = time.perf_counter()
@@ -169,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=int, nargs="+", default=[200])
     p.add_argument("--zipf", type=parse_zipf, nargs="+", default=[1.0, 1.2], help="exponents, or `uniform`")
     p.add_argument("--sweep", action="store_true", help=f"replicas {SWEEP_REPLICAS} x models {SWEEP_MODELS}")
-    p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    p.add_argument("--policies", nargs="+", choices=POLICIES + PROPOSALS, default=list(POLICIES))
     p.add_argument("--budget-models", type=float, default=10.0, help="per-replica budget, in mean model sizes")
     p.add_argument("--budget-mb", type=float, default=0.0, help="per-replica budget in MB (overrides the above)")
     p.add_argument("--median-mb", type=float, default=100.0)
@@ -183,6 +188,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--load-base-s", type=float, default=0.2)
     p.add_argument("--bandwidth-mbps", type=float, default=1000.0)
     p.add_argument("--report-lag-s", type=float, default=0.2, help="replica's model ids to the routers")
+    p.add_argument("--stats-period-s", type=float, default=1.0, help="replicas' routing stats to the routers "
+                   "(modelhost_free_bytes)")
     p.add_argument("--warmup", type=float, default=0.5, help="fraction of requests not counted")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the rows here")

@@ -172,3 +172,16 @@ def test_a_replica_found_while_every_rank_is_full_goes_to_the_oldest_waiting_req
     assert answered[1] == pytest.approx(1.675 + 1.3)
     assert answered[2] > answered[1] + 1.3
     assert not router.waiting
+
+
+def test_free_bytes_proposal_places_cold_models_where_there_is_room() -> None:
+    # 40 models, 4 budgets of 10 mean sizes: the hash gives one replica 1.3 budgets of bytes, which it thrashes;
+    # choosing between a cold model's first two hash ranks by free bytes fits them all, as one cache does.
+    args = scaleout_routing.parser().parse_args(["--requests", "4000", "--policies", "modelhost",
+                                                 "modelhost_free_bytes", "one_cache"])
+    rows = {row["policy"]: row for row in scaleout_routing.run_config(args, 4, 40, 1.0)}
+    assert rows["modelhost"]["hit_ratio"] < 0.99 and rows["modelhost"]["p99_ms"] > 200  # type: ignore[operator]
+    assert rows["modelhost_free_bytes"]["hit_ratio"] == rows["one_cache"]["hit_ratio"] == 1.0
+    engine = simulate("modelhost_free_bytes", Cluster(4, budget=6 * MEDIAN, concurrency=4, loads=3),
+                      workload(150, 0.9, 3000, rate=30.0, sigma=1.5, cap=6 * MEDIAN))
+    assert all(replica.peak <= replica.budget for replica in engine.replicas)
