@@ -11,9 +11,8 @@ The rules, and where they are:
   A full rank yields to the next one; holders all full spill to the next-ranked replica, which loads the model.
 - Every rank full: the router tries the whole pass again at once, then after 25 ms doubling to 500 ms
   (`should_backoff`; `_choose_replicas_with_backoff`, RAY_SERVE_ROUTER_RETRY_*). Requests wait at the router.
-- FIFO hand-over (`FIFOMixin` without `MultiplexMixin`): a replica found for one request goes to the oldest
-  request still waiting at the router, whatever its model; the finder goes on with its next rank. With nobody
-  waiting, that is the finder itself.
+- No FIFO hand-over: the router leaves out Ray's `FIFOMixin` (main 36122f7), so a replica a routing task finds
+  goes to that task's own request (Ray's exact match by request id); each waiting request retries on its own.
 The hash: splitmix64 of (seed, model, replica) instead of blake2b of their names (the same kind of order, an
 independent uniform permutation of the replicas per model, at a cost the sweep's 1,000 replicas allow).
 """
@@ -47,11 +46,7 @@ class AffinityRouter(ReportedView):
         self.seed = seed
         self.all = np.arange(cluster.replicas)
         self.top: dict[int, list[int]] = {}  # model -> its first TOP replicas in hash order
-        self.waiting: dict[int, int] = {}  # requests waiting at the router, oldest first -> backoffs so far
-
-    def on_event(self, kind: int, r: int, item: int, now: float) -> None:
-        if kind != RETRY or item in self.waiting:  # a request handed a replica meanwhile retries no more
-            super().on_event(kind, r, item, now)
+        self.backoffs: dict[int, int] = {}  # requests waiting at the router -> backoffs so far
 
     def added(self, m: int) -> None:
         held = self.holders[m]
@@ -92,22 +87,18 @@ class AffinityRouter(ReportedView):
 
     def attempt(self, i: int, now: float) -> None:
         """Route request i (on arrival, or a retry): passes over its ranks until a replica takes it or it backs off."""
-        backoffs = self.waiting.setdefault(i, -1)  # -1: the immediate second pass is still due
+        backoffs = self.backoffs.pop(i, -1)  # -1: the immediate second pass is still due
         model = self.engine.work.model[i]
         while True:
             for candidates in self.ranks(model):
                 r = self.select(candidates)
-                if r is None:
-                    continue
-                oldest = next(iter(self.waiting))
-                del self.waiting[oldest]
-                self.engine.start(r, oldest, now)
-                if oldest == i:
+                if r is not None:
+                    self.engine.start(r, i, now)
                     return
             if backoffs >= 0:
                 break
             backoffs = 0
-        self.waiting[i] = backoffs + 1
+        self.backoffs[i] = backoffs + 1
         self.engine.push(now + min(INITIAL_BACKOFF * 2 ** min(backoffs, 16), MAX_BACKOFF), RETRY, -1, i)
 
 

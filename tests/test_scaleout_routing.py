@@ -160,18 +160,18 @@ def test_a_model_spills_to_its_next_ranked_replica_only_when_its_holder_is_full(
     assert all(len(r.queue) == 0 for r in engine.replicas)  # nothing queued at a replica
 
 
-def test_a_replica_found_while_every_rank_is_full_goes_to_the_oldest_waiting_request() -> None:
+def test_a_request_waits_at_the_router_until_its_own_retry_finds_a_slot() -> None:
     # One slot, held by request 0 until 1.3 s (a 0.3 s load, 1 s of service); request 1 (0.01 s) and request 2
-    # (0.9 s) wait at the router. Request 1 retries at 1.285 s (too soon) and next at 1.785 s; request 2 at
-    # 0.925, 0.975, 1.075, 1.275 and 1.675 s: it finds the slot, and Ray's FIFO hand-over gives it to request 1.
+    # (0.9 s) wait at the router. Request 1 retries at 1.285 s (too soon), then every 0.5 s from 1.785 s; request
+    # 2 at 0.925, 0.975, 1.075, 1.275 and 1.675 s: it takes the slot (no FIFO hand-over to the older request 1).
     router = AffinityRouter(Cluster(1, budget=10 * MEDIAN, concurrency=1), requests([0, 1, 2], [0.0, 0.01, 0.9],
                                                                                     service=1.0))
     engine = router.run()
     answered = [engine.latency[i] + engine.work.arrival[i] for i in range(3)]
     assert answered[0] == pytest.approx(1.3)
-    assert answered[1] == pytest.approx(1.675 + 1.3)
-    assert answered[2] > answered[1] + 1.3
-    assert not router.waiting
+    assert answered[2] == pytest.approx(1.675 + 1.3)
+    assert answered[1] == pytest.approx(3.285 + 1.3)
+    assert not router.backoffs and all(len(r.queue) == 0 for r in engine.replicas)
 
 
 def test_free_bytes_proposal_places_cold_models_where_there_is_room() -> None:
