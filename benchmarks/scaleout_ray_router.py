@@ -37,30 +37,24 @@ from benchmarks.scaleout_sim import REPORT, RETRY, Cluster, Engine, Workload, re
 INITIAL_BACKOFF, MAX_BACKOFF = 0.025, 0.5
 
 
-class MultiplexRouter:
-    """spread=True: the same rules with every "fewest model ids" set replaced by all replicas (what a custom Ray
-    RequestRouter could do; with byte budgets the fewest-ids set is often one replica, which then takes every
-    model no replica reports)."""
+class ReportedView:
+    """What a router knows of the replicas' models: each replica's set (loaded and loading) as of its last report,
+    `report_lag` after a change, and model -> replicas reporting it. Subclasses route (`attempt`)."""
 
-    def __init__(self, cluster: Cluster, work: Workload, seed: int = 0, spread: bool = False) -> None:
+    def __init__(self, cluster: Cluster, work: Workload) -> None:
         self.engine = Engine(cluster, work, replicas_for(cluster, cluster.replicas))
         self.engine.on_change = self.changed
-        self.lag, self.timeout = cluster.report_lag, cluster.matching_timeout
-        count = cluster.replicas
-        self.view: list[set[int]] = [set() for _ in range(count)]  # what the routers believe each replica holds
+        self.lag = cluster.report_lag
+        self.view: list[set[int]] = [set() for _ in range(cluster.replicas)]  # what the routers believe
         self.holders: dict[int, list[int]] = {}  # model -> replicas reporting it
-        self.counts = np.zeros(count, dtype=np.int64)
-        self.least: tuple[int, ...] | None = None  # the fewest-ids replicas, until a count changes
-        self.everyone = tuple(range(count))
-        self.fallback: set[int] = set()  # Ray's _multiplexed_model_id_fallback_match
         self.reporting: set[int] = set()
-        self.state: dict[int, list[float]] = {}  # retrying request -> [started, tried_first, tried_fewest, backoffs]
-        self.random = random.Random(seed).random
-        self.spread = spread
 
     def run(self) -> Engine:
         self.engine.run(self.attempt, self.on_event)
         return self.engine
+
+    def attempt(self, i: int, now: float) -> None:
+        raise NotImplementedError
 
     def changed(self, r: int, now: float) -> None:
         if r not in self.reporting:
@@ -83,9 +77,37 @@ class MultiplexRouter:
                 del self.holders[m]
         for m in new - old:
             self.holders.setdefault(m, []).append(r)
+            self.added(m)
         self.view[r] = new
-        if self.counts[r] != len(new):
-            self.counts[r] = len(new)
+        self.reported(r, new)
+
+    def added(self, m: int) -> None:
+        """A replica's report added it to model m's holders."""
+
+    def reported(self, r: int, held: set[int]) -> None:
+        """Replica r's report reached the routers."""
+
+
+class MultiplexRouter(ReportedView):
+    """spread=True: the same rules with every "fewest model ids" set replaced by all replicas (what a custom Ray
+    RequestRouter could do; with byte budgets the fewest-ids set is often one replica, which then takes every
+    model no replica reports)."""
+
+    def __init__(self, cluster: Cluster, work: Workload, seed: int = 0, spread: bool = False) -> None:
+        super().__init__(cluster, work)
+        self.timeout = cluster.matching_timeout
+        count = cluster.replicas
+        self.counts = np.zeros(count, dtype=np.int64)
+        self.least: tuple[int, ...] | None = None  # the fewest-ids replicas, until a count changes
+        self.everyone = tuple(range(count))
+        self.fallback: set[int] = set()  # Ray's _multiplexed_model_id_fallback_match
+        self.state: dict[int, list[float]] = {}  # retrying request -> [started, tried_first, tried_fewest, backoffs]
+        self.random = random.Random(seed).random
+        self.spread = spread
+
+    def reported(self, r: int, held: set[int]) -> None:
+        if self.counts[r] != len(held):
+            self.counts[r] = len(held)
             self.least = None
 
     def fewest(self) -> tuple[int, ...]:

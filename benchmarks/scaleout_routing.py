@@ -9,13 +9,18 @@ benchmarks/scaleout_sim.py says how it is simulated) with max_ongoing_requests s
 x N a second, each for a model drawn by Zipf popularity (exponent s; `uniform` for none), served in --service-ms
 once its model is loaded; a load costs --load-base-s + size / --bandwidth-mbps. The per-replica budget is
 --budget-models x the models' mean size (or --budget-mb). Policies:
-  affinity     Ray Serve's model-multiplexing router (benchmarks/scaleout_ray_router.py states its rules and
-               the Ray source they come from), each replica's cache byte-budgeted as modelhost's
-  affinity_spread  the same, but a request no reporting replica can take goes to any replica (power of two
+  modelhost    the router modelhost's Ray application ships (modelhost/ray_serve/affinity_router.py; its rules:
+               benchmarks/scaleout_modelhost_router.py): the model's holders, then every other replica in the
+               model's rendezvous-hash order, so a cold model's requests meet on one replica without a report
+  ray_default  Ray Serve's default model-multiplexing router (benchmarks/scaleout_ray_router.py states its rules
+               and the Ray source they come from), each replica's cache byte-budgeted as modelhost's
+  ray_spread   Ray's default rules, but a request no reporting replica can take goes to any replica (power of two
                choices over all) instead of to the replicas reporting the fewest model ids
+  modelhost_free_bytes  a proposal, not shipped: modelhost's ranks, but a model no replica reports goes to the
+               one of its first two hash ranks whose last routing stats (--stats-period-s) showed more free bytes
   random       each request to a uniformly random replica, queued there
   round_robin  each request to the next replica in turn, queued there
-  one_cache    one cache of the whole cluster's bytes, slots and load slots: the bound affinity is measured against
+  one_cache    one cache of the whole cluster's bytes, slots and load slots: the bound routing is measured against
 Each configuration runs max(--requests, --requests-per-replica x N) requests; the first --warmup of them fill the
 caches and are not counted. Reported: hit ratio (requests whose replica started no load for them), loads a second
 (cluster; the busiest replica), imbalance (max / mean over replicas of requests and of busy seconds: service plus
@@ -39,10 +44,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.scaleout_modelhost_router import AffinityRouter, FreeBytesRouter  # noqa: E402
 from benchmarks.scaleout_ray_router import MultiplexRouter  # noqa: E402
 from benchmarks.scaleout_sim import Cluster, Engine, Workload, make_workload, simple_policy  # noqa: E402
 
-POLICIES = ("affinity", "affinity_spread", "random", "round_robin", "one_cache")
+POLICIES = ("modelhost", "ray_default", "ray_spread", "random", "round_robin", "one_cache")
+PROPOSALS = ("modelhost_free_bytes",)  # run only when named in --policies
 SWEEP_REPLICAS = (4, 16, 64, 256, 1000)
 SWEEP_MODELS = (100, 1000, 10_000, 100_000)
 COLUMNS = ("policy", "replicas", "models", "zipf", "requests", "hit_ratio", "loads_per_s", "max_replica_loads_per_s",
@@ -52,9 +59,13 @@ COLUMNS = ("policy", "replicas", "models", "zipf", "requests", "hit_ratio", "loa
 
 
 def simulate(policy: str, cluster: Cluster, work: Workload, seed: int = 0) -> Engine:
-    if policy == "affinity":
+    if policy == "modelhost":
+        return AffinityRouter(cluster, work, seed).run()
+    if policy == "modelhost_free_bytes":
+        return FreeBytesRouter(cluster, work, seed).run()
+    if policy == "ray_default":
         return MultiplexRouter(cluster, work, seed).run()
-    if policy == "affinity_spread":
+    if policy == "ray_spread":
         return MultiplexRouter(cluster, work, seed, spread=True).run()
     return simple_policy(policy, cluster, work, seed)
 
@@ -110,7 +121,7 @@ def run_config(args: argparse.Namespace, replicas: int, models: int, zipf: float
                          sigma=args.sigma, cap=budget // 2, service=args.service_ms / 1000, warmup=args.warmup,
                          seed=args.seed)
     cluster = Cluster(replicas, budget, args.concurrency, args.loads, args.load_base_s, args.bandwidth_mbps * 1e6,
-                      args.report_lag_s)
+                      args.report_lag_s, stats_period=args.stats_period_s)
     rows: list[dict[str, object]] = []
     for policy in args.policies:
         started = time.perf_counter()
@@ -134,18 +145,18 @@ def markdown(rows: list[dict[str, object]]) -> str:
     by: dict[tuple[object, object, object], dict[object, dict[str, object]]] = {}
     for row in rows:
         by.setdefault((row["replicas"], row["models"], row["zipf"]), {})[row["policy"]] = row
-    lines = ["| replicas | models | Zipf | hit ratio: affinity / spread / random / one cache | loads/s: affinity / "
-             "random / one cache | busiest replica loads/s: affinity / random | imbalance, affinity: requests / "
-             "busy | p99 ms: affinity / spread / round-robin |", "|" + " --- |" * 8]
+    lines = ["| replicas | models | Zipf | hit ratio: modelhost / Ray default / random / one cache | loads/s: "
+             "modelhost / random / one cache | busiest replica loads/s: modelhost / random | imbalance, modelhost: "
+             "requests / busy | p99 ms: modelhost / Ray default / round-robin |", "|" + " --- |" * 8]
     for (replicas, models, zipf), cells in by.items():
         lines.append(" | ".join((
             f"| {replicas}", f"{models:,}", str(zipf),
-            side_by_side(cells, ("affinity", "affinity_spread", "random", "one_cache"), "hit_ratio", ".3f"),
-            side_by_side(cells, ("affinity", "random", "one_cache"), "loads_per_s", ".0f"),
-            side_by_side(cells, ("affinity", "random"), "max_replica_loads_per_s", ".1f"),
-            side_by_side(cells, ("affinity",), "request_imbalance", ".2f") + " / "
-            + side_by_side(cells, ("affinity",), "busy_imbalance", ".2f"),
-            side_by_side(cells, ("affinity", "affinity_spread", "round_robin"), "p99_ms", ".0f") + " |")))
+            side_by_side(cells, ("modelhost", "ray_default", "random", "one_cache"), "hit_ratio", ".3f"),
+            side_by_side(cells, ("modelhost", "random", "one_cache"), "loads_per_s", ".0f"),
+            side_by_side(cells, ("modelhost", "random"), "max_replica_loads_per_s", ".1f"),
+            side_by_side(cells, ("modelhost",), "request_imbalance", ".2f") + " / "
+            + side_by_side(cells, ("modelhost",), "busy_imbalance", ".2f"),
+            side_by_side(cells, ("modelhost", "ray_default", "round_robin"), "p99_ms", ".0f") + " |")))
     return "\n".join(lines)
 
 
@@ -163,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--models", type=int, nargs="+", default=[200])
     p.add_argument("--zipf", type=parse_zipf, nargs="+", default=[1.0, 1.2], help="exponents, or `uniform`")
     p.add_argument("--sweep", action="store_true", help=f"replicas {SWEEP_REPLICAS} x models {SWEEP_MODELS}")
-    p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    p.add_argument("--policies", nargs="+", choices=POLICIES + PROPOSALS, default=list(POLICIES))
     p.add_argument("--budget-models", type=float, default=10.0, help="per-replica budget, in mean model sizes")
     p.add_argument("--budget-mb", type=float, default=0.0, help="per-replica budget in MB (overrides the above)")
     p.add_argument("--median-mb", type=float, default=100.0)
@@ -177,6 +188,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--load-base-s", type=float, default=0.2)
     p.add_argument("--bandwidth-mbps", type=float, default=1000.0)
     p.add_argument("--report-lag-s", type=float, default=0.2, help="replica's model ids to the routers")
+    p.add_argument("--stats-period-s", type=float, default=1.0, help="replicas' routing stats to the routers "
+                   "(modelhost_free_bytes)")
     p.add_argument("--warmup", type=float, default=0.5, help="fraction of requests not counted")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the rows here")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-DONE, LOADED, RETRY, REPORT = 0, 1, 2, 3
+DONE, LOADED, RETRY, REPORT, STATS = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Cluster:
     bandwidth: float = 1e9  # bytes a second a load reads and deserializes
     report_lag: float = 0.2  # s from a replica's change to the routers' view of it (affinity only)
     matching_timeout: float = 1.0  # RAY_SERVE_MULTIPLEXED_MODEL_ID_MATCHING_TIMEOUT_S
+    stats_period: float = 1.0  # s between routing-stats samples (request_routing_stats_period_s; Ray's default 10)
 
 
 @dataclass
