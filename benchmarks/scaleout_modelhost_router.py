@@ -103,11 +103,11 @@ class AffinityRouter(ReportedView):
 
 
 class FreeBytesRouter(AffinityRouter):
-    """A proposal, not what modelhost ships (policy `modelhost_free_bytes`): a model no replica reports goes to
-    the one of its first two hash ranks with more free bytes (its budget less its models, loaded and loading), as
-    the replicas' routing stats said at the last sample (Ray's `record_routing_stats`, every `stats_period`
-    seconds). Every router sees the same samples, so a cold model's requests still meet on one replica; the
-    rest of the ranks is as `AffinityRouter`'s."""
+    """What modelhost ships (policy `modelhost_free_bytes`; `modelhost` is the hash-only ranking it had before): a
+    model no replica reports goes to the one of its first two hash ranks with more free bytes (its budget less its
+    models, loaded and loading), as the replicas' routing stats said at the last sample (Ray's
+    `record_routing_stats`, every `stats_period` seconds). Every router sees the same samples, so a cold model's
+    requests still meet on one replica; the rest of the ranks is as `AffinityRouter`'s."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

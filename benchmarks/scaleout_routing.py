@@ -16,7 +16,7 @@ once its model is loaded; a load costs --load-base-s + size / --bandwidth-mbps. 
                and the Ray source they come from), each replica's cache byte-budgeted as modelhost's
   ray_spread   Ray's default rules, but a request no reporting replica can take goes to any replica (power of two
                choices over all) instead of to the replicas reporting the fewest model ids
-  modelhost_free_bytes  a proposal, not shipped: modelhost's ranks, but a model no replica reports goes to the
+  modelhost_free_bytes  what modelhost ships: its ranks, but a model no replica reports goes to the
                one of its first two hash ranks whose last routing stats (--stats-period-s) showed more free bytes
   random       each request to a uniformly random replica, queued there
   round_robin  each request to the next replica in turn, queued there

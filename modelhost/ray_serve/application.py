@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from modelhost.ray_serve.affinity_router import ROUTING_STATS_PERIOD_S
 from modelhost.ray_serve.grpc_forwarding import IngressRpcs
 from modelhost.ray_serve.ingress import Ingress
 from modelhost.ray_serve.replica import ModelhostReplica
@@ -68,7 +69,8 @@ def build_application(settings: ServerSettings, options: RayOptions) -> Any:
         name=REPLICA_DEPLOYMENT, max_ongoing_requests=options.max_ongoing_requests,
         ray_actor_options={"num_cpus": options.replica_cpus},
         graceful_shutdown_timeout_s=settings.graceful_shutdown_seconds, graceful_shutdown_wait_loop_s=0.5,
-        health_check_period_s=2.0, request_router_config={"request_router_class": ROUTER_CLASS},
+        health_check_period_s=2.0, request_router_config={
+            "request_router_class": ROUTER_CLASS, "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S},
         **options.scaling())(ModelhostReplica)
     ingress = serve.deployment(
         name=INGRESS_DEPLOYMENT, num_replicas=options.ingress_replicas,

@@ -18,6 +18,7 @@ from modelhost.protocols.http.app import HttpApp
 from modelhost.protocols.http.exchange import ASGIApp
 from modelhost.protocols.http.server import Lifespan
 from modelhost.ray_serve import forwarded
+from modelhost.ray_serve.affinity_router import FREE_BYTES
 from modelhost.ray_serve.forwarded import ForwardedRequest, ForwardedResponse
 from modelhost.ray_serve.grpc_forwarding import GrpcAnswer, ReplicaRpcs
 from modelhost.ray_serve.held_models import HeldModels
@@ -91,6 +92,12 @@ class ModelhostReplica:
 
     async def local_metrics(self) -> tuple[str, str]:
         return self.replica_id, self.server.metrics.render().decode()
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """What Ray Serve passes to the routers every ROUTING_STATS_PERIOD_S: the bytes this replica's model cache
+        has free, by which a cold model goes to the emptier of its two first-ranked replicas."""
+        cache = self.server.cache
+        return {FREE_BYTES: max(cache.budget_bytes - cache.used_bytes, 0) if cache is not None else 0}
 
     async def describe(self) -> dict[str, Any]:
         """This replica, for operators and tests: its id, its Ray actor's name, the models it holds, the bytes

@@ -46,6 +46,7 @@ def test_grpc_requests_name_their_model_and_garbage_names_none() -> None:
 class Replica:
     unique_id: str
     multiplexed_model_ids: set[str] = field(default_factory=set)
+    routing_stats: dict[str, int] = field(default_factory=dict)
 
     @property
     def replica_id(self) -> Replica:
@@ -75,3 +76,15 @@ def test_cold_models_spread_over_replicas_and_a_new_replica_moves_only_its_share
     moved = [m for m in models if affinity_ranks(m, grown)[0][0].unique_id != owners[m]]
     assert all(affinity_ranks(m, grown)[0][0].unique_id == "r4" for m in moved)
     assert 40 < len(moved) < 130
+
+
+def test_a_cold_model_goes_to_the_emptier_of_its_first_two_replicas() -> None:
+    replicas = [Replica(f"r{i}", routing_stats={"free_bytes": 100}) for i in range(4)]
+    first, second = (rank[0] for rank in affinity_ranks("m", replicas)[:2])
+    second.routing_stats["free_bytes"] = 101
+    assert [rank[0] for rank in affinity_ranks("m", replicas)[:2]] == [second, first]
+    third = affinity_ranks("m", replicas)[2][0]
+    third.routing_stats["free_bytes"] = 10**9  # only the first two are compared: the hash order stays
+    assert affinity_ranks("m", replicas)[0][0] is second
+    second.multiplexed_model_ids.add("m")  # held: its holders come first whatever the bytes
+    assert affinity_ranks("m", replicas)[0] == [second]
