@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
@@ -33,6 +34,8 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 FREE_BYTES = "free_bytes"
 ROUTING_STATS_PERIOD_S = 1.0
+PLACEMENT_MEMORY_S = 5.0  # longer than a load's report takes to reach the routers
+MAX_PLACEMENTS = 10_000
 
 
 class _Replica(Protocol):
@@ -49,7 +52,14 @@ class _Replica(Protocol):
 class ModelAffinityRouter(RequestRouter):
     """Without Ray's FIFOMixin on purpose: it hands a replica found for one request to the oldest pending request
     of any model when none of the same model waits (seen: 24 concurrent cold requests, several models loaded by
-    both replicas); here each routing task places its own request."""
+    both replicas); here each routing task places its own request.
+
+    A cold model's place, once chosen, is kept for PLACEMENT_MEMORY_S: the free bytes it was chosen by change
+    every second, and a later request for the model that came before the holder's report would otherwise go to
+    the other of its two replicas and load it there too."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self._placed: dict[str, tuple[str, float]] = {}
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -58,15 +68,29 @@ class ModelAffinityRouter(RequestRouter):
         model = pending_request.metadata.multiplexed_model_id if pending_request is not None else ""
         if not model:
             return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
-        return affinity_ranks(model, candidate_replicas)
+        now = time.monotonic()
+        placed, since = self._placed.get(model, ("", 0.0))
+        ranks = affinity_ranks(model, candidate_replicas, placed if now - since < PLACEMENT_MEMORY_S else "")
+        if not any(model in replica.multiplexed_model_ids for replica in ranks[0]):
+            self._remember(model, ranks[0][0].replica_id.unique_id, now, placed)
+        return ranks
+
+    def _remember(self, model: str, replica: str, now: float, placed: str) -> None:
+        if replica != placed or model not in self._placed:
+            if len(self._placed) >= MAX_PLACEMENTS:
+                self._placed = {m: p for m, p in self._placed.items() if now - p[1] < PLACEMENT_MEMORY_S}
+            self._placed[model] = (replica, now)
 
 
-def affinity_ranks(model: str, replicas: Sequence[_Replica]) -> list[list[Any]]:
+def affinity_ranks(model: str, replicas: Sequence[_Replica], placed: str = "") -> list[list[Any]]:
+    """`placed`: the replica this router sent the cold model to a moment ago (first among those not holding it)."""
     ordered = sorted(replicas, key=lambda replica: _weight(model, replica.replica_id.unique_id), reverse=True)
     holders = [replica for replica in ordered if model in replica.multiplexed_model_ids]
     others = [replica for replica in ordered if model not in replica.multiplexed_model_ids]
     if len(others) > 1 and _free_bytes(others[1]) > _free_bytes(others[0]):
         others[0], others[1] = others[1], others[0]
+    if placed:
+        others.sort(key=lambda replica: replica.replica_id.unique_id != placed)  # stable: the rest keep their order
     return ([holders] if holders else []) + [[replica] for replica in others]
 
 

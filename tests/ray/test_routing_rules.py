@@ -88,3 +88,11 @@ def test_a_cold_model_goes_to_the_emptier_of_its_first_two_replicas() -> None:
     assert affinity_ranks("m", replicas)[0][0] is second
     second.multiplexed_model_ids.add("m")  # held: its holders come first whatever the bytes
     assert affinity_ranks("m", replicas)[0] == [second]
+
+
+def test_a_cold_model_placed_a_moment_ago_keeps_its_place_when_the_bytes_change() -> None:
+    replicas = [Replica(f"r{i}", routing_stats={"free_bytes": 100}) for i in range(4)]
+    first, second = (rank[0] for rank in affinity_ranks("m", replicas)[:2])
+    second.routing_stats["free_bytes"] = 101  # the bytes moved since the model was sent to `first`
+    assert affinity_ranks("m", replicas, placed=first.unique_id)[0] == [first]
+    assert affinity_ranks("m", replicas)[0] == [second]
