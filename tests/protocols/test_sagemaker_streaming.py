@@ -1,10 +1,13 @@
 """InvokeEndpointWithResponseStream through boto3 against one real server (module scope): a decoupled Python model's
-responses as one PayloadPart each, an error mid-stream as a ModelStreamError event, an ONNX model's answer as one
-part; the event-stream framing checked against botocore's own decoder; and a KIND_GPU config on this GPU-less host:
+responses as one PayloadPart each, an error mid-stream as a ModelStreamError event, a TorchServe handler's
+intermediate responses as parts (and the custom attributes it sets), an ONNX model's answer as one part; the
+event-stream framing checked against botocore's own decoder; and a KIND_GPU config on this GPU-less host:
 refused with a message naming the group (so /ping is 503), served on CPU with one warning when allowed."""
 
 from __future__ import annotations
 
+import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import requests
 from botocore.eventstream import EventStreamBuffer, EventStreamError
 
 from modelhost.protocols.sagemaker import event_stream
+from tests.backends.torchserve_archives import STREAMING, make_archive
 from tests.onnx_models import scale_model, write_model
 from tests.protocols.test_sagemaker_server import runtime_client, wait_for_state
 from tests.server import ServerProcess
@@ -48,6 +52,9 @@ class TritonPythonModel:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """
+# TorchServe's streaming handler, setting the response's custom attributes as a TorchServe handler sets a header.
+STREAMING_ATTRIBUTES = STREAMING.replace('"x-batch", str(len(data))',
+                                         '"X-Amzn-SageMaker-Custom-Attributes", f"batch={len(data)}"')
 GPU_CONFIG = 'instance_group [ { count: 1 kind: KIND_GPU } ]\n'
 
 
@@ -63,8 +70,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (repo / "parts" / "1").mkdir(parents=True)
     (repo / "parts" / "config.pbtxt").write_text(PARTS_CONFIG)
     (repo / "parts" / "1" / "model.py").write_text(PARTS)
+    archive = make_archive(tmp_path_factory.mktemp("archives"), "torchstream", STREAMING_ATTRIBUTES)
+    (repo / "torchstream" / "1").mkdir(parents=True)
+    shutil.move(archive, repo / "torchstream" / "1" / "model.mar")
     process = ServerProcess(repo).wait_ready(path="/v2/health/live")
-    for name, state in (("parts", "READY"), ("scale", "READY"), ("gpu", "UNAVAILABLE")):
+    for name, state in (("parts", "READY"), ("scale", "READY"), ("torchstream", "READY"), ("gpu", "UNAVAILABLE")):
         wait_for_state(process, name, state)
     yield process
     process.stop()
@@ -104,6 +114,21 @@ def test_an_error_mid_stream_is_a_model_stream_error_event(server: ServerProcess
     with pytest.raises(client.exceptions.ModelError) as refused:
         stream(server, "parts", v2_int32([1, 2, 3, 4, 5]))
     assert "at most 4 values" in refused.value.response["Error"]["Message"]
+
+
+def test_a_torchserve_handler_streams_its_intermediate_responses(server: ServerProcess) -> None:
+    answer = stream(server, "torchstream", b"go", "application/octet-stream")
+    assert answer["CustomAttributes"] == "batch=1" and answer["ContentType"] == "text/plain"
+    arrivals = [(part["PayloadPart"]["Bytes"], time.monotonic()) for part in answer["Body"]]
+    assert [part for part, _ in arrivals] == [b"go:0;", b"go:1;", b"go:2;", b"go:done"]
+    assert arrivals[-1][1] - arrivals[0][1] > 0.5  # parts come as the handler sends them (0.3 s apart), unbuffered
+    parts = []
+    with pytest.raises(EventStreamError) as failed:
+        for part in stream(server, "torchstream", b"fail", "application/octet-stream")["Body"]:
+            parts.append(part["PayloadPart"]["Bytes"])
+    assert parts == [b"fail:0;"]
+    error = failed.value.response["Error"]
+    assert error["Code"] == "ModelStreamError" and "asked to fail mid-stream" in error["Message"]
 
 
 def test_a_model_that_does_not_stream_answers_one_part(server: ServerProcess) -> None:
