@@ -19,7 +19,7 @@ from modelhost.core.partial_answers import PartialAnswers
 from modelhost.errors import ModelhostError
 from modelhost.handler_messages import HANDLER_SIGNATURE, RESPONSE_OUTPUT, HandlerResponse
 from modelhost.protocols.sagemaker.handlers import HandlerError
-from modelhost.protocols.sagemaker.payloads import choose_accept, decode_invocation, encode_invocation
+from modelhost.protocols.sagemaker.payloads import decode_invocation, encode_invocation
 from modelhost.types import InferRequest
 
 Part = tuple[bytes, str]  # a part's bytes and the content type of the whole answer
@@ -27,18 +27,18 @@ Part = tuple[bytes, str]  # a part's bytes and the content type of the whole ans
 
 async def model_parts(dataplane: DataPlane, model: str, version: str, body: bytes, content_type: str | None,
                       accept: str) -> AsyncGenerator[Part, None]:
-    """A model's answer (no handler) in parts: each response with outputs of a decoupled model, else the one."""
+    """A model's answer (no handler) in parts: each response with outputs of a decoupled model, else the one;
+    `accept` is a choose_accept result."""
     metadata = dataplane.metadata(model, version)
     invocation = decode_invocation(body, content_type, metadata.inputs, dataplane.limits)
     request = invocation.request
     request.model_name, request.model_version = model, version
-    chosen = choose_accept(accept, "application/json") if accept else "application/json"
     async with aclosing(dataplane.stream(request)) as answers:
         async for response, _final in answers:
             if isinstance(response, ModelhostError):
                 raise response
             if response.outputs:
-                yield encode_invocation(response, invocation, chosen)
+                yield encode_invocation(response, invocation, accept)
 
 
 async def handler_parts(dataplane: DataPlane, request: InferRequest) -> AsyncGenerator[HandlerResponse, None]:
