@@ -122,9 +122,10 @@ class Invoker:
             yield Answer(body, content_type)
 
     async def _handler_parts(self, model: str, version: str, call: Call) -> AsyncGenerator[Answer, None]:
-        request = _handler_request(call, PartialAnswers(self._dataplane.limits.max_output_bytes))
+        partials = PartialAnswers(self._dataplane.limits.max_output_bytes)
+        request = _handler_request(call, partials)
         request.model_name, request.model_version = model, version
-        async for answer in handler_parts(self._dataplane, request):
+        async for answer in handler_parts(self._dataplane, request, partials):
             yield self._handler_answer(answer, call)
 
     def _handler_answer(self, answer: HandlerResponse, call: Call) -> Answer:

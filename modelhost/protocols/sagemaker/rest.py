@@ -117,7 +117,7 @@ class MultiModelTargets:
 def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], models: TargetModels | None,
            handlers: Mapping[str, Handler] | None = None) -> list[Route]:
     async def run(target: Target, request: HttpRequest) -> HttpResponse:
-        answer = await invoker.invoke(target.model, target.version, target.handler, call_of(request))
+        answer = await invoker.invoke(target.model, target.version, target.handler, _call_of(request))
         return HttpResponse(200, [answer.body], [(b"content-type", answer.content_type.encode()),
                                                  *attributes_header(answer)])
 
@@ -148,7 +148,7 @@ def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], models
         held = AsyncExitStack()  # the target stays in use (a multi-model archive cached) until the stream ends
         try:
             target = await held.enter_async_context(targets.resolve(request.headers))
-            parts = invoker.parts(target.model, target.version, target.handler, call_of(request))
+            parts = invoker.parts(target.model, target.version, target.handler, _call_of(request))
             return await streamed(parts, held, invoker.timeout_seconds, _invoked())
         except (ModelhostError, MediaTypeError, HandlerError) as exc:
             await held.aclose()
@@ -224,7 +224,7 @@ def management_routes(models: TargetModels, run: Callable[[Target, HttpRequest],
     ]
 
 
-def call_of(request: HttpRequest) -> Call:
+def _call_of(request: HttpRequest) -> Call:
     return Call(request.body, _header(request.headers, b"content-type") or None,
                 _header(request.headers, b"accept") or None, _header(request.headers, CUSTOM_ATTRIBUTES))
 

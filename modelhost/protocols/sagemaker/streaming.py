@@ -41,11 +41,10 @@ async def model_parts(dataplane: DataPlane, model: str, version: str, body: byte
                 yield encode_invocation(response, invocation, accept)
 
 
-async def handler_parts(dataplane: DataPlane, request: InferRequest) -> AsyncGenerator[HandlerResponse, None]:
-    """A handler model's answers to `request` (its HANDLER_INPUT's HandlerRequest carries `partials`, read here):
-    each intermediate one as the handler sends it, then the final one."""
-    partials = request.inputs[next(iter(request.inputs))].reshape(-1)[0].partials
-    assert isinstance(partials, PartialAnswers)
+async def handler_parts(dataplane: DataPlane, request: InferRequest,
+                        partials: PartialAnswers) -> AsyncGenerator[HandlerResponse, None]:
+    """A handler model's answers to `request` (whose HandlerRequest carries `partials`, read here): each
+    intermediate one as the handler sends it, then the final one."""
 
     async def run() -> HandlerResponse:
         try:
