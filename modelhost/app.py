@@ -15,6 +15,7 @@ import shutil
 import signal
 import ssl
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import uvloop
@@ -145,8 +146,9 @@ class Server:
         # TF Serving's warmup requests (assets.extra/tf_serving_warmup_requests) are replayed unless
         # `modelhost tfserving --enable_model_warmup=false` says not to.
         warmup = None if tfserving is not None and not tfserving.model_warmup else read_warmup_requests
+        overrides = replace(settings.model_overrides, gpu_fallback=settings.gpu_fallback == "cpu")
         self.manager = ModelManager(store, settings.cpu_count, settings.default_max_batch_size, self.in_flight,
-                                    settings.model_overrides, self.work_dir, self.code_policy, warmup)
+                                    overrides, self.work_dir, self.code_policy, warmup)
         self.dataplane = DataPlane(self.manager, __version__, settings.strict_readiness, request_limits(settings),
                                    settings.embedding_updates, self._tracer(), settings.server_name,
                                    SharedMemory(settings.allow_client_shm, settings.client_shm_max_regions,

@@ -178,6 +178,9 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help="which models may run code they bring (Python backend model.py, SageMaker code/inference.py): all; "
         "repository: those from the server's own model locations, not files a load request uploads; none "
         f"(default {d.user_code})")
+    add("--gpu-fallback", choices=["none", "cpu"], help="a model whose config.pbtxt asks for KIND_GPU instances on "
+        "a host without a usable GPU: none fails its load naming the group; cpu runs it on CPU with a warning "
+        f"(default {d.gpu_fallback}; SAGEMAKER_GPU_FALLBACK)")
     add("--invocation-timeout-seconds", type=float, help="how long one SageMaker invocation may take "
         f"(default {d.invocation_timeout_seconds:g}, or SAGEMAKER_MODEL_SERVER_TIMEOUT/SAGEMAKER_TS_RESPONSE_TIMEOUT)")
     add("--handler-threads", type=int, help="threads that run SageMaker inference.py handlers, apart from model "

@@ -77,6 +77,7 @@ def parse_byte_size(text: str) -> int:
 
 
 CONTROL_MODES = ("none", "poll", "explicit")
+GPU_FALLBACKS = ("none", "cpu")
 TLS_SITES = ("http", "grpc", "sagemaker", "metrics")
 
 
@@ -148,6 +149,9 @@ class ServerSettings:
     user_code: which models may run code they bring (Python backend model.py, SageMaker code/):
     "all"; "repository" (default: those from the operator's own locations, not files a load request
     uploads); "none".
+    gpu_fallback: what a model whose config asks for KIND_GPU instances does where no GPU is usable: "none"
+    (default: it fails to load, naming the group) or "cpu" (it runs on CPU, with a warning at load;
+    core/devices.py). SAGEMAKER_GPU_FALLBACK sets it too.
     HTTP edge limits (every HTTP port of one process; a client that hits one gets a JSON error naming its flag):
     http_max_connections: open connections; one over it gets 503 + Retry-After to its first request.
     http_max_buffered_bytes: request bytes (bodies, unfinished heads) held across connections until answered;
@@ -252,6 +256,7 @@ class ServerSettings:
     allow_model_load_from: tuple[str, ...] = ()
     sagemaker_models_dir: str = "/opt/ml/models"
     user_code: str = "repository"
+    gpu_fallback: str = "none"
     # request and log limits (issue 12: codecs)
     json_max_depth: int = 32
     max_request_elements: int = 64 * 1024**2
@@ -359,6 +364,9 @@ def check_settings(settings: ServerSettings) -> None:
     if not 0 <= settings.client_log_lines_per_second < float("inf"):
         raise SettingsError(f"--client-log-lines-per-second must be a number >= 0, "
                             f"got {settings.client_log_lines_per_second}")
+    if settings.gpu_fallback not in GPU_FALLBACKS:
+        raise SettingsError(f"--gpu-fallback/SAGEMAKER_GPU_FALLBACK must be one of {', '.join(GPU_FALLBACKS)}, "
+                            f"got '{settings.gpu_fallback}'")
     if settings.user_code not in USER_CODE_MODES:
         raise SettingsError(f"--user-code must be one of {', '.join(USER_CODE_MODES)}, got '{settings.user_code}'")
     for directory in settings.allow_model_load_from:
@@ -533,6 +541,7 @@ def _server_values(env: _Variables) -> dict[str, Any]:
         "grpc_port": _safe_port_range(env),
         "default_accept": env.text("SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT"),
         "sagemaker_program": env.text("SAGEMAKER_PROGRAM"),
+        "gpu_fallback": env.text("SAGEMAKER_GPU_FALLBACK"),
         "default_model_name": env.text("SAGEMAKER_TFS_DEFAULT_MODEL_NAME"),
         "sagemaker_models_dir": str(Path(env.text("SAGEMAKER_BASE_DIR") or "/opt/ml") / "models"),
     }

@@ -87,6 +87,7 @@ def test_parse_byte_size_rejects(text: str) -> None:
     ({"SAGEMAKER_DEFAULT_INVOCATIONS_ACCEPT": "text/csv"}, {"default_accept": "text/csv"}),
     ({"SAGEMAKER_PROGRAM": "handler.py"}, {"sagemaker_program": "handler.py"}),
     ({"SAGEMAKER_TFS_DEFAULT_MODEL_NAME": "half_plus_three"}, {"default_model_name": "half_plus_three"}),
+    ({"SAGEMAKER_GPU_FALLBACK": "cpu"}, {"gpu_fallback": "cpu"}),
 ])
 def test_server_variables(environ: dict[str, str], expected: dict[str, Any]) -> None:
     assert settings_from_environment(BASE, environ) == replace(BASE, **expected)
@@ -135,6 +136,12 @@ def test_model_variables(environ: dict[str, str], expected: ModelOverrides) -> N
 def test_server_specific_timeout_beats_the_generic_one() -> None:
     settings = from_env(SAGEMAKER_TS_RESPONSE_TIMEOUT="30", SAGEMAKER_MODEL_SERVER_TIMEOUT="90")
     assert settings.invocation_timeout_seconds == 30.0
+
+
+def test_gpu_fallback_must_be_none_or_cpu() -> None:
+    check_settings(replace(BASE, gpu_fallback="cpu"))
+    with pytest.raises(SettingsError, match="SAGEMAKER_GPU_FALLBACK must be one of none, cpu, got 'gpu'"):
+        check_settings(replace(BASE, gpu_fallback="gpu"))
 
 
 def test_environment_overrides_merge_over_the_base() -> None:

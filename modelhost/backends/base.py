@@ -53,6 +53,7 @@ class InstanceSettings:
     index: int
     threads: int
     lender: CoreLender | None = None
+    gpu: int | None = None  # the CUDA device it runs on (a KIND_GPU group's, core/devices.py); None: CPU
 
 
 class RowUpdates(Protocol):
@@ -152,6 +153,11 @@ class Backend(abc.ABC):
         (a TorchServe archive's batch size, workers and timeouts); `overrides` (the endpoint's, applied after this)
         for what the backend must decide now. Called once per load of the model, with its newest version to load,
         before overrides and defaults are applied; raises ConfigError. Optional."""
+
+    def gpu_devices(self) -> tuple[int, str]:
+        """How many GPUs this backend can run instances on here, and why none when 0; asked (blocking) only for a
+        config with a KIND_GPU group on a host with GPUs."""
+        return 0, f"the {self.name} backend runs models on CPU only"
 
     @abc.abstractmethod
     def describe(self, path: Path) -> ModelSignature:

@@ -1,4 +1,4 @@
-"""ONNX Runtime backend on CPU: one InferenceSession per instance.
+"""ONNX Runtime backend: one InferenceSession per instance, on CPU (or CUDA for a KIND_GPU group's, core/devices.py).
 
 Session options come from config `parameters` (Triton's onnxruntime names or ORT's own):
 intra_op_thread_count / intra_op_num_threads, inter_op_thread_count / inter_op_num_threads,
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -24,6 +25,8 @@ from modelhost.backends.row_split import RowSplitter
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import EXECUTION_MODE_PARAMETER, INTER_OP_PARAMETERS, INTRA_OP_PARAMETERS
 from modelhost.config.parameters import natural_parameter, string_parameters
+from modelhost.config.pbtxt import ConfigError
+from modelhost.core.devices import visible_gpus
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import TensorSpec
 
@@ -84,6 +87,8 @@ class OnnxBackend(Backend):
 
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         options = session_options(config, instance.threads)
+        if instance.gpu is not None:
+            return OnnxModel(_cuda_session(path, options, instance.gpu))
         session = ort.InferenceSession(_model_file(path), options, providers=["CPUExecutionProvider"])
         # A session runs from several threads at once: a batching model's large batch may run as parts on cores
         # idle beyond its own (none when it has them all: one instance in one process).
@@ -93,6 +98,23 @@ class OnnxBackend(Backend):
             threads = options.intra_op_num_threads or lender.total  # 0: ONNX Runtime's default, every core
             splitter = RowSplitter(lender, threads) if threads < lender.total else None
         return OnnxModel(session, splitter)
+
+
+    def gpu_devices(self) -> tuple[int, str]:
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return 0, "onnxruntime here has no CUDAExecutionProvider (onnxruntime-gpu runs on GPUs)"
+        return visible_gpus(), "no GPU is visible to this process (CUDA_VISIBLE_DEVICES)"
+
+
+def _cuda_session(path: Path, options: ort.SessionOptions, gpu: int) -> ort.InferenceSession:
+    """A session on CUDA device `gpu` (CPU for the ops CUDA lacks). ONNX Runtime quietly drops a CUDA provider it
+    cannot start (libraries missing): that is a load failure here, not a GPU model running on CPU unannounced."""
+    providers: list[Any] = [("CUDAExecutionProvider", {"device_id": gpu}), "CPUExecutionProvider"]
+    session = ort.InferenceSession(_model_file(path), options, providers=providers)
+    if "CUDAExecutionProvider" not in session.get_providers():
+        raise ConfigError(f"onnxruntime could not start its CUDA provider on GPU {gpu} (see its log for the "
+                          "missing library)")
+    return session
 
 
 class OnnxModel(Model):

@@ -96,10 +96,17 @@ class TorchBackend(Backend):
 
     def load(self, path: Path, config: ModelConfig, instance: InstanceSettings) -> Model:
         signature = _config_signature(path, config)
-        module, arguments = _load_module(path)
+        device = "cpu" if instance.gpu is None else f"cuda:{instance.gpu}"
+        module, arguments = _load_module(path, device)
         binding = _bind(path, config, arguments)
         threads = _intra_op_threads(config, instance.threads)
-        return TorchModel(module, binding, signature, threads, f"pytorch model '{config.name or path.name}'")
+        label = f"pytorch model '{config.name or path.name}'"
+        return TorchModel(module, binding, signature, threads, label, None if instance.gpu is None else device)
+
+    def gpu_devices(self) -> tuple[int, str]:
+        if not torch.cuda.is_available():
+            return 0, "torch here has no usable CUDA (torch.cuda.is_available() is False)"
+        return torch.cuda.device_count(), ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +128,10 @@ class _Binding:
 
 
 class TorchModel(Model):
-    def __init__(self, module: Any, binding: _Binding, signature: ModelSignature, threads: int, label: str) -> None:
+    def __init__(self, module: Any, binding: _Binding, signature: ModelSignature, threads: int, label: str,
+                 device: str | None = None) -> None:
         self._module: Any = module
+        self._device = device  # "cuda:N" for a KIND_GPU instance: inputs go there, outputs come back
         self._binding = binding
         self._signature = signature
         self._threads = threads
@@ -134,6 +143,8 @@ class TorchModel(Model):
         if _PER_THREAD_COUNTS and torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)  # this thread's OpenMP team only (module docstring)
         tensors = {name: _to_torch(array) for name, array in inputs.items()}
+        if self._device is not None:
+            tensors = {name: tensor.to(self._device) for name, tensor in tensors.items()}
         try:
             with torch.inference_mode():
                 result = module(tensors) if self._binding.dict_input else module(*self._arguments(tensors))
@@ -171,7 +182,7 @@ class TorchModel(Model):
                 ErrorKind.INTERNAL,
                 f"{self._label}: output '{name}' is {tensor.dtype}, but {CONFIG_FILENAME} declares {declared}",
             )
-        return tensor.detach().numpy()
+        return tensor.detach().cpu().numpy()
 
     def signature(self) -> ModelSignature | None:
         return self._signature
@@ -190,16 +201,16 @@ def _config_signature(path: Path, config: ModelConfig) -> ModelSignature:
     return config_signature(config, CONFIG_FILENAME, tuple(_TORCH_DTYPES), TorchBackend.name)
 
 
-def _load_module(path: Path) -> tuple[Any, list[_Argument]]:
+def _load_module(path: Path, device: str = "cpu") -> tuple[Any, list[_Argument]]:
     """The module (TorchScript in eval mode) and its forward() arguments, self left out."""
     try:
         if path.suffix == ".pt2":
-            module = torch.export.load(str(path)).module()
+            module = torch.export.load(str(path)).module().to(device)
             parameters = inspect.signature(module.forward).parameters.values()
             arguments = [_Argument(p.name, _REQUIRED if p.default is p.empty else p.default, "") for p in parameters]
         else:
             # An exported program has no eval(); torch.jit.load has no annotations.
-            module = torch.jit.load(str(path), map_location="cpu").eval()  # type: ignore[no-untyped-call]
+            module = torch.jit.load(str(path), map_location=device).eval()  # type: ignore[no-untyped-call]
             arguments = [
                 _Argument(a.name, a.default_value if a.has_default_value() else _REQUIRED, str(a.type))
                 for a in module.forward.schema.arguments[1:]

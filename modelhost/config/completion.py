@@ -179,6 +179,4 @@ def apply_defaults(config: ModelConfig, name: str, platform: str, backend: str) 
         if group.count == 0:
             group.count = 1
         if group.kind == ModelInstanceGroup.KIND_AUTO:
-            group.kind = ModelInstanceGroup.KIND_CPU
-        elif group.kind == ModelInstanceGroup.KIND_GPU:
-            raise ConfigError(f"{CONFIG_FILENAME} instance_group kind KIND_GPU: modelhost runs models on CPU")
+            group.kind = ModelInstanceGroup.KIND_CPU  # KIND_GPU stays: core/devices.py places it

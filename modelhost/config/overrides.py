@@ -51,6 +51,7 @@ class ModelOverrides:
     instance_count: int | None = None
     intra_op_threads: int | None = None
     inter_op_threads: int | None = None
+    gpu_fallback: bool | None = None  # KIND_GPU groups run on CPU where there is no GPU (core/devices.py)
 
     def merged_over(self, base: ModelOverrides) -> ModelOverrides:
         """These overrides, with `base`'s values where these have none."""

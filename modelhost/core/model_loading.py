@@ -25,6 +25,7 @@ from modelhost.config.overrides import ModelOverrides, apply_overrides
 from modelhost.config.pbtxt import ConfigError, read_config
 from modelhost.core import spare_cores
 from modelhost.core.classification import read_labels
+from modelhost.core.devices import instance_gpu, place
 from modelhost.core.ensemble import Acquire, EnsemblePlan, EnsembleScheduler
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.in_flight import InFlight
@@ -89,6 +90,7 @@ def plan_model(
     backend.configure(backend.model_path(source.path / str(versions[-1]), filename), config, overrides)
     apply_overrides(config, overrides)
     apply_defaults(config, source.name, backend.platform, backend.name)
+    place(config, backend, bool(overrides.gpu_fallback))
     return LoadPlan(config, backend, versions, overrides)
 
 
@@ -192,7 +194,7 @@ def load_version(
     count = sum(group.count for group in plan.config.instance_group)
     threads = max(1, cpu_count // count)
     lender = spare_cores.current()
-    instances = [backend.load(path, plan.config, InstanceSettings(0, threads, lender))]
+    instances = [backend.load(path, plan.config, _instance(plan.config, 0, threads, lender))]
     try:
         signature = instances[0].signature() or backend.describe(path)
         # An endpoint-wide max batch size takes the default's path: only models that can batch get it. Triton's
@@ -225,6 +227,10 @@ def load_version(
                        labels=labels)
 
 
+def _instance(config: ModelConfig, index: int, threads: int, lender: spare_cores.SpareCores | None) -> InstanceSettings:
+    return InstanceSettings(index, threads, lender, instance_gpu(config, index))
+
+
 def _load_instances(backend: Backend, path: Path, config: ModelConfig, indexes: range, threads: int,
                     lender: spare_cores.SpareCores | None, parallel: bool) -> list[Model]:
     """Instances `indexes` of the model; `parallel` (instances that are processes of their own, which start
@@ -233,14 +239,14 @@ def _load_instances(backend: Backend, path: Path, config: ModelConfig, indexes: 
         loaded: list[Model] = []
         try:
             for index in indexes:
-                loaded.append(backend.load(path, config, InstanceSettings(index, threads, lender)))
+                loaded.append(backend.load(path, config, _instance(config, index, threads, lender)))
         except BaseException:
             for instance in loaded:
                 instance.unload()
             raise
         return loaded
     with ThreadPoolExecutor(len(indexes), thread_name_prefix="instance-load") as pool:
-        futures = [pool.submit(backend.load, path, config, InstanceSettings(index, threads, lender))
+        futures = [pool.submit(backend.load, path, config, _instance(config, index, threads, lender))
                    for index in indexes]
         wait(futures)
     failed = next((future.exception() for future in futures if future.exception() is not None), None)

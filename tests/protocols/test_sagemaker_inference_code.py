@@ -15,6 +15,7 @@ import requests
 
 from tests.archives import weighted_model, write_archive
 from tests.onnx_models import scale_model
+from tests.protocols.test_sagemaker_server import runtime_client
 from tests.server import ServerProcess
 
 TOOLKIT = '''
@@ -28,7 +29,9 @@ def input_fn(input_data, content_type, context):
     return np.array(json.loads(input_data)["values"], dtype=np.float32)
 
 
-def output_fn(prediction, accept):
+def output_fn(prediction, accept, context):
+    if context.custom_attributes:  # the response's CustomAttributes, as TorchServe's context sets headers
+        context.set_response_header(0, "X-Amzn-SageMaker-Custom-Attributes", "echo:" + context.custom_attributes)
     return json.dumps({"scores": prediction.ravel().tolist()}), "application/vnd.scores+json"
 '''
 
@@ -115,6 +118,19 @@ def test_toolkit_input_and_output_fn_around_the_served_model(tmp_path: Path, sta
     broken = post(server, b"{}")
     assert broken.status_code == 500 and "input_fn" in broken.json()["error"] and "values" in broken.json()["error"]
     assert post(server, orjson.dumps({"values": [[0, 0, 0, 1]]})).json() == {"scores": [0.0, 0.0, 0.0, 2.0]}
+    assert "X-Amzn-SageMaker-Custom-Attributes" not in response.headers
+
+    # CustomAttributes both ways: the request's reach the handler's context, what it sets comes back, on
+    # InvokeEndpoint and InvokeEndpointWithResponseStream (one part: inference.py answers once).
+    client = runtime_client(server)
+    body = orjson.dumps({"values": [[1, 2, 3, 4]]})
+    answer = client.invoke_endpoint(EndpointName="local", Body=body, ContentType="application/json",
+                                    CustomAttributes="trace=7")
+    assert answer["CustomAttributes"] == "echo:trace=7" and answer["ContentType"] == "application/vnd.scores+json"
+    streamed = client.invoke_endpoint_with_response_stream(EndpointName="local", Body=body,
+                                                           ContentType="application/json", CustomAttributes="id=8")
+    assert streamed["CustomAttributes"] == "echo:id=8"
+    assert [orjson.loads(part["PayloadPart"]["Bytes"]) for part in streamed["Body"]] == [{"scores": [2, 4, 6, 8]}]
 
 
 def test_tfs_handler_posts_to_the_rest_uri(tmp_path: Path, start_server: Any) -> None:

@@ -69,6 +69,8 @@ class RequestInfo:
     rest_uri: str = ""  # where modelhost serves this model's TF Serving REST :predict
     grpc_port: int | None = None  # where it serves TF Serving's gRPC API (None: gRPC is off)
     channel: Any = None  # a grpc.Channel to that port
+    # What user code sets for the response (ToolkitContext.set_response_header): X-Amzn-SageMaker-Custom-Attributes.
+    response_headers: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class TfsResponse:
@@ -153,6 +155,13 @@ class ToolkitContext:
     request_content_type: str | None = None
     accept_header: str | None = None
     custom_attributes: str | None = None
+    response_headers: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def set_response_header(self, idx: int, key: str, value: str) -> None:
+        """As TorchServe's context (which the toolkit hands its functions): the header goes with the response;
+        X-Amzn-SageMaker-Custom-Attributes becomes the caller's response CustomAttributes. `idx`: the request's
+        index in the batch (always 0 here)."""
+        self.response_headers[str(key)] = str(value)
 
 
 @dataclass(frozen=True)
@@ -256,7 +265,7 @@ class ToolkitHandler(Handler):
             raise unavailable(f"{self.source}: the model is not loaded (load_model was not called)")
         context = dataclasses.replace(
             self._context, request_content_type=request.content_type, accept_header=request.accept,
-            custom_attributes=request.custom_attributes or None,
+            custom_attributes=request.custom_attributes or None, response_headers=request.response_headers,
         )
         hooks, model, content_type, accept = self._hooks, self._model, request.content_type, request.accept
         if "transform_fn" in hooks:

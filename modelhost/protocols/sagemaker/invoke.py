@@ -11,7 +11,7 @@ import asyncio
 import io
 import threading
 import uuid
-from collections.abc import Awaitable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Coroutine, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from modelhost.core.dataplane import DataPlane
+from modelhost.core.partial_answers import PartialAnswers
 from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message
 from modelhost.handler_messages import (
     HANDLER_INPUT,
@@ -42,10 +43,12 @@ from modelhost.protocols.sagemaker.payloads import (
     encode_invocation,
     media_type,
 )
+from modelhost.protocols.sagemaker.streaming import handler_parts, is_handler_model, model_parts
 from modelhost.protocols.tfserving.serving import TfServing
 from modelhost.types import DATATYPE_DTYPES, InferRequest, ModelMetadata, TensorSpec
 
 T = TypeVar("T")
+CUSTOM_ATTRIBUTES_HEADER = "x-amzn-sagemaker-custom-attributes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,16 @@ class Call:
     content_type: str | None
     accept: str | None
     custom_attributes: str
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An invocation's answer (or one part of it): the body, its content type, and the custom attributes the
+    model's code set for the response (X-Amzn-SageMaker-Custom-Attributes; "" when none)."""
+
+    body: bytes
+    content_type: str
+    custom_attributes: str = ""
 
 
 class Invoker:
@@ -70,7 +83,11 @@ class Invoker:
         self._timeout = timeout_seconds
         self._rest_base = rest_base  # e.g. "http://127.0.0.1:8080": where TF Serving predict answers
 
-    async def invoke(self, model: str, version: str, handler: Handler | None, call: Call) -> tuple[bytes, str]:
+    @property
+    def timeout_seconds(self) -> float:
+        return self._timeout
+
+    async def invoke(self, model: str, version: str, handler: Handler | None, call: Call) -> Answer:
         """The response body and its content type; raises ModelhostError, MediaTypeError or HandlerError."""
         if handler is not None:
             handle = self.handle(model, version)
@@ -87,15 +104,37 @@ class Invoker:
         response, invocation = await self._within_timeout(self._dataplane.decode_and_infer(model, version, decode))
         if invocation is None:
             return self._handler_answer(response.outputs[RESPONSE_OUTPUT].reshape(-1)[0], call)
-        return encode_invocation(response, invocation, choose_accept(call.accept, self._default_accept))
+        return Answer(*encode_invocation(response, invocation, choose_accept(call.accept, self._default_accept)))
 
-    def _handler_answer(self, answer: HandlerResponse, call: Call) -> tuple[bytes, str]:
-        """A handler model's answer: its body and content type (Accept's, or the default, where it set none); a
-        failed one is the handler's status and message."""
+    def parts(self, model: str, version: str, handler: Handler | None, call: Call) -> AsyncGenerator[Answer, None]:
+        """The answer in parts, for a response stream (streaming.py): a decoupled model's responses, a handler
+        model's intermediate answers, else one part. The caller bounds the whole stream's time."""
+        if handler is not None:
+            return _one(self.invoke(model, version, handler, call))
+        if is_handler_model(self._dataplane, model, version):
+            return self._handler_parts(model, version, call)
+        return self._model_parts(model, version, call)
+
+    async def _model_parts(self, model: str, version: str, call: Call) -> AsyncGenerator[Answer, None]:
+        accept = choose_accept(call.accept, self._default_accept)
+        async for body, content_type in model_parts(self._dataplane, model, version, call.body, call.content_type,
+                                                    accept):
+            yield Answer(body, content_type)
+
+    async def _handler_parts(self, model: str, version: str, call: Call) -> AsyncGenerator[Answer, None]:
+        partials = PartialAnswers(self._dataplane.limits.max_output_bytes)
+        request = _handler_request(call, partials)
+        request.model_name, request.model_version = model, version
+        async for answer in handler_parts(self._dataplane, request, partials):
+            yield self._handler_answer(answer, call)
+
+    def _handler_answer(self, answer: HandlerResponse, call: Call) -> Answer:
+        """A handler model's answer: its body and content type (Accept's, or the default, where it set none), and
+        the custom attributes it set; a failed one is the handler's status and message."""
         if answer.error or answer.status >= 400:
             raise HandlerError(answer.status, answer.body.decode("utf-8", "replace"))
         accept = call.accept if call.accept and media_type(call.accept) != "*/*" else self._default_accept
-        return answer.body, answer.content_type or accept
+        return Answer(answer.body, answer.content_type or accept, _custom_attributes(answer.headers))
 
     async def _within_timeout(self, work: Awaitable[T]) -> T:
         try:
@@ -109,7 +148,7 @@ class Invoker:
         """The served model for user code (on the loop): what predict_fn gets as `model` without a model_fn."""
         return ServedModelHandle(asyncio.get_running_loop(), self._dataplane, model, version)
 
-    def _run_handler(self, handler: Handler, handle: ServedModelHandle, call: Call) -> tuple[bytes, str]:
+    def _run_handler(self, handler: Handler, handle: ServedModelHandle, call: Call) -> Answer:
         accept = call.accept if call.accept and media_type(call.accept) != "*/*" else self._default_accept
         version = handle.version
         info = RequestInfo(
@@ -123,7 +162,8 @@ class Invoker:
             grpc_port=self._grpc_port,
             channel=self._grpc_channel(),
         )
-        return handler.invoke(info, ServedDefaults(handle))
+        body, content_type = handler.invoke(info, ServedDefaults(handle))
+        return Answer(body, content_type, _custom_attributes(info.response_headers))
 
     def _grpc_channel(self) -> grpc.Channel | None:
         """One channel to this server's gRPC port for every handler call, as the TF Serving container keeps one."""
@@ -139,14 +179,26 @@ class Invoker:
             self._channel.close()
 
 
-def _handler_request(call: Call) -> InferRequest:
+async def _one(answer: Awaitable[Answer]) -> AsyncGenerator[Answer, None]:
+    yield await answer
+
+
+def _custom_attributes(headers: Mapping[str, str]) -> str:
+    """The response custom attributes among headers user code set (names compared case-insensitively)."""
+    for name, value in headers.items():
+        if name.lower() == CUSTOM_ATTRIBUTES_HEADER:
+            return str(value)
+    return ""
+
+
+def _handler_request(call: Call, partials: PartialAnswers | None = None) -> InferRequest:
     """The invocation for a handler model: its body, content type, Accept and custom attributes, as sent."""
     headers = {"Content-Type": call.content_type or "", "Accept": call.accept or ""}
     if call.custom_attributes:
         headers["X-Amzn-SageMaker-Custom-Attributes"] = call.custom_attributes
     requests = np.empty(1, dtype=object)
     requests[0] = HandlerRequest({"body": (media_type(call.content_type or ""), call.body)},
-                                 {k: v for k, v in headers.items() if v}, str(uuid.uuid4()))
+                                 {k: v for k, v in headers.items() if v}, str(uuid.uuid4()), partials)
     return InferRequest("", {HANDLER_INPUT: requests}, signature=HANDLER_SIGNATURE)
 
 

@@ -1,6 +1,7 @@
 """SageMaker's container contract over HTTP: `/ping`, `/invocations`, the multi-model management API
-(`/models`...), and the Runtime API's `POST /endpoints/{name}/invocations` (protocols §6); its
-asynchronous and streaming invocations answer a ValidationError saying they are not supported.
+(`/models`...), and the Runtime API's `POST /endpoints/{name}/invocations` and `.../invocations-response-stream`
+(protocols §6; response_stream.py); its asynchronous invocation answers a ValidationError saying it is not
+supported. Custom attributes user code sets for a response go back in X-Amzn-SageMaker-Custom-Attributes.
 
 Translation only: which model a call means comes from `Targets`; running it from `Invoker`.
 """
@@ -10,12 +11,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qs
-
-import orjson
 
 from modelhost.access import Api
 from modelhost.errors import ModelhostError, invalid, not_found
@@ -32,7 +31,8 @@ from modelhost.protocols.json_body import json_object
 from modelhost.protocols.sagemaker.handlers import Handler, HandlerError
 from modelhost.protocols.sagemaker.invoke import Call, Invoker
 from modelhost.protocols.sagemaker.payloads import MediaTypeError
-from modelhost.protocols.sagemaker.runtime_errors import OPERATIONS, runtime_error
+from modelhost.protocols.sagemaker.response_stream import attributes_header, streamed
+from modelhost.protocols.sagemaker.runtime_errors import OPERATIONS, endpoint_name_error, model_error, runtime_error
 from modelhost.protocols.sagemaker.target_models import TargetModels
 
 log = logging.getLogger("modelhost.sagemaker")
@@ -45,10 +45,7 @@ _UNSUPPORTED = {
     r"/endpoints/(?P<endpoint>[^/]+)/async-invocations":
         "InvokeEndpointAsync is not supported: this server has no asynchronous inference (no S3 input and "
         "output locations, no queue)",
-    r"/endpoints/(?P<endpoint>[^/]+)/invocations-response-stream":
-        "InvokeEndpointWithResponseStream is not supported: this server does not stream responses",
 }
-_ENDPOINT_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 _PAGE_LIMIT = 100
 
 
@@ -120,10 +117,9 @@ class MultiModelTargets:
 def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], models: TargetModels | None,
            handlers: Mapping[str, Handler] | None = None) -> list[Route]:
     async def run(target: Target, request: HttpRequest) -> HttpResponse:
-        call = Call(request.body, _header(request.headers, b"content-type") or None,
-                    _header(request.headers, b"accept") or None, _header(request.headers, CUSTOM_ATTRIBUTES))
-        body, content_type = await invoker.invoke(target.model, target.version, target.handler, call)
-        return HttpResponse(200, [body], [(b"content-type", content_type.encode())])
+        answer = await invoker.invoke(target.model, target.version, target.handler, _call_of(request))
+        return HttpResponse(200, [answer.body], [(b"content-type", answer.content_type.encode()),
+                                                 *attributes_header(answer)])
 
     async def invocations(request: HttpRequest) -> HttpResponse:
         try:
@@ -136,19 +132,30 @@ def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], models
         return HttpResponse(200 if ready() else 503, (), [])
 
     async def endpoint_invocations(request: HttpRequest) -> HttpResponse:
-        name = request.params["endpoint"]
-        if not (0 < len(name) <= 63 and set(name) <= _ENDPOINT_NAME_CHARS and name[0] != "-" and name[-1] != "-"):
-            return runtime_error(400, "ValidationError", f"endpoint name '{name}' must be 1-63 letters, digits "
-                                 "and hyphens, starting and ending with a letter or digit")
+        refused = endpoint_name_error(request.params["endpoint"])
+        if refused is not None:
+            return refused
         response = await invocations(request)
         if response.status >= 400:
-            message = orjson.loads(b"".join(response.body)).get("error", "")
-            return runtime_error(424, "ModelError", f"Received client error ({response.status}) from primary "
-                                 f"with message \"{message}\"", OriginalStatusCode=response.status,
-                                 OriginalMessage=message)
-        response.headers.append((b"x-amzn-invoked-production-variant", b"AllTraffic"))
-        response.headers.append((b"x-amzn-requestid", str(uuid.uuid4()).encode()))
+            return model_error(response)
+        response.headers += _invoked()
         return response
+
+    async def response_stream(request: HttpRequest) -> HttpResponse:
+        refused = endpoint_name_error(request.params["endpoint"])
+        if refused is not None:
+            return refused
+        held = AsyncExitStack()  # the target stays in use (a multi-model archive cached) until the stream ends
+        try:
+            target = await held.enter_async_context(targets.resolve(request.headers))
+            parts = invoker.parts(target.model, target.version, target.handler, _call_of(request))
+            return await streamed(parts, held, invoker.timeout_seconds, _invoked())
+        except (ModelhostError, MediaTypeError, HandlerError) as exc:
+            await held.aclose()
+            return model_error(_error(exc))
+        except BaseException:
+            await held.aclose()
+            raise
 
     def unsupported(explanation: str) -> RouteHandler:
         async def answer(request: HttpRequest) -> HttpResponse:
@@ -159,6 +166,7 @@ def routes(invoker: Invoker, targets: Targets, ready: Callable[[], bool], models
         Route("GET", "/ping", ping, Api.HEALTH),
         Route("POST", "/invocations", invocations, Api.INFERENCE),
         Route("POST", _ENDPOINT, endpoint_invocations, Api.INFERENCE),
+        Route("POST", _ENDPOINT + "-response-stream", response_stream, Api.INFERENCE),
         *(Route("POST", pattern, unsupported(explanation), Api.INFERENCE)
           for pattern, explanation in _UNSUPPORTED.items()),
     ]
@@ -214,6 +222,15 @@ def management_routes(models: TargetModels, run: Callable[[Target, HttpRequest],
         Route("DELETE", r"/models/(?P<name>[^/]+)", unload, Api.MODEL_REPOSITORY),
         Route("POST", r"/models/(?P<name>[^/]+)/invoke", invoke, Api.INFERENCE),
     ]
+
+
+def _call_of(request: HttpRequest) -> Call:
+    return Call(request.body, _header(request.headers, b"content-type") or None,
+                _header(request.headers, b"accept") or None, _header(request.headers, CUSTOM_ATTRIBUTES))
+
+
+def _invoked() -> list[tuple[bytes, bytes]]:
+    return [(b"x-amzn-invoked-production-variant", b"AllTraffic"), (b"x-amzn-requestid", str(uuid.uuid4()).encode())]
 
 
 def _error(exc: ModelhostError | MediaTypeError | HandlerError) -> HttpResponse:

@@ -26,7 +26,8 @@ from modelhost.protocols.http.exchange import ASGIApp
 
 RUNTIME_PREFIX = "/endpoints/"
 UNKNOWN_OPERATION = "UnknownOperationException"
-OPERATIONS = "InvokeEndpoint (POST /endpoints/{EndpointName}/invocations)"
+OPERATIONS = ("InvokeEndpoint (POST /endpoints/{EndpointName}/invocations) and InvokeEndpointWithResponseStream "
+              "(POST /endpoints/{EndpointName}/invocations-response-stream)")
 _CODES = {
     400: "ValidationError",
     404: UNKNOWN_OPERATION,
@@ -38,6 +39,7 @@ _CODES = {
     503: "ServiceUnavailable",
 }
 _ERROR_TYPE = b"x-amzn-errortype"
+_ENDPOINT_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
 
 
 def runtime_error(status: int, code: str, message: str, **extra: Any) -> HttpResponse:
@@ -45,6 +47,21 @@ def runtime_error(status: int, code: str, message: str, **extra: Any) -> HttpRes
     response = json_response({"message": message, **extra}, status)
     response.headers += [(_ERROR_TYPE, code.encode()), (b"x-amzn-requestid", str(uuid.uuid4()).encode())]
     return response
+
+
+def endpoint_name_error(name: str) -> HttpResponse | None:
+    """The ValidationError for an endpoint name the Runtime API would refuse; None for a valid one."""
+    if 0 < len(name) <= 63 and set(name) <= _ENDPOINT_NAME_CHARS and name[0] != "-" and name[-1] != "-":
+        return None
+    return runtime_error(400, "ValidationError", f"endpoint name '{name}' must be 1-63 letters, digits "
+                         "and hyphens, starting and ending with a letter or digit")
+
+
+def model_error(response: HttpResponse) -> HttpResponse:
+    """A container answer's error as the Runtime API relays it: ModelError (424) with the original status."""
+    message = orjson.loads(b"".join(response.body)).get("error", "")
+    return runtime_error(424, "ModelError", f"Received client error ({response.status}) from primary "
+                         f"with message \"{message}\"", OriginalStatusCode=response.status, OriginalMessage=message)
 
 
 class RuntimeErrors:
