@@ -37,9 +37,8 @@ from modelhost.protocols.sagemaker.payloads import (
     NPY,
     Invocation,
     MediaTypeError,
-    choose_accept,
     decode_invocation,
-    encode_invocation,
+    encode_answer,
     media_type,
 )
 from modelhost.protocols.tfserving.serving import TfServing
@@ -87,7 +86,7 @@ class Invoker:
         response, invocation = await self._within_timeout(self._dataplane.decode_and_infer(model, version, decode))
         if invocation is None:
             return self._handler_answer(response.outputs[RESPONSE_OUTPUT].reshape(-1)[0], call)
-        return encode_invocation(response, invocation, choose_accept(call.accept, self._default_accept))
+        return encode_answer(response, invocation, call.accept, self._default_accept)
 
     def _handler_answer(self, answer: HandlerResponse, call: Call) -> tuple[bytes, str]:
         """A handler model's answer: its body and content type (Accept's, or the default, where it set none); a
