@@ -152,7 +152,8 @@ def decode_libsvm(body: bytes, spec: TensorSpec, limits: RequestLimits) -> np.nd
             index, colon, value = token.partition(":")
             if not colon and place == 0:
                 continue  # the label
-            dense[row, _index(index, colon, token, number, width, spec)] = _value(value, token, number)
+            column = _index(index, colon, token, number, width, spec)
+            dense[row, column] = _value(value, token, number)
     return dense.astype(DATATYPE_DTYPES[spec.datatype])
 
 
