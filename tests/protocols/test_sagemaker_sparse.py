@@ -5,6 +5,7 @@ allocated."""
 from __future__ import annotations
 
 import io
+import random
 import zipfile
 
 import numpy as np
@@ -67,6 +68,7 @@ def test_libsvm_labels_optional_indices_zero_based() -> None:
     (b"0:x", "line 1: the value in '0:x' is not a number"),
     (b"\n0:1 -1:2", "line 2: '-1:2' is not index:value"),
     (b"0:1 4:1", "feature index 4 is outside input 'x''s 4 columns"),
+    (b"1 " + b"9" * 5000 + b":1", "is outside input 'x''s 4 columns"),
     (b"\xff", "not UTF-8"), (b"\n \n", "no lines with values"),
 ])
 def test_bad_libsvm_names_the_line(body: bytes, problem: str) -> None:
@@ -125,3 +127,18 @@ def test_octet_stream_binary_parts_must_be_framed_by_the_binary_type() -> None:
         rows(body, "application/octet-stream")
     typed = f"application/vnd.sagemaker-triton.binary+json; json-header-size=\"{len(header)}\""
     np.testing.assert_array_equal(rows(body, typed), np.ones((1, 4), np.float32))
+
+
+def test_corrupted_npz_bodies_are_400s() -> None:
+    """Bytes flipped anywhere in save_npz's output (zip structure, deflate stream, .npy headers, data): always a
+    ModelhostError, never another exception (found so: zlib.error, NotImplementedError for a compression method)."""
+    bodies = [npz(MATRIX.asformat(kind), compressed) for kind in ("csr", "coo") for compressed in (True, False)]
+    chance = random.Random(5)
+    for _ in range(400):
+        body = bytearray(chance.choice(bodies))
+        for _ in range(chance.randint(1, 4)):
+            body[chance.randrange(len(body))] = chance.randrange(256)
+        try:
+            rows(bytes(body), "application/x-npz")
+        except ModelhostError:
+            pass

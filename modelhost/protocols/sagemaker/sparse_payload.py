@@ -16,7 +16,9 @@ member's size, declared and actual, against what that shape's arrays can need; e
 from __future__ import annotations
 
 import io
+import lzma
 import zipfile
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,6 +29,10 @@ from modelhost.protocols.sagemaker.media_types import MediaTypeError
 from modelhost.types import DATATYPE_DTYPES, RequestLimits, TensorSpec, format_shape
 
 _FLOATS = ("FP16", "FP32", "FP64")
+# What zipfile, its decompressors and numpy's .npy reader raise for bytes they cannot read (an encrypted member:
+# RuntimeError; an unknown compression method: NotImplementedError).
+_UNREADABLE = (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, lzma.LZMAError, NotImplementedError, RuntimeError,
+               EOFError, OSError, ValueError, TypeError)
 _INDEX_ARRAYS = {"csr": ("indices", "indptr"), "csc": ("indices", "indptr"), "coo": ("row", "col")}
 _SMALL = 1024  # a .npy of a few values: its header (128 bytes as numpy writes it) and data
 _LIBSVM_BASE = "0-based, as SageMaker's XGBoost container reads libsvm"
@@ -73,7 +79,7 @@ def decode_npz(body: bytes, spec: TensorSpec, limits: RequestLimits) -> np.ndarr
             elements = limits.budget().take(f"the npz body for input '{spec.name}'", (rows, columns))
             bound = 8 * (elements + max(rows, columns) + 1) + _SMALL  # the most this shape's arrays can need
             data, first, second = (_member(archive, name, bound) for name in ("data", *_INDEX_ARRAYS[kind]))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as error:
+    except _UNREADABLE as error:
         raise invalid(f"npz body is not a zip of .npy arrays as scipy.sparse.save_npz writes: {error}") from None
     row_ids, column_ids = _coordinates(kind, first, second, rows, columns)
     _check_data(data, row_ids)
@@ -146,7 +152,7 @@ def decode_libsvm(body: bytes, spec: TensorSpec, limits: RequestLimits) -> np.nd
         raise invalid("libsvm body has no lines with values; send one row per line, '[label] index:value ...'")
     width = spec.shape[1]
     limits.budget().take(f"the libsvm body for input '{spec.name}'", (len(lines), width))
-    dense = np.zeros((len(lines), width), dtype=np.float64)
+    dense = np.zeros((len(lines), width), dtype=DATATYPE_DTYPES[spec.datatype])
     for row, (number, tokens) in enumerate(lines):
         for place, token in enumerate(tokens):
             index, colon, value = token.partition(":")
@@ -154,18 +160,17 @@ def decode_libsvm(body: bytes, spec: TensorSpec, limits: RequestLimits) -> np.nd
                 continue  # the label
             column = _index(index, colon, token, number, width, spec)
             dense[row, column] = _value(value, token, number)
-    return dense.astype(DATATYPE_DTYPES[spec.datatype])
+    return dense
 
 
 def _index(text: str, colon: str, token: str, line: int, width: int, spec: TensorSpec) -> int:
     if not colon or not text.isascii() or not text.isdigit():
         raise invalid(f"libsvm line {line}: {client_value(token)} is not index:value (only the first token may be "
                       "a label)")
-    index = int(text)
-    if index >= width:
-        raise invalid(f"libsvm line {line}: feature index {index} is outside input '{spec.name}''s {width} "
-                      f"columns ({_LIBSVM_BASE})")
-    return index
+    if len(text) > 18 or int(text) >= width:  # 18 digits: int() of any length is never attempted
+        raise invalid(f"libsvm line {line}: feature index {client_value(text)[1:-1]} is outside input "
+                      f"'{spec.name}''s {width} columns ({_LIBSVM_BASE})")
+    return int(text)
 
 
 def _value(text: str, token: str, line: int) -> float:
