@@ -31,13 +31,14 @@ def v2_json(inputs: dict[str, np.ndarray]) -> bytes:
                                    "data": array.tolist()} for name, array in inputs.items()]}).encode()
 
 
-def binary_request(inputs: dict[str, np.ndarray], outputs: dict[str, bool] | None = None) -> tuple[bytes, str]:
+def binary_request(inputs: dict[str, np.ndarray], outputs: dict[str, bool] | None = None,
+                   binary_inputs: bool = True) -> tuple[bytes, str]:
     """A binary+json body (tritonclient's generate_request_body) and its Content-Type; `outputs`: each requested
     output, and whether it is to come back binary (None: every output, binary, as tritonclient asks by default)."""
     tensors = []
     for name, array in inputs.items():
         tensor = httpclient.InferInput(name, list(array.shape), "FP32")
-        tensor.set_data_from_numpy(array, binary_data=True)
+        tensor.set_data_from_numpy(array, binary_data=binary_inputs)
         tensors.append(tensor)
     requested = None if outputs is None else [httpclient.InferRequestedOutput(name, binary_data=binary)
                                               for name, binary in outputs.items()]

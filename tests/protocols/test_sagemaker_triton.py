@@ -96,6 +96,11 @@ def test_boto3_binary_json_answers_binary_where_asked(triton: ServerProcess) -> 
         assert answer["ContentType"].startswith(answer_type)
         np.testing.assert_array_equal(parse_answer(answer["Body"].read(), answer["ContentType"]).as_numpy("OUTPUT0"),
                                       want)
+    # As the container does (Triton's qa/L0_sagemaker): a V2 body sent as application/json asking for binary outputs.
+    body, _ = binary_request({"INPUT0": ROWS}, binary_inputs=False)
+    answer = client.invoke_endpoint(EndpointName="triton", ContentType="application/json", Body=body)
+    assert answer["ContentType"].startswith(f"{BINARY};json-header-size=")
+    np.testing.assert_array_equal(parse_answer(answer["Body"].read(), answer["ContentType"]).as_numpy("OUTPUT0"), want)
 
 
 def test_predictor_sends_both_triton_types(triton: ServerProcess) -> None:

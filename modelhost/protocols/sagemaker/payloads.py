@@ -69,7 +69,7 @@ from modelhost.protocols.sagemaker.media_types import (
 )
 from modelhost.protocols.sagemaker.npy_payload import decode_npy, encode_npy
 from modelhost.protocols.sagemaker.sparse_payload import accepted_types, decode_libsvm, decode_npz, sparse_input
-from modelhost.protocols.sagemaker.triton_payloads import decode_triton, encode_triton
+from modelhost.protocols.sagemaker.triton_payloads import asks_binary, decode_triton, encode_triton
 from modelhost.protocols.tfserving.json_codec import (
     COLUMNAR,
     ROW,
@@ -215,9 +215,10 @@ def _decode_protobuf(body: bytes, inputs: Sequence[TensorSpec], limits: RequestL
 
 def encode_answer(response: InferResponse, invocation: Invocation, accept: str | None,
                   default_accept: str) -> tuple[bytes, str]:
-    """The response body and Content-Type for the request's Accept header (None: none sent); a "triton" request is
-    answered as the SageMaker Triton container answers, without Accept."""
-    if invocation.form == TRITON:
+    """The response body and Content-Type for the request's Accept header (None: none sent). A "triton" request, and
+    a V2 JSON one that asks for binary outputs (tritonclient's bodies do by default), are answered as the SageMaker
+    Triton container answers, without Accept: binary+json where outputs are binary."""
+    if invocation.form == TRITON or (invocation.form == "v2" and asks_binary(invocation.request)):
         return encode_triton(response, invocation.request)
     return encode_invocation(response, invocation, choose_accept(accept, default_accept))
 

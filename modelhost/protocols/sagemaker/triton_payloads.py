@@ -8,7 +8,8 @@ What the container (Triton's `sagemaker_server.cc`) reads and answers:
   N must be a whole number from 1 to the body's length (the JSON cannot be empty).
 The answer is the V2 response: application/json when every output is JSON, else the binary type with the JSON
 header's length as json-header-size; outputs are binary where the request asks (`binary_data_output`, or an
-output's `binary_data`). Accept is not consulted, as the container does not consult it.
+output's `binary_data`). Accept is not consulted, as the container does not consult it. The container answers an
+application/json V2 request so too, and so does modelhost when such a request asks for binary outputs.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def decode_triton(body: bytes, content_type: str, limits: RequestLimits) -> Infe
     """The V2 request in an octet-stream or binary+json body; it names no model (the endpoint does)."""
     length = header_size(content_type, len(body)) if media_type(content_type) == TRITON_BINARY else None
     return decode_infer_request(body, length, "", limits=limits)
+
+
+def asks_binary(request: InferRequest) -> bool:
+    """Whether a V2 request wants any output as binary data (the request's default, or one output's)."""
+    default = request.parameters.get("binary_data_output") is True
+    return default or any(o.parameters.get("binary_data", default) is True for o in request.outputs or ())
 
 
 def encode_triton(response: InferResponse, request: InferRequest) -> tuple[bytes, str]:
