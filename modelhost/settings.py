@@ -22,6 +22,7 @@ from modelhost.core.code_policy import USER_CODE_MODES
 from modelhost.core.compute_threads import PRIORITIES, Priority
 from modelhost.core.trace_config import check_trace_config
 from modelhost.cpus import available_cpus
+from modelhost.sagemaker_triton import triton_values, triton_warnings
 from modelhost.types import MAX_RANK, RequestLimits
 
 GIB = 1024**3
@@ -277,6 +278,7 @@ def settings_from_environment(base: ServerSettings, environ: Mapping[str, str]) 
     """
     variables = _Variables(environ)
     values = _server_values(variables)
+    values.update(_with_triton(variables, values))
     overrides = _model_overrides(variables).merged_over(base.model_overrides)
     return replace(base, **values, model_overrides=overrides)
 
@@ -552,6 +554,16 @@ def _server_values(env: _Variables) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def _with_triton(env: _Variables, values: dict[str, Any]) -> dict[str, Any]:
+    """The SageMaker Triton container's settings (sagemaker_triton), over the others'; its port variables beat the
+    port SAGEMAKER_SAFE_PORT_RANGE implies, and two default model names that disagree are an error."""
+    triton = triton_values(env)
+    _choose("default_model_name",
+            [(env.show("SAGEMAKER_TFS_DEFAULT_MODEL_NAME"), values.get("default_model_name")),
+             (env.show("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"), triton.get("default_model_name"))])
+    return triton
+
+
 def _gunicorn_threads(env: _Variables) -> int | None:
     """The TF Serving container's Python service runs SAGEMAKER_GUNICORN_WORKERS x _THREADS handlers at once
     (1 x 1 by default); modelhost's handler pool runs as many."""
@@ -590,7 +602,7 @@ UNUSED_VARIABLES = {
 def unused_variables(environ: Mapping[str, str]) -> list[str]:
     """One line for each set container variable that modelhost does not use, saying why."""
     return [f"{name} is set but not used: {why}" for name, why in UNUSED_VARIABLES.items()
-            if environ.get(name, "").strip()]
+            if environ.get(name, "").strip()] + triton_warnings(environ)
 
 
 def _model_overrides(env: _Variables) -> ModelOverrides:

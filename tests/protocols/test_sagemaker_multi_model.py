@@ -20,6 +20,7 @@ import requests
 import tritonclient.http as httpclient
 
 from tests.archives import weighted_model, write_archive, write_archives
+from tests.protocols.sagemaker_triton import binary_request, expected, parse_answer, predictor, v2_json
 from tests.protocols.test_sagemaker_server import runtime_client
 from tests.s3_server import FAKE_ENVIRONMENT, MotoS3Server
 from tests.server import ServerProcess, wait_for
@@ -94,6 +95,26 @@ def test_boto3_invoke_endpoint_with_target_model(mme: ServerProcess) -> None:
         client.invoke_endpoint(EndpointName="mme", TargetModel="model-99.tar.gz", Body=ROW, ContentType="text/csv")
     assert missing.value.response["OriginalStatusCode"] == 404
     assert "model-99.tar.gz" in missing.value.response["OriginalMessage"]
+
+
+def test_triton_payloads_with_target_model_through_boto3_and_the_sdk(mme: ServerProcess) -> None:
+    """AWS's Triton multi-model examples: octet-stream V2 JSON and binary+json, TargetModel naming the archive."""
+    client = runtime_client(mme)
+    rows = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for i in (1, 2):  # archives the tests before have loaded
+        want = expected(weighted_model(float(i), 4), {"INPUT0": rows})["OUTPUT0"]
+        answer = client.invoke_endpoint(EndpointName="mme", TargetModel=f"model-{i}.tar.gz", Body=v2_json(
+            {"INPUT0": rows}), ContentType="application/octet-stream")
+        assert answer["ContentType"] == "application/json"
+        np.testing.assert_array_equal(parse_answer(answer["Body"].read(), "application/json").as_numpy("OUTPUT0"),
+                                      want)
+        body, content_type = binary_request({"INPUT0": rows})
+        answer = client.invoke_endpoint(EndpointName="mme", TargetModel=f"model-{i}.tar.gz", Body=body,
+                                        ContentType=content_type)
+        np.testing.assert_array_equal(parse_answer(answer["Body"].read(), answer["ContentType"]).as_numpy("OUTPUT0"),
+                                      want)
+    answer = predictor(client, "mme").predict(v2_json({"INPUT0": rows}), target_model="model-3.tar.gz")
+    np.testing.assert_array_equal(parse_answer(answer, "application/json").as_numpy("OUTPUT0"), rows + 3)
 
 
 def test_missing_or_escaping_target_is_a_clear_400(mme: ServerProcess) -> None:

@@ -38,9 +38,8 @@ from modelhost.protocols.sagemaker.payloads import (
     NPY,
     Invocation,
     MediaTypeError,
-    choose_accept,
     decode_invocation,
-    encode_invocation,
+    encode_answer,
     media_type,
 )
 from modelhost.protocols.sagemaker.streaming import handler_parts, is_handler_model, model_parts
@@ -104,7 +103,7 @@ class Invoker:
         response, invocation = await self._within_timeout(self._dataplane.decode_and_infer(model, version, decode))
         if invocation is None:
             return self._handler_answer(response.outputs[RESPONSE_OUTPUT].reshape(-1)[0], call)
-        return Answer(*encode_invocation(response, invocation, choose_accept(call.accept, self._default_accept)))
+        return Answer(*encode_answer(response, invocation, call.accept, self._default_accept))
 
     def parts(self, model: str, version: str, handler: Handler | None, call: Call) -> AsyncGenerator[Answer, None]:
         """The answer in parts, for a response stream (streaming.py): a decoupled model's responses, a handler
@@ -116,9 +115,8 @@ class Invoker:
         return self._model_parts(model, version, call)
 
     async def _model_parts(self, model: str, version: str, call: Call) -> AsyncGenerator[Answer, None]:
-        accept = choose_accept(call.accept, self._default_accept)
         async for body, content_type in model_parts(self._dataplane, model, version, call.body, call.content_type,
-                                                    accept):
+                                                    call.accept, self._default_accept):
             yield Answer(body, content_type)
 
     async def _handler_parts(self, model: str, version: str, call: Call) -> AsyncGenerator[Answer, None]:

@@ -12,6 +12,12 @@ CSV = "text/csv"
 JSONLINES = "application/jsonlines"
 NPY = "application/x-npy"
 PROTOBUF = "application/x-protobuf"
+# Request-only types: the SageMaker Triton container's two (whose answer type follows the body, not Accept),
+# and the sparse rows the SDK's SparseMatrixSerializer and libsvm tools send.
+OCTET_STREAM = "application/octet-stream"
+TRITON_BINARY = "application/vnd.sagemaker-triton.binary+json"
+NPZ = "application/x-npz"
+LIBSVM = "text/libsvm"
 
 # Other names each format answers to; "application/jsons" is what SageMaker's TF Serving container also accepts.
 ALIASES = {
@@ -21,8 +27,8 @@ ALIASES = {
     "application/protobuf": PROTOBUF,
     "application/vnd.google.protobuf": PROTOBUF,
 }
-REQUEST_TYPES: tuple[str, ...] = (JSON, CSV, JSONLINES, NPY, PROTOBUF, *ALIASES)
-RESPONSE_TYPES: tuple[str, ...] = REQUEST_TYPES
+RESPONSE_TYPES: tuple[str, ...] = (JSON, CSV, JSONLINES, NPY, PROTOBUF, *ALIASES)
+REQUEST_TYPES: tuple[str, ...] = (*RESPONSE_TYPES, OCTET_STREAM, TRITON_BINARY, NPZ, LIBSVM)
 
 
 class MediaTypeError(Exception):

@@ -23,6 +23,11 @@ Requests, and the `form` each is remembered as:
 - application/x-protobuf (or application/protobuf, application/vnd.google.protobuf): a serialized
   tensorflow.serving.PredictRequest ("protobuf"); its model_spec name and version fill the request, its
   output_filter becomes the requested outputs; version labels are refused.
+- application/octet-stream and application/vnd.sagemaker-triton.binary+json;json-header-size=N: the SageMaker
+  Triton container's V2 requests (triton_payloads) ("triton"); answered as that container answers, whatever
+  Accept says (`encode_answer`).
+- application/x-npz and text/libsvm: sparse rows for a model whose one input is a float matrix of fixed width
+  (sparse_payload) ("npz", "libsvm"); another model gets a 415 listing what it accepts.
 
 Responses, by Accept (media_types.choose_accept), with the Content-Type as the client named it:
 - application/json: "columnar" -> {"outputs": ...}, "v2" -> the V2 response JSON (no binary parts), every other
@@ -49,16 +54,22 @@ from modelhost.protocols.sagemaker.media_types import (
     CSV,
     JSON,
     JSONLINES,
+    LIBSVM,
     NPY,
+    NPZ,
+    OCTET_STREAM,
     PROTOBUF,
     REQUEST_TYPES,
     RESPONSE_TYPES,
+    TRITON_BINARY,
     MediaTypeError,
     choose_accept,
     format_of,
     media_type,
 )
 from modelhost.protocols.sagemaker.npy_payload import decode_npy, encode_npy
+from modelhost.protocols.sagemaker.sparse_payload import accepted_types, decode_libsvm, decode_npz, sparse_input
+from modelhost.protocols.sagemaker.triton_payloads import asks_binary, decode_triton, encode_triton
 from modelhost.protocols.tfserving.json_codec import (
     COLUMNAR,
     ROW,
@@ -72,8 +83,11 @@ from modelhost.types import DEFAULT_LIMITS, InferRequest, InferResponse, Request
 
 __all__ = [
     "CSV", "JSON", "JSONLINES", "NPY", "PROTOBUF", "REQUEST_TYPES", "RESPONSE_TYPES", "Invocation", "MediaTypeError",
-    "choose_accept", "decode_invocation", "encode_invocation", "media_type",
+    "choose_accept", "decode_invocation", "encode_answer", "encode_invocation", "media_type",
 ]
+
+
+TRITON = "triton"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +115,14 @@ def decode_invocation(
         return Invocation(InferRequest("", {spec.name: decode_npy(body, spec, limits)}), "npy")
     if kind == PROTOBUF:
         return _decode_protobuf(body, inputs, limits)
-    raise MediaTypeError(415, f"Content-Type '{content_type}' is not supported; supported: {', '.join(REQUEST_TYPES)}")
+    if kind in (OCTET_STREAM, TRITON_BINARY):
+        return Invocation(decode_triton(body, content_type or "", limits), TRITON)
+    if kind in (NPZ, LIBSVM):
+        spec = sparse_input(inputs, kind)
+        decoded = (decode_npz if kind == NPZ else decode_libsvm)(body, spec, limits)
+        return Invocation(InferRequest("", {spec.name: decoded}), kind.rsplit("/", 1)[1].removeprefix("x-"))
+    raise MediaTypeError(415, f"Content-Type '{content_type}' is not supported; this model accepts: "
+                              f"{', '.join(accepted_types(inputs))}")
 
 
 def _decode_json(body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits) -> Invocation:
@@ -190,6 +211,16 @@ def _decode_protobuf(body: bytes, inputs: Sequence[TensorSpec], limits: RequestL
         raise invalid(f"model_spec.version_label '{spec.version_label}' is not supported; name a version number")
     outputs = [RequestedOutput(name) for name in output_filter] or None
     return Invocation(InferRequest(spec.name, arrays, spec.version, outputs=outputs), "protobuf")
+
+
+def encode_answer(response: InferResponse, invocation: Invocation, accept: str | None,
+                  default_accept: str) -> tuple[bytes, str]:
+    """The response body and Content-Type for the request's Accept header (None: none sent). A "triton" request, and
+    a V2 JSON one that asks for binary outputs (tritonclient's bodies do by default), are answered as the SageMaker
+    Triton container answers, without Accept: binary+json where outputs are binary."""
+    if invocation.form == TRITON or (invocation.form == "v2" and asks_binary(invocation.request)):
+        return encode_triton(response, invocation.request)
+    return encode_invocation(response, invocation, choose_accept(accept, default_accept))
 
 
 def encode_invocation(response: InferResponse, invocation: Invocation, accept: str) -> tuple[bytes, str]:

@@ -19,16 +19,16 @@ from modelhost.core.partial_answers import PartialAnswers
 from modelhost.errors import ModelhostError
 from modelhost.handler_messages import HANDLER_SIGNATURE, RESPONSE_OUTPUT, HandlerResponse
 from modelhost.protocols.sagemaker.handlers import HandlerError
-from modelhost.protocols.sagemaker.payloads import decode_invocation, encode_invocation
+from modelhost.protocols.sagemaker.payloads import decode_invocation, encode_answer
 from modelhost.types import InferRequest
 
 Part = tuple[bytes, str]  # a part's bytes and the content type of the whole answer
 
 
 async def model_parts(dataplane: DataPlane, model: str, version: str, body: bytes, content_type: str | None,
-                      accept: str) -> AsyncGenerator[Part, None]:
+                      accept: str | None, default_accept: str) -> AsyncGenerator[Part, None]:
     """A model's answer (no handler) in parts: each response with outputs of a decoupled model, else the one;
-    `accept` is a choose_accept result."""
+    each encoded as `encode_answer` encodes an invocation's answer."""
     metadata = dataplane.metadata(model, version)
     invocation = decode_invocation(body, content_type, metadata.inputs, dataplane.limits)
     request = invocation.request
@@ -38,7 +38,7 @@ async def model_parts(dataplane: DataPlane, model: str, version: str, body: byte
             if isinstance(response, ModelhostError):
                 raise response
             if response.outputs:
-                yield encode_invocation(response, invocation, accept)
+                yield encode_answer(response, invocation, accept, default_accept)
 
 
 async def handler_parts(dataplane: DataPlane, request: InferRequest,
