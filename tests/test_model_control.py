@@ -162,7 +162,7 @@ def test_load_does_not_block_other_models(start_server, tmp_path: Path) -> None:
     """While a model loads (slowly, warming up), another model answers as fast as before."""
     repo = repository(tmp_path / "repo", {"fast": 2.0})
     slow = write_model(repo, "slow", scale_model(3.0, width=4096), CONFIG.replace("[ 4 ]", "[ 4096 ]") + """
-model_warmup [ { name: "long" batch_size: 8 count: 40000
+model_warmup [ { name: "long" batch_size: 8 count: 15000
   inputs { key: "INPUT0" value: { data_type: TYPE_FP32 dims: [ 4096 ] random_data: true } } } ]
 """)
     assert slow.exists()

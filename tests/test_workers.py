@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
@@ -61,51 +63,64 @@ def send_until_both_served(server: ServerProcess, workers_tmp: Path, least: int 
     return sent
 
 
-def test_two_workers_share_the_port_and_stop_cleanly(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    metrics = free_port()
-    workers_tmp = tmp_path / "tmp"
-    workers_tmp.mkdir()
-    server = ServerProcess(None, "--workers", "2", "--metrics-port", str(metrics), cache_dir=tmp_path,
-                           env={"TMPDIR": str(workers_tmp)}).wait_ready()
-    try:
-        server.wait_ready(path=f"http://127.0.0.1:{metrics}/metrics")
-        sent = send_until_both_served(server, workers_tmp)
-        # Every worker listens on the metrics port and answers for the whole server, whichever a scrape reaches.
-        assert {tiny_count(metrics) for _ in range(12)} == {sent}
-        counts = own_counts(workers_tmp)
-        assert sum(counts) == sent and all(count > 0 for count in counts), counts  # both workers served
-    finally:
-        server.signal(signal.SIGTERM)
-        output = server.stop()
-    assert server.process.returncode == 0, output
-    assert "worker 0" in output and "worker 1" in output
+class TwoWorkers:
+    """One `--workers 2` server for the module's tests, and how many tiny requests they have sent it in all."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.metrics = free_port()
+        self.workers_tmp = tmp_path / "tmp"
+        self.workers_tmp.mkdir()
+        self.server = ServerProcess(None, "--workers", "2", "--metrics-port", str(self.metrics), cache_dir=tmp_path,
+                                    env={"TMPDIR": str(self.workers_tmp)}).wait_ready()
+        self.sent = 0
+
+    def send_until_both_served(self) -> int:
+        self.sent += send_until_both_served(self.server, self.workers_tmp)
+        return self.sent
 
 
-def test_statistics_answer_for_every_worker_whichever_answers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoWorkers]:
+    workers = TwoWorkers(tmp_path_factory.mktemp("two_workers"))
+    yield workers
+    workers.server.stop()
+
+
+def test_two_workers_share_the_port(two_workers: TwoWorkers) -> None:
+    metrics = two_workers.metrics
+    two_workers.server.wait_ready(path=f"http://127.0.0.1:{metrics}/metrics")
+    sent = two_workers.send_until_both_served()
+    # Every worker listens on the metrics port and answers for the whole server, whichever a scrape reaches.
+    assert {tiny_count(metrics) for _ in range(12)} == {sent}
+    counts = own_counts(two_workers.workers_tmp)
+    assert sum(counts) == sent and all(count > 0 for count in counts), counts  # both workers served
+
+
+def test_statistics_answer_for_every_worker_whichever_answers(two_workers: TwoWorkers) -> None:
     # perf_analyzer reads statistics before and after a run over its own connection: whichever worker that
     # lands on, the counts must be the server's, or its deltas go backwards.
-    workers_tmp = tmp_path / "tmp"
-    workers_tmp.mkdir()
-    server = ServerProcess(None, "--workers", "2", cache_dir=tmp_path, env={"TMPDIR": str(workers_tmp)}).wait_ready()
-    try:
-        sent = send_until_both_served(server, workers_tmp)
-        seen = set()
-        for _ in range(12):
-            response = requests.get(f"{server.base}/v2/models/tiny/stats", headers={"Connection": "close"},
-                                    timeout=10)
-            assert response.status_code == 200, response.text
-            seen.add(response.json()["model_stats"][0]["inference_count"])
-            with grpcclient.InferenceServerClient(server.grpc_url) as client:  # a new channel: any worker
-                stats = client.get_inference_statistics("tiny", as_json=True)
-            seen.add(int(stats["model_stats"][0]["inference_count"]))
-        assert seen == {sent}
-        assert all(count > 0 for count in own_counts(workers_tmp))  # so each answer was a sum
-        everything = requests.get(f"{server.base}/v2/models/stats", timeout=10).json()["model_stats"]
-        assert [s["name"] for s in everything] == sorted({s["name"] for s in everything})  # one entry each
-    finally:
-        server.signal(signal.SIGTERM)
-        output = server.stop()
-    assert server.process.returncode == 0, output
+    server = two_workers.server
+    sent = two_workers.send_until_both_served()
+    seen = set()
+    for _ in range(12):
+        response = requests.get(f"{server.base}/v2/models/tiny/stats", headers={"Connection": "close"}, timeout=10)
+        assert response.status_code == 200, response.text
+        seen.add(response.json()["model_stats"][0]["inference_count"])
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:  # a new channel: any worker
+            stats = client.get_inference_statistics("tiny", as_json=True)
+        seen.add(int(stats["model_stats"][0]["inference_count"]))
+    assert seen == {sent}
+    assert all(count > 0 for count in own_counts(two_workers.workers_tmp))  # so each answer was a sum
+    everything = requests.get(f"{server.base}/v2/models/stats", timeout=10).json()["model_stats"]
+    assert [s["name"] for s in everything] == sorted({s["name"] for s in everything})  # one entry each
+
+
+def test_two_workers_stop_cleanly(two_workers: TwoWorkers) -> None:
+    """Last of the module's tests on the shared server: SIGTERM stops both workers, and the server exits 0."""
+    two_workers.server.signal(signal.SIGTERM)
+    output = two_workers.server.stop()
+    assert two_workers.server.process.returncode == 0, output
+    assert "worker 0" in output and "worker 1" in output
 
 
 def test_workers_must_be_positive() -> None:

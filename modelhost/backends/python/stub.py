@@ -23,13 +23,14 @@ prints shows in the server's log as it is printed.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from modelhost.backends.python.channel import Channel, ChannelClosed
 from modelhost.backends.python.triton_metrics import REGISTRY
@@ -50,7 +51,21 @@ def main(argv: list[str]) -> int:
         serve(channel)
     except ChannelClosed:
         pass  # the server is gone
-    return 0
+    _exit_now()
+
+
+def _exit_now() -> NoReturn:
+    """Exit as a normal exit would for the model (its atexit handlers run, its output is flushed), without the
+    interpreter's teardown: with torch or TensorFlow loaded that takes half a second of CPU, which the server's
+    unload (a scale-down, a reload, a stop) would wait for. Threads the model left running die with the process, as
+    the server's kill after STOP_GRACE_S would end them."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def _exit_with_server(server: int) -> None:

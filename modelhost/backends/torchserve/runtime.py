@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from modelhost.backends.torchserve.lazy_torch import defer_torch_import
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.handler_messages import STREAM_NEXT_HEADER, HandlerRequest, HandlerResponse
 
@@ -41,6 +42,7 @@ class HandlerRuntime:
 
     def __init__(self, model_dir: Path, model_name: str, handler: str, batch_size: int,
                  decode_input: bool = True, envelope: str | None = None) -> None:
+        defer_torch_import()
         try:
             from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
             from ts.model_loader import TsModelLoader

@@ -8,7 +8,6 @@ TorchServe's `ts` modules load with the handler, in the worker only).
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from modelhost.backends.python.user_model import UserCodeError
+from modelhost.backends.torchserve.lazy_torch import loaded_torch
 from modelhost.backends.torchserve.runtime import HandlerRuntime
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.handler_messages import BODY_INPUT, HANDLER_INPUT, RESPONSE_OUTPUT, HandlerRequest, HandlerResponse
@@ -74,7 +74,7 @@ class HandlerWorkerModel:
 
     def set_threads(self, threads: int) -> None:
         """Compute the next batch on `threads` CPU threads, where the handler's framework is torch."""
-        torch = sys.modules.get("torch")
+        torch = loaded_torch()  # a handler that never used torch is not made to import it here
         if torch is not None and threads != self._threads:
             torch.set_num_threads(threads)
             self._threads = threads
