@@ -34,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 from modelhost.client import Client, RetryPolicy
 from modelhost.ray_serve.application import REPLICA_DEPLOYMENT
 from modelhost.ray_serve.command import APP_NAME, deploy, parse_flags, serve_config
-from tests.archives import weighted_model, write_archives
+from tests.archives import weighted_model, write_archive, write_archives
 from tests.server import ServerProcess, free_port
 
 WIDTH = 256 * 1024  # float32 weights: 1 MiB per model
@@ -42,10 +42,14 @@ COUNT = 50
 BUDGET = 400 * 1024 * 1024  # per replica: every model fits, so that only routing decides where models load
 
 
+NARROW = 16  # the JSON and CSV protocols' model: what they check is the protocol, not a megabyte of text
+
+
 @pytest.fixture(scope="module")
 def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("archives")
     write_archives(root, COUNT, WIDTH)
+    write_archive(root / "narrow.tar.gz", {"model.onnx": weighted_model(3.0, NARROW).SerializeToString()})
     return root
 
 
@@ -121,7 +125,7 @@ def row(seed: int) -> np.ndarray:
 
 
 def onnxruntime_answer(model: int, x: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(weighted_model(float(model), WIDTH).SerializeToString())
+    session = ort.InferenceSession(weighted_model(float(model), x.shape[1]).SerializeToString())
     return session.run(["OUTPUT0"], {"INPUT0": x})[0]
 
 
@@ -168,9 +172,6 @@ def test_statistics_and_metrics_answer_for_every_replica(app: RayApp) -> None:
 def test_every_protocol_answers_as_onnxruntime(app: RayApp) -> None:
     x = row(1)
     np.testing.assert_array_equal(v2_infer(app, 3, x), onnxruntime_answer(3, x))
-    predicted = requests.post(app.base + "/v1/models/model-4:predict", json={"instances": x.tolist()}, timeout=60)
-    assert predicted.status_code == 200, predicted.text
-    np.testing.assert_allclose(np.array(predicted.json()["predictions"], np.float32), onnxruntime_answer(4, x))
     grpc_client = triton_grpc.InferenceServerClient(f"127.0.0.1:{app.grpc_port}")
     given = triton_grpc.InferInput("INPUT0", list(x.shape), "FP32")
     given.set_data_from_numpy(x)
@@ -179,20 +180,25 @@ def test_every_protocol_answers_as_onnxruntime(app: RayApp) -> None:
     with pytest.raises(InferenceServerException) as unknown:
         grpc_client.infer("no-such-model", [given])
     assert unknown.value.status() == "StatusCode.NOT_FOUND" and "no-such-model" in unknown.value.message()
+    small = np.random.default_rng(2).random((1, NARROW), dtype=np.float32)
+    expected = onnxruntime_answer(3, small)  # "narrow" adds 3, as model-3 does
+    predicted = requests.post(app.base + "/v1/models/narrow:predict", json={"instances": small.tolist()}, timeout=60)
+    assert predicted.status_code == 200, predicted.text
+    np.testing.assert_allclose(np.array(predicted.json()["predictions"], np.float32), expected)
     runtime = boto3.client("sagemaker-runtime", endpoint_url=app.base, region_name="us-east-1",
                            aws_access_key_id="local", aws_secret_access_key="local",
                            config=Config(retries={"max_attempts": 0}))
-    answer = runtime.invoke_endpoint(EndpointName="ray", TargetModel="model-5.tar.gz", ContentType="text/csv",
-                                     Accept="text/csv", Body=",".join(str(v) for v in x[0].tolist()))
+    answer = runtime.invoke_endpoint(EndpointName="ray", TargetModel="narrow.tar.gz", ContentType="text/csv",
+                                     Accept="text/csv", Body=",".join(str(v) for v in small[0].tolist()))
     got = np.array([float(v) for v in answer["Body"].read().decode().strip().split(",")], np.float32)
-    np.testing.assert_allclose(got, onnxruntime_answer(5, x)[0], rtol=1e-6)
+    np.testing.assert_allclose(got, expected[0], rtol=1e-6)
     assert requests.get(app.base + "/ping", timeout=10).status_code == 200
-    streamed = requests.post(app.base + "/v2/models/model-8/generate_stream", json={"INPUT0": x[0].tolist()},
+    streamed = requests.post(app.base + "/v2/models/narrow/generate_stream", json={"INPUT0": small[0].tolist()},
                              stream=True, timeout=60)
     events = [line for line in streamed.iter_lines() if line.startswith(b"data:")]
     assert streamed.headers["content-type"].startswith("text/event-stream") and len(events) == 1
-    np.testing.assert_allclose(np.array(json.loads(events[0][5:])["OUTPUT0"], np.float32).reshape(x.shape),
-                               onnxruntime_answer(8, x))
+    np.testing.assert_allclose(np.array(json.loads(events[0][5:])["OUTPUT0"], np.float32).reshape(small.shape),
+                               expected)
 
 
 BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
@@ -288,14 +294,14 @@ def test_a_replica_killed_under_load_loses_no_request(app: RayApp) -> None:
 
 
 def test_autoscaling_1_3_1_under_load_loses_no_request(app: RayApp) -> None:
-    """Ray Serve's autoscaling on ongoing requests per replica: 1 replica for one client, 3 for eight, and back."""
+    """Ray Serve's autoscaling on ongoing requests per replica: 1 replica for one client, 3 for four, and back."""
     app.resize({"num_replicas": "auto", "autoscaling_config": {
         "min_replicas": 1, "max_replicas": 3, "initial_replicas": 1, "target_ongoing_requests": 1,
         "upscale_delay_s": 0.5, "downscale_delay_s": 1.0, "metrics_interval_s": 0.2, "look_back_period_s": 0.5}})
     load = Load(app, clients=1)
     try:
         until(lambda: len(app.replicas()) == 1, "1 replica")
-        load.resize(8)
+        load.resize(4)
         until(lambda: len(app.replicas()) == 3, "3 replicas under load")
         answered = load.answered
         until(lambda: load.answered > answered + 20, "requests with 3 replicas")
