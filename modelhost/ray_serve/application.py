@@ -19,7 +19,7 @@ from modelhost.settings import ServerSettings
 from modelhost.store.archive_store import holds_only_archives
 
 REPLICA_DEPLOYMENT = "ModelhostReplica"
-# Imported by Ray where the routers run (the ingress' process), not here: ray_serve/affinity_router.py.
+# Ray imports the router by its path where the routers run (the ingress' process).
 ROUTER_CLASS = "modelhost.ray_serve.affinity_router.ModelAffinityRouter"
 INGRESS_DEPLOYMENT = "ModelhostIngress"
 

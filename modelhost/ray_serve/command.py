@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import Any, NoReturn
+from typing import Any
 
 import orjson
 
@@ -74,7 +74,7 @@ def parse_flags(flags: Sequence[str], environ: Mapping[str, str] | None = None) 
     try:
         return settings_and_options(args, os.environ if environ is None else environ)
     except (SettingsError, TypeError) as exc:
-        _usage_error(parser, str(exc))
+        parser.error(str(exc))
 
 
 def settings_and_options(args: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[ServerSettings, RayOptions]:
@@ -87,6 +87,8 @@ def settings_and_options(args: Mapping[str, Any], environ: Mapping[str, str]) ->
         raise SettingsError("--replicas and --ingress-replicas must be at least 1")
     if options.max_replicas and options.max_replicas < max(options.min_replicas, 1):
         raise SettingsError("--max-replicas must be at least --min-replicas and 1")
+    if options.min_replicas and not options.max_replicas:
+        raise SettingsError("--min-replicas needs --max-replicas (autoscaling between the two)")
     return settings, options
 
 
@@ -151,7 +153,7 @@ def main(argv: Sequence[str]) -> int:
         import ray
         from ray import serve
     except ImportError:
-        _usage_error(parser, "Ray Serve is not installed: pip install 'modelhost[ray]'")
+        parser.error("Ray Serve is not installed: pip install 'modelhost[ray]'")
     ray.init(address=args.get("address"), log_to_driver=False)
     deploy(config)
     log.info("modelhost on Ray Serve: HTTP on %s:%d (application %s)", settings.host, settings.http_port, app_name)
@@ -187,6 +189,3 @@ def _app_flags(argv: Sequence[str]) -> list[str]:
         flags.append(arg)
     return flags
 
-
-def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    parser.error(message)

@@ -58,3 +58,5 @@ def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert exited.value.code == 2 and "--replicas" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_flags(["--max-replicas", "2", "--min-replicas", "3"], environ={})
+    with pytest.raises(SystemExit):
+        parse_flags(["--min-replicas", "2"], environ={})
