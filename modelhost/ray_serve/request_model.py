@@ -10,8 +10,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-TARGET_MODEL_HEADER = b"x-amzn-sagemaker-target-model"
-ARCHIVE_SUFFIX = ".tar.gz"
+from modelhost.protocols.sagemaker.rest import TARGET_MODEL
+from modelhost.store.archive_store import ARCHIVE_SUFFIX
 
 # KServe V2 / Triton: /v2/models/{name}[/versions/{v}][/...]; the repository extension's load and unload.
 _V2 = re.compile(r"/v2/models/(?P<name>[^/]+)(?P<rest>/.*)?")
@@ -48,7 +48,7 @@ def named_model(method: str, path: str, headers: Mapping[bytes, bytes]) -> Named
     match = _TF_SERVING.fullmatch(path)
     if match:
         return NamedModel(match["name"], match["name"])
-    target = headers.get(TARGET_MODEL_HEADER)
+    target = headers.get(TARGET_MODEL)
     if target and (path == "/invocations" or _SAGEMAKER_RUNTIME.fullmatch(path)):
         # SageMaker's multi-model endpoint: the archive's key; its front-end loads it. Routed by the model's
         # name, so that V2 requests for the same model find the same replicas.
