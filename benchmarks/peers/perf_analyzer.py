@@ -120,26 +120,29 @@ def write_input_data(path: Path, input_name: str, array: np.ndarray, output_name
 
 
 def measure(protocol: str, url: str, model: str, data: InputData, concurrency: int, seconds: float,
-            warmup_s: float = 0.0, shared_memory: str = "none") -> dict[str, float]:
+            warmup_s: float = 0.0, shared_memory: str = "none", rate: float = 0.0) -> dict[str, float]:
     """req/s, p50 and p99 ms of `concurrency` synchronous clients over `seconds` (after `warmup_s`, if any).
     `url` is host:port of the server's HTTP or gRPC endpoint, as `protocol` says. `shared_memory` "system":
-    inputs and outputs through system shared memory regions perf_analyzer registers (its --shared-memory)."""
+    inputs and outputs through system shared memory regions perf_analyzer registers (its --shared-memory).
+    `rate` > 0: open loop instead, requests sent at that many a second whenever the last are answered or not
+    (its --request-rate-range; `concurrency` is then ignored)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol: {protocol!r}, not one of {PROTOCOLS}")
     analyzer = find_or_install()
     with tempfile.TemporaryDirectory(prefix="perf-analyzer-") as scratch:
         if warmup_s > 0:
             run_windows(analyzer, protocol, url, model, data, concurrency, warmup_s, Path(scratch) / "warmup.csv",
-                        shared_memory)
+                        shared_memory, rate)
         return run_windows(analyzer, protocol, url, model, data, concurrency, seconds, Path(scratch) / "run.csv",
-                           shared_memory)
+                           shared_memory, rate)
 
 
 def run_windows(analyzer: PerfAnalyzer, protocol: str, url: str, model: str, data: InputData, concurrency: int,
-                seconds: float, csv_file: Path, shared_memory: str = "none") -> dict[str, float]:
+                seconds: float, csv_file: Path, shared_memory: str = "none", rate: float = 0.0) -> dict[str, float]:
     interval_ms = max(1, round(seconds * 1000 / (WINDOWS * WINDOW_STRETCH)))
+    load = f"--request-rate-range={rate:g}" if rate > 0 else f"--concurrency-range={concurrency}"
     args = ["-m", model, "-i", protocol, "-u", url, "-b", str(data.batch_size), "--input-data", str(data.path),
-            f"--concurrency-range={concurrency}", "--measurement-mode=time_windows",
+            load, "--measurement-mode=time_windows",
             f"--measurement-interval={interval_ms}", "--percentile=99",
             f"--stability-percentage={ANY_WINDOWS_STABLE}", f"--max-trials={WINDOWS}", "-f", str(csv_file),
             f"--shared-memory={shared_memory}"]

@@ -22,6 +22,7 @@ import numpy as np
 
 from modelhost.client_log import client_log
 from modelhost.core.ensemble_plan import LATEST, Acquire, EnsemblePlan, EnsembleStep, Resolve
+from modelhost.core.in_flight import InFlight
 from modelhost.core.sequence_controls import SequenceFlags, refuse_sequence, sequence_flags
 from modelhost.core.trace import REQUEST_END, Trace
 from modelhost.errors import ErrorKind, ModelhostError, unavailable
@@ -44,10 +45,12 @@ class EnsembleScheduler:
     the version it got, and the next step gets the new one.
     """
 
-    def __init__(self, label: str, plan: EnsemblePlan, acquire: Acquire) -> None:
+    def __init__(self, label: str, plan: EnsemblePlan, acquire: Acquire, in_flight: InFlight | None = None) -> None:
+        """`in_flight`: where steps running beside another of the same request are counted (core/in_flight.py)."""
         self._label = label
         self._plan = plan
         self._acquire = acquire
+        self._in_flight = in_flight or InFlight()
         self._inflight = 0
         self._stopping = False
         self._idle: asyncio.Future[None] | None = None
@@ -126,6 +129,7 @@ class EnsembleScheduler:
         waiting = set(self._steps_for(outputs))
         done: set[int] = set()
         running: dict[asyncio.Task[Outputs], int] = {}
+        beside = 0  # steps counted in in_flight.parallel_steps
         try:
             while True:
                 for index in sorted(i for i in waiting if plan.needs[i] <= done):
@@ -135,6 +139,8 @@ class EnsembleScheduler:
                     running[task] = index
                 if not running:
                     break
+                self._in_flight.parallel_steps += len(running) - 1 - beside
+                beside = len(running) - 1
                 finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in finished:
                     index = running.pop(task)
@@ -144,6 +150,7 @@ class EnsembleScheduler:
                         raise self._failure(plan.steps[index], exc) from exc
                     done.add(index)
         finally:
+            self._in_flight.parallel_steps -= beside
             await _discard(running)  # a step failed or the caller left: the others are not wanted
         return {name: tensors[name] for name in outputs}
 

@@ -240,7 +240,7 @@ class ModelManager:
         try:
             if plan.ensemble is not None:
                 labels = await asyncio.to_thread(read_labels, plan.config, source.path)
-                served = load_ensemble_version(record.name, version, plan, self.acquire, labels)
+                served = load_ensemble_version(record.name, version, plan, self.acquire, labels, self._in_flight)
             else:
                 served = await compute_threads.run_loading(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size,

@@ -271,11 +271,12 @@ def _warm_up(source: ModelSource, version: int, config: ModelConfig, instances: 
 
 
 def load_ensemble_version(name: str, version: int, plan: LoadPlan, acquire: Acquire,
-                          labels: dict[str, tuple[bytes, ...]] | None = None) -> ServedModel:
+                          labels: dict[str, tuple[bytes, ...]] | None = None,
+                          in_flight: InFlight | None = None) -> ServedModel:
     """An ensemble version: its steps run on the composing models that `acquire` holds at request time.
     `labels`: its outputs' (read_labels, off the event loop, by the caller)."""
     assert plan.ensemble is not None
-    scheduler = EnsembleScheduler(f"{name}:{version}", plan.ensemble, acquire)
+    scheduler = EnsembleScheduler(f"{name}:{version}", plan.ensemble, acquire, in_flight)
     served = Signature.from_config(plan.config)
     return ServedModel(name, version, plan.config, served, scheduler, ModelStatistics(),
                        named=named_signatures(served, "", "", {}), labels=labels or {})

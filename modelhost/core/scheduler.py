@@ -22,6 +22,10 @@ does not batch runs on the loop at any load, since its thread would run the same
 time and only add the handoff: tiny over HTTP on the 2-core VM (budget fixed at 300 µs, 3 rounds,
 medians), with the in-flight cap for it 2,431 and 2,397 req/s at concurrency 32 and 128, without it 3,260
 and 3,216 (docs/benchmarks.md has the change's before/after).
+
+A request alone in the server (core/in_flight.py) also runs on the loop when larger, up to the gate's lone
+budget: nobody else is waiting for the loop, and the handoff's two wake-ups are then most of what the server
+adds to it (docs/benchmarks.md, "Lone requests on the event loop").
 """
 
 from __future__ import annotations
@@ -131,11 +135,11 @@ class Scheduler:
                 return result
         size = _elements(inputs)
         if instance < 0:
-            if self._may_run_now(size):
+            if self._may_run_now(size, rows):
                 result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s, trace)
                 if result is not None:
                     return result
-        elif self._slots is not None and self._may_run_now(size):  # a direct sequence's, on its one instance
+        elif self._slots is not None and self._may_run_now(size, 1):  # a direct sequence's, on its one instance
             result = self._run_slot_on_loop(self._slots, inputs, outputs, size, entry, spent_s, trace, row)
             if result is not None:
                 return result
@@ -260,18 +264,19 @@ class Scheduler:
                     self._stopped.set_result(None)
         await asyncio.shield(self._stopped)
 
-    def _may_run_now(self, size: int) -> bool:
-        """Whether a request may run on the loop at once: cheap enough, the server quiet (where the threads
-        would gain from the load), nothing queued ahead of it, no earlier answer it could overtake under
-        preserve_ordering, the model not stopping."""
-        return (
-            size <= self._gate.max_size
-            and (self._in_flight.requests <= LOOP_MAX_IN_PROGRESS or not self._threads_gain_under_load)
-            and not self._queue.depth()
-            and not (self._policy.preserve_ordering and self._inflight)
-            and not self._queue.closed
-            and not self._gate.should_probe()
-        )
+    def _may_run_now(self, size: int, rows: int) -> bool:
+        """Whether a request may run on the loop at once: nothing queued ahead of it, no earlier answer it could
+        overtake under preserve_ordering, the model not stopping, and either cheaper than a handoff with the
+        server quiet (where the threads would gain from the load), or alone in the server and within the lone
+        budget (core/loop_gate.py), unless it would be split into parts for several instances."""
+        if self._queue.depth() or self._queue.closed or (self._policy.preserve_ordering and self._inflight):
+            return False
+        if size > self._gate.max_size:
+            split = self._policy.split_size
+            return (size <= self._gate.lone_max_size and self._in_flight.alone()
+                    and not (split and rows > split))
+        return ((self._in_flight.requests <= LOOP_MAX_IN_PROGRESS or not self._threads_gain_under_load)
+                and not self._gate.should_probe())
 
     def _may_run_async(self) -> bool:
         """Whether a request may go to a free instance from the loop at once: nothing queued ahead of it, no
@@ -319,14 +324,22 @@ class Scheduler:
     def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
                      size: int, entry: str, spent_s: float = 0.0, trace: Trace | None = None) -> Outputs | None:
         """Run one request right here with a free instance; None when every instance is busy on its thread."""
+        # A lone request's cores are busy, as an instance thread's are while it runs a batch (a cheap one's
+        # run is over before anyone could use them).
+        spare = self._spare if size > self._gate.max_size else None
+        cores = self._threads_per_instance
         for instance, lock in self._instances:
             if lock.acquire(blocking=False):
+                if spare is not None:
+                    spare.computing(cores)
                 try:
                     started = time.monotonic_ns()
                     result = _call(instance, entry, inputs, outputs)
                     elapsed = time.monotonic_ns() - started
                 finally:
                     lock.release()
+                    if spare is not None:
+                        spare.computing(-cores)
                 self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
                 self._gate.learn(size, elapsed, on_loop=True)
                 self._learn_alone(rows, elapsed, spent_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from modelhost.backends.base import Model
 from modelhost.config.pbtxt import ConfigError, parse_config
 from modelhost.core.ensemble import LATEST, EnsemblePlan, EnsembleScheduler
+from modelhost.core.in_flight import InFlight
 from modelhost.core.model_hold import ModelHold
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.scheduler import Scheduler
@@ -82,11 +84,14 @@ UNARY = f"input [ {tensor('IN')} ] output [ {tensor('OUT')} ]"
 BINARY = f"input [ {tensor('A')}, {tensor('B')} ] output [ {tensor('OUT')} ]"
 
 
-def served(name: str, model: Model, config: str = "", io: str = UNARY, version: int = 1) -> ServedModel:
-    text = f'name: "{name}" {config or "max_batch_size: 8"} {io} {THREADS_ONLY}'
+def served(name: str, model: Model, config: str = "", io: str = UNARY, version: int = 1,
+           in_flight: InFlight | None = None) -> ServedModel:
+    """On its instance thread only, unless given the server's `in_flight`: then the loop gate learns."""
+    text = f'name: "{name}" {config or "max_batch_size: 8"} {io} {"" if in_flight else THREADS_ONLY}'
     parsed = parse_config(text)
     statistics = ModelStatistics()
-    scheduler = Scheduler(f"{name}:{version}", [model], SchedulingPolicy.from_config(parsed), statistics)
+    scheduler = Scheduler(f"{name}:{version}", [model], SchedulingPolicy.from_config(parsed), statistics,
+                          in_flight)
     return ServedModel(name, version, parsed, Signature.from_config(parsed), scheduler, statistics)
 
 
@@ -209,6 +214,36 @@ def test_the_two_middle_steps_of_a_diamond_run_at_the_same_time() -> None:
         np.testing.assert_array_equal(result["y"], (x + 1) * 2 + (x + 1) * 3)
         assert not barrier.broken
         assert left.threads == ["left:1#0"] and right.threads == ["right:1#0"]
+        await repo.stop()
+
+    run(scenario())
+
+
+def test_parallel_steps_of_a_lone_request_are_not_lone_requests() -> None:
+    """A request alone in the server may run on the loop (core/loop_gate.py); two steps running at once are
+    two requests' work, and on the loop one would wait for the other."""
+    async def scenario() -> None:
+        in_flight = InFlight()
+        in_flight.requests = 1  # the ensemble's request, as its front-end counts it
+        barrier = threading.Barrier(2, timeout=WAIT)
+
+        def slow_meeting() -> None:  # slower than any handoff, within the lone budget
+            time.sleep(0.001)
+            barrier.wait()
+
+        left, right = Compute(times(2), slow_meeting), Compute(times(3), slow_meeting)
+        repo = Repository(*(served(name, model, in_flight=in_flight) for name, model in (
+            ("pre", Compute(add(1))), ("left", left), ("right", right))),
+            served("sum", Compute(add_inputs), io=BINARY, in_flight=in_flight))
+        plan = plan_of(DIAMOND)
+        plan.check_models(repo.resolve)
+        ensemble = EnsembleScheduler("diamond:1", plan, repo.acquire, in_flight)
+        for tag in range(3):  # the first measures each step's execution, the others could take the loop
+            x = rows_of(tag)
+            result = await ensemble.submit({"x": x}, ["y"], 1)
+            np.testing.assert_array_equal(result["y"], (x + 1) * 2 + (x + 1) * 3)
+        assert not barrier.broken and in_flight.parallel_steps == 0
+        assert left.threads == ["left:1#0"] * 3 and right.threads == ["right:1#0"] * 3
         await repo.stop()
 
     run(scenario())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from modelhost.core.loop_gate import (
     HANDOFF_SAMPLES,
+    LONE_BUDGET_NS,
     MAX_BUDGET_NS,
     MAX_SIZE,
     MIN_BUDGET_NS,
@@ -114,3 +115,33 @@ def test_a_fixed_budget_neither_learns_handoffs_nor_probes() -> None:
     gate.learn_handoff(150_000)
     assert gate.budget_ns == BUDGET and not gate.adaptive
     assert not any(gate.should_probe() for _ in range(3 * PROBE_EVERY))
+
+
+def test_a_learned_gate_lets_a_lone_request_of_a_size_seen_within_the_lone_budget() -> None:
+    gate = LoopGate(None)
+    assert gate.lone_max_size == 0
+    gate.learn(1_000, LONE_BUDGET_NS // 2, on_loop=False)
+    assert gate.max_size == 0 and gate.lone_max_size == 1_000  # no extrapolation: only sizes seen
+    gate.learn(4_000, LONE_BUDGET_NS + 1, on_loop=False)  # over it on a thread: nothing learned
+    gate.learn(500, LONE_BUDGET_NS // 4, on_loop=True)  # a smaller one never lowers it
+    assert gate.lone_max_size == 1_000
+
+
+def test_repeated_slow_lone_executions_halve_the_lone_limit_below_their_size() -> None:
+    gate = LoopGate(None)
+    gate.learn(1_000, LONE_BUDGET_NS // 2, on_loop=False)
+    for _ in range(SLOW_STRIKES - 1):
+        gate.learn(800, LONE_BUDGET_NS * 2, on_loop=True)
+    assert gate.lone_max_size == 1_000
+    gate.learn(800, LONE_BUDGET_NS * 2, on_loop=True)
+    assert gate.lone_max_size == 400
+    for _ in range(SLOW_STRIKES):
+        gate.learn(1_000, LONE_BUDGET_NS * 2, on_loop=False)  # slow on threads: no strike, no raise
+    assert gate.lone_max_size == 400
+
+
+def test_a_fixed_budget_never_runs_lone_requests_on_the_loop() -> None:
+    for budget in (0, BUDGET):
+        gate = LoopGate(budget)
+        gate.learn(1, 1_000, on_loop=False)
+        assert gate.lone_max_size == -1

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from modelhost.config.pbtxt import ConfigError
-from modelhost.core.loop_gate import MAX_BUDGET_NS, MIN_BUDGET_NS, PROBE_EVERY, LoopGate
+from modelhost.core.in_flight import InFlight
+from modelhost.core.loop_gate import LONE_BUDGET_NS, MAX_BUDGET_NS, MIN_BUDGET_NS, PROBE_EVERY, LoopGate
 from modelhost.core.policy import LevelPolicy
 from modelhost.core.scheduler import LOOP_MAX_IN_PROGRESS, Scheduler
 from modelhost.core.statistics import ModelStatistics
@@ -131,10 +132,13 @@ def test_the_loop_is_on_by_default_with_a_learned_budget() -> None:
 def test_without_the_parameter_the_budget_is_learned_from_handoffs_and_probed() -> None:
     """The harness adds THREADS_ONLY to configs without the parameter, so this builds its scheduler itself.
     A fast model runs on the loop once its first request (on its thread) has measured a handoff, and
-    every PROBE_EVERY-th request it could run there goes to its thread to measure another."""
+    every PROBE_EVERY-th request it could run there goes to its thread to measure another. (Not alone in the
+    server: a lone request over the handoff budget would take the loop unprobed, test_a_lone_request_....)"""
     async def scenario() -> tuple[list[str], LoopGate]:
         model = Echo()
-        scheduler = Scheduler("m:1", [model], policy_of("max_batch_size: 8"), ModelStatistics())
+        in_flight = InFlight()
+        in_flight.requests = 2
+        scheduler = Scheduler("m:1", [model], policy_of("max_batch_size: 8"), ModelStatistics(), in_flight)
         try:
             for tag in range(1 + 2 * PROBE_EVERY):
                 await scheduler.submit({"INPUT0": rows_of(tag)}, ["OUTPUT0"], 1)
@@ -148,6 +152,45 @@ def test_without_the_parameter_the_budget_is_learned_from_handoffs_and_probed() 
     on_threads = threads.count("m:1#0")
     # The first and the two probes; a loaded machine may push a few of the fake's runs over budget.
     assert 3 <= on_threads <= 3 + 2 * PROBE_EVERY // 4, threads
+
+
+def _lone_threads(config: str, model: Echo, calls: list[tuple[int, int]]) -> list[str]:
+    """Run (rows, requests in flight elsewhere) calls one after another on a scheduler with a learned budget;
+    return the thread each ran on."""
+    async def scenario() -> list[str]:
+        in_flight = InFlight()
+        scheduler = Scheduler("m:1", [model], policy_of(config), ModelStatistics(), in_flight)
+        try:
+            for tag, (rows, others) in enumerate(calls):
+                in_flight.requests = 1 + others  # as a front-end counts: this request and the others
+                await scheduler.submit({"INPUT0": rows_of(tag, rows)}, ["OUTPUT0"], rows)
+        finally:
+            await scheduler.stop()
+        return model.threads
+
+    return run(scenario())
+
+
+def test_a_lone_request_runs_on_the_loop_within_the_lone_budget() -> None:
+    """Slower than any handoff (so never on the loop among other requests), but alone in the server: nobody
+    waits for the loop, and the handoff would be most of what the server adds."""
+    model = Slow(seconds=0.002)
+    threads = _lone_threads("max_batch_size: 8", model, [(2, 0), (2, 0), (1, 0), (2, 1), (4, 0)])
+    assert threads == ["m:1#0", MAIN, MAIN, "m:1#0", "m:1#0"]  # measured; lone; smaller; not lone; unseen size
+
+
+def test_a_model_slower_than_the_lone_budget_stays_on_its_thread() -> None:
+    model = Slow(seconds=(LONE_BUDGET_NS + 1_000_000) / 1e9)
+    assert set(_lone_threads("max_batch_size: 8", model, [(1, 0)] * 3)) == {"m:1#0"}
+
+
+@pytest.mark.parametrize("config", [
+    "max_batch_size: 8 " + on_loop_within(50),  # the operator fixed the loop's budget
+    "max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 100 }",
+    'max_batch_size: 8 parameters { key: "request_split_size" value: { string_value: "1" } }',  # parts in parallel
+])
+def test_no_lone_request_on_the_loop(config: str) -> None:
+    assert set(_lone_threads(config, Slow(seconds=0.001), [(2, 0)] * 3)) == {"m:1#0"}
 
 
 def test_a_batching_delay_is_never_bypassed_on_the_loop() -> None:
