@@ -1,7 +1,8 @@
 """The application's ingress: the ASGI app Ray Serve's HTTP proxy hands every request to. It reads the model
 the request names from its route (request_model.py) and forwards the request, unparsed, to a replica holding
 that model through Ray Serve's model multiplexing; the replica's modelhost answers it. Failures of Ray itself
-(a replica that died or is gone, a full queue) are 503 with Retry-After, which retrying clients retry."""
+(a replica that died or is gone, a full queue) are 503 with Retry-After, which retrying clients retry. The
+ingress's own answers are `{"error": ...}` as modelhost's, in the Runtime API's shape on its routes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from modelhost.protocols.sagemaker.runtime_errors import RUNTIME_PREFIX, runtime_error_for
 from modelhost.ray_serve.forwarded import ForwardedRequest, ForwardedResponse
 from modelhost.ray_serve.request_model import named_model
 
@@ -40,9 +42,10 @@ class Ingress:
             body = await self._body(receive)
         except _Gone:
             return  # the client left before sending its whole body: nothing to forward, no one to answer
+        path = scope["path"]
         if body is None:
             await _send(send, _error(413, f"request body exceeds the {self._max_body_bytes}-byte limit "
-                                          "(--http-max-body-bytes)"))
+                                          "(--http-max-body-bytes)", path))
             return
         request = ForwardedRequest(scope["method"], scope["path"], scope.get("query_string", b""),
                                    list(scope["headers"]), body)
@@ -56,7 +59,7 @@ class Ingress:
         except _Cut:
             return
         except Exception as exc:
-            await _send(send, _failure(exc))
+            await _send(send, _failure(exc, path))
 
     def _handle(self, handle: Any, named: Any) -> Any:
         return handle if named is None or not self._affinity else handle.options(multiplexed_model_id=named.key)
@@ -78,13 +81,13 @@ class Ingress:
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def _failure(exc: Exception) -> ForwardedResponse:
+def _failure(exc: Exception, path: str) -> ForwardedResponse:
     """Ray's failures to reach a replica: 503 + Retry-After; anything else is a fault of ours (500, logged)."""
     message = ray_failure(exc)
     if message is None:
         log.error("a forwarded request failed", exc_info=exc)
-        return _error(500, f"internal error ({type(exc).__name__}); the server log has the details")
-    response = _error(503, message)
+        return _error(500, f"internal error ({type(exc).__name__}); the server log has the details", path)
+    response = _error(503, message, path)
     response.headers.append((b"retry-after", RETRY_AFTER_S))
     return response
 
@@ -103,7 +106,10 @@ def ray_failure(exc: Exception) -> str | None:
     return None
 
 
-def _error(status: int, message: str) -> ForwardedResponse:
+def _error(status: int, message: str, path: str) -> ForwardedResponse:
+    if path.startswith(RUNTIME_PREFIX):
+        answer = runtime_error_for(status, message)
+        return ForwardedResponse(status, answer.headers, b"".join(answer.body))
     return ForwardedResponse(status, [(b"content-type", b"application/json")], orjson.dumps({"error": message}))
 
 

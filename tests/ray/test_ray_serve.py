@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import botocore.exceptions
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -230,6 +231,14 @@ def test_bad_requests_get_what_a_single_server_answers(app: RayApp, archives: Pa
         single.stop()
     too_large = requests.post(app.base + "/v2/models/model-7/infer", data=b"0" * (65 * 1024 * 1024), timeout=60)
     assert too_large.status_code == 413 and "limit" in too_large.json()["error"]
+    runtime = boto3.client("sagemaker-runtime", endpoint_url=app.base, region_name="us-east-1",
+                           aws_access_key_id="local", aws_secret_access_key="local",
+                           config=Config(retries={"max_attempts": 0}))
+    with pytest.raises(botocore.exceptions.ClientError) as refused:  # the Runtime API's shape, as boto3 reads it
+        runtime.invoke_endpoint(EndpointName="e", Body=b"0" * (65 * 1024 * 1024), ContentType="application/json",
+                                TargetModel="model-7.tar.gz")
+    assert refused.value.response["Error"]["Code"] == "ValidationError"
+    assert "limit" in refused.value.response["Error"]["Message"]
 
 
 class Load:

@@ -49,6 +49,12 @@ def runtime_error(status: int, code: str, message: str, **extra: Any) -> HttpRes
     return response
 
 
+def runtime_error_for(status: int, message: str) -> HttpResponse:
+    """An error answer of `status` in the Runtime API's shape, with the code the Runtime API gives that status."""
+    code = _CODES.get(status) or ("ValidationError" if status < 500 else "InternalFailure")
+    return runtime_error(status, code, message)
+
+
 def endpoint_name_error(name: str) -> HttpResponse | None:
     """The ValidationError for an endpoint name the Runtime API would refuse; None for a valid one."""
     if 0 < len(name) <= 63 and set(name) <= _ENDPOINT_NAME_CHARS and name[0] != "-" and name[-1] != "-":
@@ -113,14 +119,13 @@ class RuntimeErrors:
 
 
 def _reshaped(scope: dict[str, Any], status: int, body: bytes) -> HttpResponse:
-    code = _CODES.get(status) or ("ValidationError" if status < 500 else "InternalFailure")
-    if code == UNKNOWN_OPERATION:
+    if _CODES.get(status) == UNKNOWN_OPERATION:
         path = scope["path"] if len(scope["path"]) <= 200 else scope["path"][:200] + "..."
         message = (f"{scope['method']} {path} is not a SageMaker Runtime operation this server answers; "
                    f"it answers {OPERATIONS}")
     else:
         message = _message(body) or _phrase(status)
-    return runtime_error(status, code, message)
+    return runtime_error_for(status, message)
 
 
 def _phrase(status: int) -> str:
