@@ -25,7 +25,7 @@ import orjson
 from modelhost.cli import add_serve_flags
 from modelhost.ray_serve.application import REPLICA_DEPLOYMENT, RayOptions
 from modelhost.ray_serve.grpc_forwarding import SERVICER_FUNCTION
-from modelhost.settings import ServerSettings, SettingsError, resolve_settings
+from modelhost.settings import ServerSettings, SettingsError, resolve_settings, unused_variables
 
 log = logging.getLogger("modelhost.ray")
 RAY_FIELDS = {f.name for f in fields(RayOptions)}
@@ -145,10 +145,12 @@ def main(argv: Sequence[str]) -> int:
     settings, _ = parse_flags(flags)
     app_name = args.get("app_name", APP_NAME)
     config = serve_config(flags, settings, app_name)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for note in unused_variables(os.environ):  # as `modelhost serve` says at its start; the replicas get them too
+        log.warning("%s", note)
     if args.get("print_config"):
         sys.stdout.write(orjson.dumps(config, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import ray
         from ray import serve

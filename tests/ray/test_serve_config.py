@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from modelhost.ray_serve import application
 from modelhost.ray_serve.application import REPLICA_DEPLOYMENT, RayOptions, replica_settings
-from modelhost.ray_serve.command import IMPORT_PATH, _app_flags, parse_flags, serve_config
+from modelhost.ray_serve.command import IMPORT_PATH, _app_flags, main, parse_flags, serve_config
 
 SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "ray" / "serve_config.yaml"
 
@@ -60,3 +61,12 @@ def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
         parse_flags(["--max-replicas", "2", "--min-replicas", "3"], environ={})
     with pytest.raises(SystemExit):
         parse_flags(["--min-replicas", "2"], environ={})
+
+
+def test_variables_without_effect_are_named_at_start_as_serve_names_them(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("SAGEMAKER_TFS_NGINX_LOGLEVEL", "info")
+    assert main(["--print-config", "--model-repository", "/models"]) == 0
+    assert ServeDeploySchema.model_validate(json.loads(capsys.readouterr().out))
+    assert any(r.levelname == "WARNING" and "SAGEMAKER_TFS_NGINX_LOGLEVEL is set but not used" in r.getMessage()
+               for r in caplog.records)
