@@ -23,7 +23,7 @@ import uvloop
 from modelhost import __version__, client_log
 from modelhost.access import AccessPolicy
 from modelhost.backends.python import triton_bls
-from modelhost.core import compute_threads, spare_cores
+from modelhost.core import compute_threads, loop_gate, spare_cores
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
@@ -103,6 +103,7 @@ class Server:
         # What clients may make this process log, and see: errors name files relative to these directories.
         client_log.configure(settings.client_log_lines_per_second)
         compute_threads.configure(settings.compute_priority)
+        loop_gate.configure(settings.lone_request_max_us * 1000)
         # Each process of --workers holds its own state of a table: only a lone process takes updates.
         configure_store(StoreSettings(settings.embedding_cache_bytes, settings.embedding_io_threads,
                                       settings.embedding_cache_policy, updates=settings.workers == 1))

@@ -119,6 +119,10 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         "low (SCHED_IDLE: the loop preempts them at once), nice (nice 10), normal, or auto (low on 2 CPUs "
         "or more; on one, low once a model's executions take milliseconds); see README "
         f"(default {d.compute_priority})")
+    add("--lone-request-max-us", type=int, help="a request alone in the server runs on the event loop, without "
+        "the two thread wake-ups of a handoff, when its model's executions of its size took at most this long; "
+        "a request arriving meanwhile waits for the loop as long; 0: never; see README "
+        f"(default {d.lone_request_max_us})")
     add("--graceful-shutdown-seconds", type=float,
         help=f"how long SIGTERM waits for in-flight requests (default {d.graceful_shutdown_seconds})")
     add("--grpc-max-message-bytes", type=_byte_size, help="the largest gRPC message received or sent, e.g. "

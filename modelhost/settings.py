@@ -199,6 +199,8 @@ class ServerSettings:
     cpu_count: int = field(default_factory=available_cpus)  # model threads are sized to these
     workers: int = 1
     compute_priority: Priority = "auto"  # of model threads, below the event loop's (core/compute_threads.py)
+    # A request alone in the server may run on the event loop for up to this long (core/loop_gate.py); 0: never.
+    lone_request_max_us: int = 5_000
     worker_index: int = 0  # set for each process of --workers
     workers_dir: str | None = None  # set for each process of --workers: their statistics sockets' directory
     cache_dir: Path = _default_cache_dir()
@@ -293,6 +295,9 @@ def unpacked_cache_bytes(settings: ServerSettings, work_dir: Path) -> int:
     return settings.unpacked_cache_bytes or shutil.disk_usage(work_dir).free // 4
 
 
+LONE_REQUEST_MAX_US = 1_000_000  # what a request alone may hold the event loop for, at most, whatever is set
+
+
 def check_settings(settings: ServerSettings) -> None:
     """Checks across settings, whichever flag or variable set them; raises SettingsError."""
     if settings.compute_priority not in PRIORITIES:
@@ -300,6 +305,9 @@ def check_settings(settings: ServerSettings) -> None:
                             f"got {settings.compute_priority!r}")
     if settings.workers < 1:
         raise SettingsError(f"--workers must be at least 1, got {settings.workers}")
+    if not 0 <= settings.lone_request_max_us <= LONE_REQUEST_MAX_US:
+        raise SettingsError(f"--lone-request-max-us must be 0-{LONE_REQUEST_MAX_US}, "
+                            f"got {settings.lone_request_max_us}")
     if settings.workers > 1 and settings.multi_model:
         raise SettingsError(
             f"--workers/SAGEMAKER_TFS_INSTANCE_COUNT {settings.workers} cannot be combined with multi-model mode "

@@ -237,6 +237,8 @@ class TestCheckSettings:
         ({"unpacked_cache_bytes": -1}, r"--unpacked-cache-bytes must be 0 \(automatic\) or more, got -1"),
         ({"allow_client_shm": True, "workers": 2}, "--allow-client-shm cannot be combined with --workers 2"),
         ({"client_shm_max_regions": 0}, "--client-shm-max-regions and --client-shm-max-bytes must be positive"),
+        ({"lone_request_max_us": -1}, "--lone-request-max-us must be 0-1000000, got -1"),
+        ({"lone_request_max_us": 2_000_000}, "--lone-request-max-us must be 0-1000000, got 2000000"),
     ])
     def test_errors(self, changes: dict[str, Any], message: str) -> None:
         with pytest.raises(SettingsError, match=message):

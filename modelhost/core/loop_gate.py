@@ -25,10 +25,10 @@ on its inputs' values rather than their sizes can mislead the gate: give it `inl
 A request alone in the server (the only one received and not answered, over every front-end) has nobody
 to hold up on the loop, and the handoff is then most of what the server adds to a large request's
 latency (`rank` x 500, 2 ms: two wake-ups of 0.1-0.45 ms each on the 2-core VM). With a learned budget,
-the gate therefore also learns `lone_max_size`: the largest size seen to execute within LONE_BUDGET_NS
-(no extrapolation, unlike the handoff limit), halved below the size of SLOW_STRIKES lone executions in a
-row over it. The bound is what a request arriving meanwhile (another model's, a health check, a gRPC
-call) can wait for the loop.
+the gate therefore also learns `lone_max_size`: the largest size seen to execute within the lone budget
+(the process's, `configure`: --lone-request-max-us; no extrapolation, unlike the handoff limit), halved
+below the size of SLOW_STRIKES lone executions in a row over it. The budget is what a request arriving
+meanwhile (another model's, a health check, a gRPC call) can wait for the loop.
 """
 
 from __future__ import annotations
@@ -44,7 +44,14 @@ MIN_BUDGET_NS = 20_000
 MAX_BUDGET_NS = 200_000
 HANDOFF_SAMPLES = 16
 PROBE_EVERY = 64  # one request in this many that could run on the loop measures a handoff instead
-LONE_BUDGET_NS = 5_000_000
+LONE_BUDGET_NS = 5_000_000  # the default lone budget
+_lone_budget_ns = LONE_BUDGET_NS
+
+
+def configure(lone_budget_ns: int) -> None:
+    """The process's lone budget, for the gates made after it (Server sets it from --lone-request-max-us; 0: none)."""
+    global _lone_budget_ns
+    _lone_budget_ns = lone_budget_ns
 
 
 class LoopGate:
@@ -58,14 +65,15 @@ class LoopGate:
         self._handoffs: collections.deque[int] = collections.deque(maxlen=HANDOFF_SAMPLES)
         self._until_probe = PROBE_EVERY
         # Batches of at most this many input elements may run on the loop when alone in the server (-1: none).
-        self.lone_max_size = 0 if self.adaptive else -1
+        self._lone_budget_ns = _lone_budget_ns if self.adaptive else 0
+        self.lone_max_size = 0 if self._lone_budget_ns else -1
         self._lone_strikes = 0
 
     def learn(self, size: int, elapsed_ns: int, on_loop: bool) -> None:
         """One execution of a batch of `size` input elements that took `elapsed_ns`."""
         if not self.budget_ns:
             return
-        if self.adaptive:
+        if self._lone_budget_ns:
             self._learn_lone(size, elapsed_ns, on_loop)
         if elapsed_ns <= self.budget_ns:
             self.max_size = min(max(self.max_size, 2 * size), MAX_SIZE)
@@ -77,7 +85,7 @@ class LoopGate:
                 self._strikes = 0
 
     def _learn_lone(self, size: int, elapsed_ns: int, on_loop: bool) -> None:
-        if elapsed_ns <= LONE_BUDGET_NS:
+        if elapsed_ns <= self._lone_budget_ns:
             self.lone_max_size = max(self.lone_max_size, size)
             self._lone_strikes = 0
         elif on_loop and size <= self.lone_max_size:

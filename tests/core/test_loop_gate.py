@@ -12,6 +12,7 @@ from modelhost.core.loop_gate import (
     PROBE_EVERY,
     SLOW_STRIKES,
     LoopGate,
+    configure,
 )
 
 BUDGET = 20_000
@@ -145,3 +146,20 @@ def test_a_fixed_budget_never_runs_lone_requests_on_the_loop() -> None:
         gate = LoopGate(budget)
         gate.learn(1, 1_000, on_loop=False)
         assert gate.lone_max_size == -1
+
+
+def test_a_lone_budget_of_zero_keeps_lone_requests_off_the_loop() -> None:
+    configure(0)
+    try:
+        gate = LoopGate(None)
+        gate.learn(1, 1_000, on_loop=False)
+        assert gate.lone_max_size == -1 and gate.max_size == 2  # the handoff limit still learns
+    finally:
+        configure(LONE_BUDGET_NS)
+    configure(1_000_000)
+    try:
+        gate = LoopGate(None)
+        gate.learn(10, 2_000_000, on_loop=False)
+        assert gate.lone_max_size == 0  # over this process's budget
+    finally:
+        configure(LONE_BUDGET_NS)
