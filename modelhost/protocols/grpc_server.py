@@ -282,7 +282,7 @@ def unary_behavior(rpc: Unary, in_flight: InFlight, limit: int, access: AccessPo
     async def behavior(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if access or guard is not None:
             await _check(context, rpc, access, guard)
-        in_flight.requests += 1
+        in_flight.arrived()
         try:
             message = _parse(rpc.request_type, data)
             return _serialize(await (rpc.call(message, context) if with_context else rpc.call(message)), limit)
@@ -300,7 +300,7 @@ def _server_stream_behavior(rpc: ServerStream, in_flight: InFlight, limit: int, 
     async def behavior(data: bytes, context: Any) -> AsyncIterator[bytes]:
         if access or guard is not None:
             await _check(context, rpc, access, guard)
-        in_flight.requests += 1
+        in_flight.arrived()
         try:
             async for response in rpc.answer(_parse(rpc.request_type, data)):
                 yield _serialize(response, limit)
@@ -315,7 +315,7 @@ def _server_stream_behavior(rpc: ServerStream, in_flight: InFlight, limit: int, 
 def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: AccessPolicy,
                      guard: Guard | None = None) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]:
     async def answer(data: bytes) -> bytes | tuple[Any, AsyncIterator[Message]]:
-        in_flight.requests += 1
+        in_flight.arrived()
         request = None
         try:
             request = _parse(rpc.request_type, data)
@@ -340,7 +340,7 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
 
     async def answer_each(data: bytes) -> AsyncIterator[bytes]:
         assert rpc.answers is not None
-        in_flight.requests += 1
+        in_flight.arrived()
         request = None
         messages = None
         try:

@@ -60,7 +60,7 @@ class ModelhostReplica:
         if model is not None:
             await self._load(model)
         in_flight = self.server.in_flight  # counted as the HTTP transport counts: the schedulers tell a lone request
-        in_flight.requests += 1
+        in_flight.arrived()
         try:
             return await forwarded.answer(self._app_for(request.path), request)
         finally:
@@ -70,7 +70,7 @@ class ModelhostReplica:
         if model is not None:
             await self._load(model)
         in_flight = self.server.in_flight
-        in_flight.requests += 1
+        in_flight.arrived()
         try:
             async for part in forwarded.stream(self._app_for(request.path), request):
                 yield part

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from modelhost.config.pbtxt import ConfigError
+from modelhost.core import in_flight as in_flight_module
 from modelhost.core.in_flight import InFlight
 from modelhost.core.loop_gate import LONE_BUDGET_NS, MAX_BUDGET_NS, MIN_BUDGET_NS, PROBE_EVERY, LoopGate
 from modelhost.core.policy import LevelPolicy
@@ -154,16 +155,19 @@ def test_without_the_parameter_the_budget_is_learned_from_handoffs_and_probed() 
     assert 3 <= on_threads <= 3 + 2 * PROBE_EVERY // 4, threads
 
 
-def _lone_threads(config: str, model: Echo, calls: list[tuple[int, int]]) -> list[str]:
-    """Run (rows, requests in flight elsewhere) calls one after another on a scheduler with a learned budget;
-    return the thread each ran on."""
+def _lone_threads(config: str, model: Echo, calls: list[tuple[int, int]], pause: float = 0.0) -> list[str]:
+    """Run (rows, requests in flight elsewhere) calls one after another on a scheduler with a learned budget,
+    `pause` s apart; return the thread each ran on."""
     async def scenario() -> list[str]:
         in_flight = InFlight()
         scheduler = Scheduler("m:1", [model], policy_of(config), ModelStatistics(), in_flight)
         try:
             for tag, (rows, others) in enumerate(calls):
-                in_flight.requests = 1 + others  # as a front-end counts: this request and the others
+                in_flight.requests = others
+                in_flight.arrived()  # as a front-end counts it
                 await scheduler.submit({"INPUT0": rows_of(tag, rows)}, ["OUTPUT0"], rows)
+                in_flight.requests = 0
+                await asyncio.sleep(pause)
         finally:
             await scheduler.stop()
         return model.threads
@@ -175,8 +179,20 @@ def test_a_lone_request_runs_on_the_loop_within_the_lone_budget() -> None:
     """Slower than any handoff (so never on the loop among other requests), but alone in the server: nobody
     waits for the loop, and the handoff would be most of what the server adds."""
     model = Slow(seconds=0.002)
-    threads = _lone_threads("max_batch_size: 8", model, [(2, 0), (2, 0), (1, 0), (2, 1), (4, 0)])
-    assert threads == ["m:1#0", MAIN, MAIN, "m:1#0", "m:1#0"]  # measured; lone; smaller; not lone; unseen size
+    threads = _lone_threads("max_batch_size: 8", model, [(2, 0), (2, 0), (1, 0), (4, 0), (4, 0)])
+    assert threads == ["m:1#0", MAIN, MAIN, "m:1#0", MAIN]  # measured; lone; smaller; unseen size; seen
+
+
+def test_a_lone_request_stays_off_the_loop_for_a_while_after_the_server_was_crowded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An arrival while a lone request holds the loop is counted only once the loop is free: crowding seen
+    between lone runs stands for it."""
+    monkeypatch.setattr(in_flight_module, "QUIET_S", 0.05)
+    threads = _lone_threads("max_batch_size: 8", Slow(seconds=0.002), [(2, 0), (2, 0), (2, 1), (2, 0), (2, 0)],
+                            pause=0.02)
+    assert threads == ["m:1#0", MAIN, "m:1#0", "m:1#0", "m:1#0"]  # crowded, then 2 x 22 ms of quiet < 50 ms
+    threads = _lone_threads("max_batch_size: 8", Slow(seconds=0.002), [(2, 0), (2, 1), (2, 0)], pause=0.06)
+    assert threads == ["m:1#0", "m:1#0", MAIN]  # quiet for long enough again
 
 
 def test_a_model_slower_than_the_lone_budget_stays_on_its_thread() -> None:

@@ -326,7 +326,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         request.size += self._received
         self._pipeline.append(request)
         self._pipeline_bytes += request.size
-        self._in_flight.requests += 1
+        self._in_flight.arrived()
         if len(self._pipeline) >= self._limits.max_pipeline or self._pipeline_bytes >= self._limits.max_pipeline_bytes:
             self._update_reading()
         if self._worker is None or self._worker.done():
