@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -244,13 +245,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=300, help="turns of the paired c=1 measurement")
     parser.add_argument("--no-perf-analyzer", action="store_true")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--server-args", default="", help="more `modelhost serve` flags, e.g. --lone-request-max-us 0")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="modelhost-shm-"))
     features = np.random.default_rng(0).standard_normal((ROWS, 1000), dtype=np.float32)
     repo = rank_repository(workdir)
     session = server_like_session(repo / MODEL / "1" / "model.onnx")
     expected = session.run(None, {"features": features})[0]
-    server = ServerProcess(repo, "--allow-client-shm", "--compute-priority", "normal")
+    server = ServerProcess(repo, "--allow-client-shm", "--compute-priority", "normal", *shlex.split(args.server_args))
     server.wait_ready()
     rounds: list[dict[str, float]] = []
     try:
