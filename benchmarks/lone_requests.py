@@ -6,7 +6,8 @@ A request alone in the server may run on the event loop up to the loop gate's lo
 instead of being handed to its instance thread and back. This measures what that gains the lone request and
 what it costs a request that arrives while the loop runs one, with the two builds' servers running at once and
 the cells measured in turns (benchmarks/builds.py's method and helpers), perf_analyzer as the client:
-- `rank` x 500 rows over HTTP binary at concurrency 1, and the in-process limit in the same turn: onnxruntime
+- `rank` x 500 rows over HTTP binary at concurrency 1, the same through system shared memory (perf_analyzer's
+  --shared-memory system: the servers need --allow-client-shm), and the in-process limit in the same turn: onnxruntime
   in this process on a session set up as the server's instance, called one request at a time (no server, no
   client), for `--duration` seconds;
 - the same `rank` load with `tiny` sent beside it open loop at `--rate` requests a second (a second client's
@@ -75,12 +76,15 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="tiny's requests a second beside rank")
     parser.add_argument("--args", default="", help="extra `modelhost serve` arguments for both builds")
     options = parser.parse_args()
-    cells = ["rank c=1", "rank c=1 + tiny open loop", "tiny c=1", "tiny c=32"]
+    cells = ["rank c=1", "rank c=1 shm", "rank c=1 + tiny open loop", "tiny c=1", "tiny c=32"]
     with tempfile.TemporaryDirectory(prefix="lone-") as scratch:
         workdir = Path(scratch)
         repository = ensure_example_repository(workdir / "cache")
         data = {model: builds.input_data(model, workdir) for model in ("rank", "tiny")}
         rank_case = next(case for case in serving.cases() if case["model"] == "rank")
+        # perf_analyzer's shared memory registers a region per step: one step, each request 500 copies of it.
+        one_row = perf_analyzer.write_input_data(workdir / "rank-shm.json", rank_case["input"], rank_case["array"][:1])
+        shm_data = perf_analyzer.InputData(one_row.path, data["rank"].batch_size)
         session = server_like_session(repository / "rank" / "1" / "model.onnx")
         tree = builds.base_tree(options.base, workdir)
         names = [f"base ({options.base})", "working tree"]
@@ -96,6 +100,8 @@ def main() -> None:
                     server, seconds = servers[name], options.duration
                     turn = {
                         "rank c=1": perf_analyzer.measure("http", server.url, "rank", data["rank"], 1, seconds, 1.0),
+                        "rank c=1 shm": perf_analyzer.measure("http", server.url, "rank", shm_data, 1, seconds, 1.0,
+                                                              shared_memory="system"),
                         "rank c=1 + tiny open loop": beside(server, data, seconds, options.rate),
                         "tiny c=1": perf_analyzer.measure("http", server.url, "tiny", data["tiny"], 1, seconds, 1.0),
                         "tiny c=32": perf_analyzer.measure("http", server.url, "tiny", data["tiny"], 32, seconds, 1.0),
@@ -126,7 +132,7 @@ def report(cells: list[str], names: list[str], results: dict[tuple[str, str], li
     for cell in cells:
         a, b = (results[(name, cell)] for name in names)
         limit = ""
-        if cell == "rank c=1":
+        if cell.startswith("rank c=1") and "tiny" not in cell:
             limit = ", ".join(f"{paired(runs, results[(n, 'in-process')], 'rps'):.2f}x / "
                               f"{paired(results[(n, 'in-process')], runs, 'p50'):.2f}x"
                               for n, runs in zip(names, (a, b), strict=True))
