@@ -18,6 +18,7 @@ from modelhost import __version__
 from modelhost.access import API_NAMES, GRPC_HEADER_PREFIX, Restriction, parse_restriction
 from modelhost.core.code_policy import USER_CODE_MODES
 from modelhost.core.compute_threads import PRIORITIES
+from modelhost.sagemaker_triton import default_model_error
 from modelhost.settings import (
     TLS_SITES,
     ServerSettings,
@@ -296,6 +297,9 @@ def serve_settings(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Se
         parser.error(str(exc))
     if settings.model_repository is None:
         settings = replace(settings, model_repository=sagemaker_repository(environ, settings.multi_model))
+    refused = default_model_error(environ, settings.model_repository, settings.multi_model)
+    if refused:
+        parser.error(refused)
     return settings
 
 

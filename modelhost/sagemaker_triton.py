@@ -7,6 +7,8 @@ Mapped (settings.settings_from_environment applies them; a command-line flag sti
   SAGEMAKER_TRITON_LOG_VERBOSE, _LOG_INFO, _LOG_WARNING, _LOG_ERROR -> log_level (the lowest level written)
   SAGEMAKER_TRITON_ALLOW_GRPC=false -> grpc_port 0; SAGEMAKER_TRITON_GRPC_PORT -> grpc_port
   SAGEMAKER_TRITON_ALLOW_METRICS=false -> metrics_port 0; SAGEMAKER_TRITON_METRICS_PORT -> metrics_port
+Checked at start as the container's script checks it: SAGEMAKER_TRITON_DEFAULT_MODEL_NAME on a single-model
+endpoint whose repository is Triton's layout must name one of its model directories (`default_model_error`).
 Checked, then warned about when modelhost does otherwise: SAGEMAKER_TRITON_OVERRIDE_PING_MODE (ready | live),
 SAGEMAKER_TRITON_INFERENCE_TYPE (infer | generate | generate_stream). Warned about: the rest of `NO_EFFECT`.
 """
@@ -14,6 +16,7 @@ SAGEMAKER_TRITON_INFERENCE_TYPE (infer | generate | generate_stream). Warned abo
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 _PREFIX = "SAGEMAKER_TRITON_"
@@ -71,6 +74,25 @@ def triton_values(env: Variables) -> dict[str, Any]:
         "metrics_port": _port(env, "METRICS"),
     }
     return {name: value for name, value in values.items() if value is not None}
+
+
+def default_model_error(environ: Mapping[str, str], repository: str | None, multi_model: bool) -> str | None:
+    """Why the server must not start, as the container's `serve` exits when SAGEMAKER_TRITON_DEFAULT_MODEL_NAME names
+    no directory of a single-model endpoint's repository; None when it does, or the check does not apply (unset, a
+    multi-model endpoint, a remote repository, or a repository in another layout, where the name is the one its
+    single model is served under)."""
+    name = environ.get(_PREFIX + "DEFAULT_MODEL_NAME", "").strip()
+    if not name or multi_model or repository is None or "://" in repository:
+        return None
+    root = Path(repository)
+    try:
+        triton_layout = any((entry / "config.pbtxt").is_file() for entry in root.iterdir() if entry.is_dir())
+    except OSError:
+        return None  # the server's own start names a missing or unreadable repository
+    if not triton_layout or (name not in (".", "..") and "/" not in name and (root / name).is_dir()):
+        return None
+    return (f"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is '{name}', but the model repository has no model directory of "
+            "that name")
 
 
 def _port(env: Variables, kind: str) -> int | None:

@@ -3,6 +3,8 @@ to, or the warning at start saying why it has no effect; bad values refused nami
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from modelhost.cli import serve_settings
@@ -115,3 +117,29 @@ def test_flags_beat_the_variables() -> None:
     environ = {"SAGEMAKER_TRITON_LOG_VERBOSE": "1", "SAGEMAKER_TRITON_GRPC_PORT": "9001"}
     settings = serve_settings(["serve", "--log-level", "warning", "--grpc-port", "7001"], environ)
     assert (settings.log_level, settings.grpc_port) == ("warning", 7001)
+
+
+def test_a_default_model_the_repository_lacks_stops_the_start(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """As the container's `serve` exits: SAGEMAKER_TRITON_DEFAULT_MODEL_NAME must name a model directory."""
+    for name in ("bert", "resnet"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"')
+    flags = ["serve", "--model-repository", str(tmp_path)]
+    assert serve_settings(flags, {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "bert"}).default_model_name == "bert"
+    for missing in ("gpt", "..", "bert/config.pbtxt"):
+        with pytest.raises(SystemExit) as exited:
+            serve_settings(flags, {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": missing})
+        assert exited.value.code == 2
+        assert f"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is '{missing}', but the model repository has no model " \
+               "directory of that name" in capsys.readouterr().err
+    multi = ["serve", "--multi-model", "--model-repository", str(tmp_path)]  # its models come with each request
+    assert serve_settings(multi, {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "gpt"}).default_model_name == "gpt"
+
+
+def test_a_default_model_name_still_names_a_single_model_of_another_layout(tmp_path: Path) -> None:
+    (tmp_path / "1").mkdir()  # TF Serving's layout: versions of one model, served under the name given
+    (tmp_path / "1" / "saved_model.pb").write_bytes(b"")
+    environ = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "m"}
+    settings = serve_settings(["serve", "--model-repository", str(tmp_path)], environ)
+    assert settings.default_model_name == "m"
