@@ -9,10 +9,13 @@
   benchmarks/multi_model.py's models). Its peak is sampled while it loads. A load that no request follows at once
   (the management API's, a store model's) is charged no less than its expected peak, which covers what its first
   run will allocate, and is not remembered.
-- A measurement is clean when no other load ran and no memory was released during it: its growth is then the
-  load's own, and the key's charge from then on. Otherwise it counts the others' growth too, less what they
-  freed; what evictions released meanwhile (their charges) is added back, so it errs high, and the key's charge
-  is the least of up to MEASURED_LOADS such measurements.
+- A measurement is clean when no other load ran, no other loaded model's first request was yet to end (a
+  session's first run allocates its arena) and no memory was released during it: its growth is then the
+  load's own, and the key's charge from then on. Otherwise it counts the others' growth too, less what their
+  evictions freed, anywhere from 0 to several models (measured under Zipf traffic at concurrency 8: 1 KB to
+  9.6 MB for a 1.2 MB model), and is not used: the load is charged what is typical of its size (its first
+  estimate, scaled by how clean measurements compared with theirs), and after MEASURED_LOADS such loads the key
+  keeps that charge and is not measured again.
 - A load is expected to peak at twice its files plus 1 MiB (`estimate`), or at what the same key's clean
   measurement peaked at; its charge is never less than its files on disk. A key's figures are kept while its
   files keep their size (an archive replaced by another of a different size is measured again).
@@ -42,10 +45,9 @@ _REMEMBERED_KEYS = 10_000
 @dataclass(slots=True)
 class _Known:
     disk_bytes: int  # its files' size when measured
-    size: int  # what its loads hold, as charged
+    measured: int  # its loads measured, none of them clean
     peak: int  # the most a load of it held at once (0: no clean measurement yet)
-    measured: int  # loads measured
-    settled: bool  # a clean measurement, or MEASURED_LOADS of them: its loads are not measured any more
+    size: int | None  # its charge once settled (its loads are not measured any more), else None
 
 
 @dataclass(slots=True, eq=False)
@@ -56,7 +58,6 @@ class Measurement:
     disk_bytes: int
     meter: PeakMeter
     events: int  # CacheMemory._events after this load started
-    freed: int  # CacheMemory._freed then
     alone: bool  # no other load was under way when it started
 
 
@@ -65,8 +66,11 @@ class CacheMemory:
         self._charged = 0  # the cached models' charges, added up
         self._known: dict[str, _Known] = {}
         self._loads = 0  # loads under way (measured or not)
+        self._first_runs = 0  # loaded models whose first request is yet to end
         self._events = 0  # loads started and memory released, ever: a measurement spanning one is not clean
-        self._freed = 0  # charges released, ever
+        # Clean measurements' sizes and the first estimates of their peaks, added up: how the two compare.
+        self._clean_sizes = 0
+        self._clean_estimates = 0
 
     @property
     def used(self) -> int:
@@ -76,28 +80,38 @@ class CacheMemory:
     def estimate(self, key: str, disk_bytes: int) -> int:
         """The most a load of `key` is expected to hold at once."""
         known = self._known_with(key, disk_bytes)
-        return max(disk_bytes * PEAK_PER_FILE_BYTE + PEAK_OVERHEAD_BYTES, known.peak if known else 0)
+        return max(_first_estimate(disk_bytes), known.peak if known else 0)
 
     def known_size(self, key: str, disk_bytes: int) -> int | None:
         """The charge of a key whose loads are no longer measured; None while they are."""
         known = self._known_with(key, disk_bytes)
-        return known.size if known is not None and known.settled else None
+        return known.size if known is not None else None
 
     async def warm_up(self, warm: Callable[[], bool] | None) -> None:
-        """Run `warm` (a backend warm-up, blocking) in a thread, before any load that it concerns is measured."""
+        """Run `warm` (a backend warm-up, blocking; None: nothing to warm up) in a thread, before any load that it
+        concerns is measured."""
         if warm is not None:
             await asyncio.to_thread(warm)
 
     def start(self, key: str, disk_bytes: int) -> Measurement | None:
         """A load of `key` starts (call `ended` once it ends, whatever happens): its measurement, or None when
         the key's charge is known (`known_size`)."""
-        alone = self._loads == 0
+        alone = self._loads == 0 and self._first_runs == 0
         self._loads += 1
         self._events += 1
         if self.known_size(key, disk_bytes) is not None:
             return None
         meter = PeakMeter().__enter__()
-        return Measurement(key, disk_bytes, meter, self._events, self._freed, alone)
+        return Measurement(key, disk_bytes, meter, self._events, alone)
+
+    def awaiting_first_run(self) -> None:
+        """A loaded model's first request is yet to end (its arena is yet to be allocated): a measurement that starts
+        now is not alone."""
+        self._first_runs += 1
+
+    def first_run_ended(self) -> None:
+        self._first_runs -= 1
+        self._events += 1
 
     def ended(self, measurement: Measurement | None) -> None:
         """A load that `start` counted has ended (loaded or failed). Its peak is known; its growth is read when its
@@ -112,23 +126,26 @@ class CacheMemory:
         meter = measurement.meter
         meter.__exit__(None, None, None)
         key, disk_bytes = measurement.key, measurement.disk_bytes
-        growth = meter.growth + (self._freed - measurement.freed)  # what evictions released meanwhile, added back
-        size = max(growth, disk_bytes)
+        size = max(meter.growth, disk_bytes)
+        expected = self.estimate(key, disk_bytes)
         if not first_use:
-            return max(size, self.estimate(key, disk_bytes))
-        clean = measurement.alone and self._events == measurement.events
+            return max(size, expected)
         known = self._known_with(key, disk_bytes)
         if known is None:
-            known = _Known(disk_bytes, size, 0, 0, False)
+            known = _Known(disk_bytes, 0, 0, None)
             self._remember(key, known)
-        elif known.settled:  # by a load of the key that ran beside this one
+        elif known.size is not None:  # settled by a load of the key that ran beside this one
+            return known.size
+        if measurement.alone and self._events == measurement.events:  # clean: its own growth, and nobody else's
+            known.size, known.peak = size, max(meter.peak_growth, size)
+            self._clean_sizes += size
+            self._clean_estimates += _first_estimate(disk_bytes)
             return size
         known.measured += 1
-        known.size = size if clean else min(known.size, size)
-        if clean:
-            known.peak = max(meter.peak_growth, size)
-        known.settled = clean or known.measured >= MEASURED_LOADS
-        return size
+        typical = self._typical(disk_bytes)
+        if known.measured >= MEASURED_LOADS:
+            known.size = typical
+        return typical
 
     def abandon(self, measurement: Measurement) -> None:
         """A measurement no load will finish (the load failed, or its model left before any request ended)."""
@@ -142,15 +159,26 @@ class CacheMemory:
         """A cached model charged `size` bytes left the cache (its memory is freed with `released`)."""
         self._charged -= size
 
-    def released(self, size: int) -> None:
-        """A load's models unloaded, freeing about `size` bytes."""
+    def released(self) -> None:
+        """A load's models unloaded (their memory freed)."""
         self._events += 1
-        self._freed += size
+
+    def _typical(self, disk_bytes: int) -> int:
+        """The charge of a load that was never measured alone: its first estimate, scaled as the clean measurements
+        compared with theirs (unscaled before any)."""
+        estimate = _first_estimate(disk_bytes)
+        if self._clean_estimates:
+            estimate = estimate * self._clean_sizes // self._clean_estimates
+        return max(estimate, disk_bytes)
 
     def forget_key(self, key: str) -> None:
         """Measure `key`'s next load again (its last one held more than the whole budget: process-wide state, such as
         a framework its code imported, counted as its own)."""
-        self._known.pop(key, None)
+        known = self._known.pop(key, None)
+        if known is not None and known.peak:  # measured clean: out of the typical sizes too
+            assert known.size is not None
+            self._clean_sizes -= known.size
+            self._clean_estimates -= _first_estimate(known.disk_bytes)
 
     def _known_with(self, key: str, disk_bytes: int) -> _Known | None:
         known = self._known.get(key)
@@ -161,3 +189,7 @@ class CacheMemory:
         self._known[key] = known
         if len(self._known) > _REMEMBERED_KEYS:
             del self._known[next(iter(self._known))]
+
+
+def _first_estimate(disk_bytes: int) -> int:
+    return disk_bytes * PEAK_PER_FILE_BYTE + PEAK_OVERHEAD_BYTES

@@ -14,8 +14,10 @@ on the event loop):
   Before one starts, idle entries are evicted until its expected peak (`CacheMemory.estimate`) fits beside
   the peaks of those under way, so memory stays within the budget during loads too, not only after them; a
   load that cannot fit while others run waits for them, and is refused (NO_MEMORY) only when it cannot fit
-  alone. A backend warms up with no load under way (its memory is the process's). Each entry's charge is
-  kept as its `size`.
+  alone. A load that warms a backend up, or is measured to its first request, runs alone: no other load is
+  under way from its start to its end (a warm-up's memory is the process's) or to its first request's end (a
+  measurement that others' loads and evictions do not disturb: at most ALONE_AFTER_LOAD_S after the load). Each
+  entry's charge is kept as its `size`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from modelhost.store.local import ModelSource
 log = logging.getLogger("modelhost.model_cache")
 
 CONCURRENT_LOADS = 4
+ALONE_AFTER_LOAD_S = 0.1  # the longest a measured load's first request keeps other loads from starting
 
 # Seconds; cold loads run from tens of milliseconds to minutes.
 CACHE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -57,6 +60,7 @@ class CacheEntry:
     last_used: float = field(default_factory=time.monotonic)
     # Its load's measurement while open: until its first request ends (`keep(first_use=True)`), or None.
     measuring: Measurement | None = None
+    first_run: bool = False  # kept for a request that follows at once, which has not ended yet
 
 
 @dataclass(slots=True)
@@ -90,7 +94,8 @@ class ModelCache:
         self._running = 0  # loads being measured
         self._reserved = 0  # their expected peaks
         self._finished = 0  # loads measured, ever
-        self._warming = False
+        self._alone = False  # a load runs alone (a backend's warm-up, or a measurement): no other starts
+        self._alone_for: Measurement | None = None  # the measurement that keeps `_alone` set once its load ended
         self._making_room = asyncio.Lock()
         self._evicting: dict[str, asyncio.Future[None]] = {}  # key -> done when its eviction is
         self._removals: set[asyncio.Task[None]] = set()
@@ -126,6 +131,8 @@ class ModelCache:
             entry.last_used = time.monotonic()
             if entry.measuring is not None:
                 self._settle(entry, first_use=True)
+            if entry.first_run:
+                self._first_run_over(entry)
 
     # loads
 
@@ -145,17 +152,18 @@ class ModelCache:
             await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock
         except ModelhostError:
             self._uncharge(entry)
-            self._memory.released(entry.size)
+            self._memory.released()
             raise self._no_memory(name, f"{entry.size} bytes") from None
         self._log_cached(entry)
 
     async def load(self, key: str, on_disk: int, warm: Callable[[], bool] | None,
-                   add: Callable[[], Awaitable[Sequence[str]]]) -> CacheEntry:
+                   add: Callable[[], Awaitable[Sequence[str]]], first_use: bool = False) -> CacheEntry:
         """One measured load of models the store does not list: `add` loads them into the manager and returns
-        their names (unloading any it loaded when it fails). The entry is charged by `keep`, or undone by `discard`."""
+        their names (unloading any it loaded when it fails). The entry is charged by `keep`, or undone by `discard`.
+        `first_use`: a request follows at once (as `keep`'s), and the load runs alone while the key is measured."""
         while (evicting := self._evicting.get(key)) is not None:
             await asyncio.shield(evicting)  # its models still hold their names in the manager
-        async with self._measured(key, on_disk, warm) as entry:
+        async with self._measured(key, on_disk, warm, first_use) as entry:
             entry.names = tuple(await add())
         return entry
 
@@ -165,6 +173,10 @@ class ModelCache:
         now."""
         if not first_use and entry.measuring is not None:
             self._settle(entry, first_use=False)
+        if first_use:  # its first run is part of what others' measurements must not see
+            entry.first_run = True
+            self._memory.awaiting_first_run()
+            asyncio.get_running_loop().call_later(ALONE_AFTER_LOAD_S, self._first_run_over, entry)
         self._charge(entry)
         if self._memory.used + self._reserved <= self.budget_bytes:
             self._log_cached(entry)
@@ -184,21 +196,22 @@ class ModelCache:
             self._released(entry)
 
     @asynccontextmanager
-    async def _measured(self, key: str, on_disk: int, warm: Callable[[], bool] | None) -> AsyncIterator[CacheEntry]:
-        """One load among those under way: its backends warmed up (`warm`, None when they are) while no other load
-        is under way, room made for its expected peak, then its memory measured; gives its entry, charged its
-        expected peak until its measurement ends (or its known charge)."""
-        if warm is not None or self._warming or self._loading >= CONCURRENT_LOADS:
-            await self._wait_to_load(warm is not None)
+    async def _measured(self, key: str, on_disk: int, warm: Callable[[], bool] | None,
+                        first_use: bool = False) -> AsyncIterator[CacheEntry]:
+        """One load among those under way, room made for its expected peak; gives its entry, charged that peak until
+        its measurement ends (or its known charge). A load that warms a backend up (`warm`, None when they are
+        warm) or is measured to its first request (`first_use`) runs alone: it waits for the loads under way, and
+        no load starts until it has ended and, when measured, its measurement has (`_end_alone`; at most
+        ALONE_AFTER_LOAD_S after the load)."""
+        alone = warm is not None or (first_use and self._memory.known_size(key, on_disk) is None)
+        if alone or self._alone or self._loading >= CONCURRENT_LOADS:
+            await self._wait_to_load(alone)
         self._loading += 1
         expected: int | None = None
+        measuring: Measurement | None = None
+        loaded = False
         try:
-            if warm is not None:
-                try:
-                    await self._memory.warm_up(warm)
-                finally:
-                    self._warming = False
-                    await self._notify()
+            await self._memory.warm_up(warm)
             peak = self._memory.estimate(key, on_disk)
             await self._fit(peak, key)
             expected = peak
@@ -216,6 +229,7 @@ class ModelCache:
                 raise
             finally:
                 self._memory.ended(measuring)
+            loaded = True
             self.statistics.load.observe(time.monotonic() - started)
         finally:
             if expected is not None:
@@ -223,24 +237,43 @@ class ModelCache:
                 self._running -= 1
                 self._finished += 1
             self._loading -= 1
+            if alone and loaded and measuring is not None:  # alone until its first request ends
+                self._alone_for = measuring
+                asyncio.get_running_loop().call_later(ALONE_AFTER_LOAD_S, self._end_alone, measuring)
+            elif alone:
+                self._alone = False
             if self._changed._waiters:  # nobody waits: no lock, no wake-up
                 await self._notify()
 
-    async def _wait_to_load(self, warms: bool) -> None:
-        """Wait for a place among the loads under way, and for a warm-up to end; `warms`: this load warms a backend
-        up, which it does with no other load under way (`_warming` is then set)."""
+    async def _wait_to_load(self, alone: bool) -> None:
+        """Wait for a place among the loads under way, and for a load that runs alone to end; `alone`: this load
+        runs alone (`_alone` is then set, and it waits for the loads under way to end)."""
         async with self._changed:
-            if not warms:
-                await self._changed.wait_for(lambda: not self._warming and self._loading < CONCURRENT_LOADS)
+            if not alone:
+                await self._changed.wait_for(lambda: not self._alone and self._loading < CONCURRENT_LOADS)
                 return
-            await self._changed.wait_for(lambda: not self._warming)
-            self._warming = True  # no load starts now
+            await self._changed.wait_for(lambda: not self._alone)
+            self._alone = True  # no load starts now
             try:
                 await self._changed.wait_for(lambda: self._loading == 0)
-            except BaseException:  # cancelled: the loads waiting for this warm-up go on
-                self._warming = False
+            except BaseException:  # cancelled: the loads waiting for this one go on
+                self._alone = False
                 self._changed.notify_all()
                 raise
+
+    def _first_run_over(self, entry: CacheEntry) -> None:
+        """The entry's first request ended, it left, or ALONE_AFTER_LOAD_S passed since it was kept."""
+        if entry.first_run:
+            entry.first_run = False
+            self._memory.first_run_ended()
+
+    def _end_alone(self, measuring: Measurement) -> None:
+        """A measured load's window ends (its first request ended, it left, or ALONE_AFTER_LOAD_S passed): other
+        loads may start."""
+        if self._alone_for is measuring:
+            self._alone_for = None
+            self._alone = False
+            self._in_background(self._notify())
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -271,6 +304,7 @@ class ModelCache:
         measuring, entry.measuring = entry.measuring, None
         assert measuring is not None
         size = self._memory.finish(measuring, first_use)
+        self._end_alone(measuring)
         charged = self.holds(entry)
         if charged:
             self._memory.keep(size - entry.size)
@@ -304,8 +338,10 @@ class ModelCache:
         """The entry's models are unloaded: its memory is free (and its measurement over)."""
         if entry.measuring is not None:
             self._memory.abandon(entry.measuring)
+            self._end_alone(entry.measuring)
             entry.measuring = None
-        self._memory.released(entry.size)
+        self._first_run_over(entry)
+        self._memory.released()
 
     def _log_cached(self, entry: CacheEntry) -> None:
         # Debug: the manager has logged the load; a log line costs a busy multi-model endpoint's loop 2 % of a load.
@@ -317,15 +353,13 @@ class ModelCache:
 
     async def _make_room(self, needed: int, key: str) -> None:
         """Evict idle entries, least recently used first, until `needed` more bytes fit the budget; each eviction
-        has freed its memory before this goes on."""
-        if self._memory.used + needed <= self.budget_bytes:
-            return
-        for victim in sorted(self._entries.values(), key=lambda e: e.last_used):
-            if victim.key != key and not self._in_use(victim):
-                await self.evict(victim)
-                if self._memory.used + needed <= self.budget_bytes:
-                    return
-        raise self._no_memory(key, f"about {needed} bytes to load")
+        has freed its memory before this goes on (and the next victim is chosen then: loads kept meanwhile count)."""
+        while self._memory.used + needed > self.budget_bytes:
+            idle = (e for e in self._entries.values() if e.key != key and not self._in_use(e))
+            victim = min(idle, key=lambda e: e.last_used, default=None)
+            if victim is None:
+                raise self._no_memory(key, f"about {needed} bytes to load")
+            await self.evict(victim)
 
     def _in_use(self, entry: CacheEntry) -> bool:
         return any(self._manager.in_use(name) for name in entry.names)

@@ -82,18 +82,33 @@ def test_a_key_measured_alone_to_its_first_use_is_charged_that_and_not_measured_
 
 
 @needs_malloc_counts
-def test_a_measurement_beside_an_eviction_adds_back_what_the_eviction_released(kept: list[bytearray]) -> None:
+def test_loads_beside_evictions_are_charged_what_is_typical_of_their_size(kept: list[bytearray]) -> None:
     memory = CacheMemory()
     kept.append(bytearray(4 << 20))  # an evicted model's memory, freed while the next load is measured
+    expected = memory.estimate("k", 0)
     for measured in range(1, MEASURED_LOADS + 1):
         measurement = memory.start("k", 0)
         assert measurement is not None
         kept.pop()
-        memory.released(4 << 20)
+        memory.released()
         kept.append(bytearray(4 << 20))  # the load's own
         memory.ended(measurement)
-        assert memory.finish(measurement, first_use=True) >= (4 << 20)  # not about 0
+        assert memory.finish(measurement, first_use=True) == expected  # its growth (about 0) is not its own
         assert (memory.known_size("k", 0) is None) == (measured < MEASURED_LOADS)  # not clean: measured again
+    assert memory.known_size("k", 0) == expected and memory.start("k", 0) is None  # then no more readings
+    memory.ended(None)
+    clean = memory.start("other", 1 << 20)  # a key of 1 MiB measured alone at 2 MiB, 2/3 of its first estimate
+    assert clean is not None
+    kept.append(bytearray(2 << 20))
+    memory.ended(clean)
+    assert (2 << 20) <= memory.finish(clean, first_use=True) < (2 << 20) + (256 << 10)
+    measurement = memory.start("k2", 0)  # beside another load: typical of its size, scaled as the clean one was
+    beside = memory.start("k3", 0)
+    assert measurement is not None and beside is not None
+    memory.ended(beside)
+    memory.abandon(beside)
+    memory.ended(measurement)
+    assert abs(memory.finish(measurement, first_use=True) - expected * 2 // 3) < (128 << 10)
 
 
 @needs_malloc_counts

@@ -197,7 +197,7 @@ class TargetModels:
                 if p.plan is None or p.plan.backend is None or not backend_is_warm(p.plan.backend.name)]
         try:
             entry = await self._cache.load(key, fetched.disk_bytes, partial(_warm_up_backends, cold) if cold else None,
-                                           partial(self._add_models, prepared))
+                                           partial(self._add_models, prepared), first_use)
         except BaseException:
             self._remove_files(fetched.directory)
             raise
