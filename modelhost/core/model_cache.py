@@ -88,7 +88,7 @@ class ModelCache:
         self._manager = manager
         self.budget_bytes = budget_bytes
         self._memory = CacheMemory()
-        self._entries: dict[str, CacheEntry] = {}
+        self._entries: dict[str, CacheEntry] = {}  # least recently used first
         self._changed = asyncio.Condition()  # a load started or ended, or a warm-up ended
         self._loading = 0  # loads under way, waiting for room or measured
         self._running = 0  # loads being measured
@@ -129,6 +129,9 @@ class ModelCache:
             for served in held:
                 served.pins.release()
             entry.last_used = time.monotonic()
+            if self._entries.get(entry.key) is entry:  # the most recently used, last in order
+                del self._entries[entry.key]
+                self._entries[entry.key] = entry
             if entry.measuring is not None:
                 self._settle(entry, first_use=True)
             if entry.first_run:
@@ -355,8 +358,8 @@ class ModelCache:
         """Evict idle entries, least recently used first, until `needed` more bytes fit the budget; each eviction
         has freed its memory before this goes on (and the next victim is chosen then: loads kept meanwhile count)."""
         while self._memory.used + needed > self.budget_bytes:
-            idle = (e for e in self._entries.values() if e.key != key and not self._in_use(e))
-            victim = min(idle, key=lambda e: e.last_used, default=None)
+            # `_entries` is in order of use (`pinned`): the first idle one is the least recently used.
+            victim = next((e for e in self._entries.values() if e.key != key and not self._in_use(e)), None)
             if victim is None:
                 raise self._no_memory(key, f"about {needed} bytes to load")
             await self.evict(victim)
