@@ -1,6 +1,6 @@
 """Server CPU per cold request on a multi-model endpoint, split by thread: two builds and the naive peer in turns.
 
-    python benchmarks/cold_path.py [--base REV] [--rounds 6] [--models 200] [--cache 5] [--concurrency 1]
+    python benchmarks/cold_path.py [--base REV] [--rounds 6] [--models 200] [--cache 5] [--concurrency 1] [--first]
 
 Every request misses: the servers hold about --cache models and the requests go round --models archives in
 order (tests/archives.py's, as benchmarks/multi_model.py makes them), so each loads one and evicts one. All
@@ -116,12 +116,15 @@ async def main_async(args: argparse.Namespace, root: Path, workdir: Path) -> Non
     clients = [server.client(args.width) for server in servers]
     results: dict[str, list[dict[str, float]]] = {server.label: [] for server in servers}
     try:
+        first = list(range(args.models)) if not args.first else list(range(args.cache))
         for client in clients:  # a first round each: one-time costs (imports, arenas)
-            await client.sequential(list(range(args.models)))
+            await client.sequential(first)
         for index in range(args.rounds):
             pairs = list(zip(servers, clients))
             for server, client in pairs if index % 2 == 0 else pairs[::-1]:
-                order = list(range(args.models))
+                # --first: every model once, each one's first load (the archives split between the rounds)
+                order = list(range(args.models)) if not args.first else [
+                    i for i in range(args.cache, args.models) if i % args.rounds == index]
                 results[server.label].append(await round_of(client, server.pid, order, args.concurrency))
             print(f"round {index + 1}: " + "; ".join(
                 f"{label} {r[-1]['total']:.2f}" for label, r in results.items()), flush=True)
@@ -147,6 +150,7 @@ def main() -> None:
     parser.add_argument("--cache", type=int, default=5, help="models the servers hold")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--first", action="store_true", help="first loads (unpacking): --models / --rounds a round")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="modelhost-cold-"))
     root = workdir / "archives"
