@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import tarfile
 import threading
 import time
@@ -76,6 +77,8 @@ def test_first_use_loads_and_later_uses_hit(tmp_path: Path) -> None:
         assert (stats.hits, stats.misses) == (1, 2)
         assert sum(stats.download.counts) == 2 and sum(stats.load.counts) == 2
         assert h.loaded() == ["model-2.tar.gz", "model-3.tar.gz"]
+        work_dir = h.models.get("model-2.tar.gz").work_dir
+        assert work_dir is not None and sorted(os.listdir(work_dir)) == ["model.onnx"]  # read in place: no links
         # Each model's own size is at least its file; the budget counts all the memory models hold.
         assert all(m.size >= WIDTH * 4 for m in h.cache.entries())
         assert h.cache.used_bytes >= WIDTH * 4 * 2

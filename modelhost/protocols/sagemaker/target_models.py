@@ -77,7 +77,7 @@ class TargetModels:
         self._work_dir = work_dir
         self.copies: UnpackedCopies[FetchedModels] = UnpackedCopies(limits.unpacked_cache_bytes)
         self._fetch = ArchiveModels(archives, work_dir / "downloads", limits.max_unpacked_bytes,
-                                    limits.max_archive_members, single_model_name, self.copies, program)
+                                    limits.max_archive_members, single_model_name, self.copies, program, in_place=True)
         self._load_roots = tuple(load_roots)
         self._on_load = on_load
         self._on_unload = on_unload
@@ -226,9 +226,12 @@ class TargetModels:
             store = LocalStore(fetched.layout.repository)
             prepared = []
             for name in fetched.layout.models:
-                found = store.fetch(name)
-                source = ModelSource(key if len(fetched.layout.models) == 1 else f"{key}/{name}", found.path,
-                                     found.versions)
+                served_as = key if len(fetched.layout.models) == 1 else f"{key}/{name}"
+                if fetched.layout.in_place is not None:
+                    source = ModelSource(served_as, fetched.layout.in_place, (1,), fetched.layout.in_place)
+                else:
+                    found = store.fetch(name)
+                    source = ModelSource(served_as, found.path, found.versions)
                 try:
                     plan: LoadPlan | None = self._manager.plan(source)
                 except Exception:  # noqa: BLE001 - ModelManager.add reports it, as for any load
