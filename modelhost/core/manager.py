@@ -260,8 +260,10 @@ class ModelManager:
         if previous is not None:
             self._retire_served(previous, finish_sequences=True)
         backend = plan.backend.name if plan.backend else ENSEMBLE
-        log.info("%s model %s version %d from %s (%s)", "reloaded" if previous else "loaded", record.name,
-                 version, source.path, backend)
+        # A multi-model endpoint's models (not the store's) load and leave hundreds of times a second: a line each
+        # would cost its loop a tenth of a miss; the cache's metrics count them.
+        log.log(logging.INFO if record.from_store else logging.DEBUG, "%s model %s version %d from %s (%s)",
+                "reloaded" if previous else "loaded", record.name, version, source.path, backend)
         return ""
 
     # unloading

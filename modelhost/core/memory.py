@@ -72,6 +72,10 @@ class PeakMeter:
         _SAMPLER.add(self)
         return self
 
+    def stop_sampling(self) -> None:
+        """No more samples: the peak is what was sampled so far, and what `__exit__` reads then."""
+        _SAMPLER.remove(self)
+
     def __exit__(self, *exc_info: object) -> None:
         _SAMPLER.remove(self)
         self.end = held_bytes()

@@ -7,28 +7,33 @@ protocols/sagemaker/target_models.py loads through `load` and `keep`). Concurren
 on the event loop):
 - a model a request holds, over any protocol (ModelManager.hold; `pinned` here), is never evicted; an
   eviction waits for those requests, and a load of the same key waits for the eviction;
-- the budget is compared with what the models hold in memory as core/cache_memory.py counts it (real
-  memory above a baseline); the backends a load needs are warmed up before it is measured;
+- the budget is compared with what the models hold in memory as core/cache_memory.py counts it (the sum of
+  their charges, each measured from its load's start to its first request's end until the key's charge is
+  known); the backends a load needs are warmed up before it is measured;
 - up to CONCURRENT_LOADS loads run at once, so that a busy endpoint's misses do not queue behind each other.
   Before one starts, idle entries are evicted until its expected peak (`CacheMemory.estimate`) fits beside
   the peaks of those under way, so memory stays within the budget during loads too, not only after them; a
   load that cannot fit while others run waits for them, and is refused (NO_MEMORY) only when it cannot fit
-  alone. A backend warms up with no load under way (its memory is the process's). Each entry's growth is
-  kept as its `size`.
+  alone. A load that warms a backend up, or is measured to its first request, runs alone: no other load is
+  under way from its start to its end (a warm-up's memory is the process's) or to its first request's end (a
+  measurement that others' loads and evictions do not disturb: at most ALONE_AFTER_LOAD_S after the load). Each
+  entry's charge is kept as its `size`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from modelhost.backends import backend_is_warm
-from modelhost.core.cache_memory import CacheMemory, Measured, Reading
+from modelhost.core.cache_memory import CacheMemory, Measurement
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_loading import backend_of, warm_up_backend_of
 from modelhost.core.served_model import ServedModel
@@ -39,6 +44,7 @@ from modelhost.store.local import ModelSource
 log = logging.getLogger("modelhost.model_cache")
 
 CONCURRENT_LOADS = 4
+ALONE_AFTER_LOAD_S = 0.1  # the longest a measured load's first request keeps other loads from starting
 
 # Seconds; cold loads run from tens of milliseconds to minutes.
 CACHE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -48,10 +54,13 @@ CACHE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 class CacheEntry:
     key: str
     names: tuple[str, ...]  # the manager's models it charges for
-    size: int  # bytes of memory its load kept (never less than its files on disk)
+    size: int  # bytes of memory it is charged (never less than its files on disk)
     # What its owner undoes once its models are unloaded (an archive's files and inference.py); run once.
     release: Callable[[], Awaitable[None]] | None = None
     last_used: float = field(default_factory=time.monotonic)
+    # Its load's measurement while open: until its first request ends (`keep(first_use=True)`), or None.
+    measuring: Measurement | None = None
+    first_run: bool = False  # kept for a request that follows at once, which has not ended yet
 
 
 @dataclass(slots=True)
@@ -79,13 +88,14 @@ class ModelCache:
         self._manager = manager
         self.budget_bytes = budget_bytes
         self._memory = CacheMemory()
-        self._entries: dict[str, CacheEntry] = {}
+        self._entries: dict[str, CacheEntry] = {}  # least recently used first
         self._changed = asyncio.Condition()  # a load started or ended, or a warm-up ended
         self._loading = 0  # loads under way, waiting for room or measured
         self._running = 0  # loads being measured
         self._reserved = 0  # their expected peaks
         self._finished = 0  # loads measured, ever
-        self._warming = False
+        self._alone = False  # a load runs alone (a backend's warm-up, or a measurement): no other starts
+        self._alone_for: Measurement | None = None  # the measurement that keeps `_alone` set once its load ended
         self._making_room = asyncio.Lock()
         self._evicting: dict[str, asyncio.Future[None]] = {}  # key -> done when its eviction is
         self._removals: set[asyncio.Task[None]] = set()
@@ -94,7 +104,7 @@ class ModelCache:
     @property
     def used_bytes(self) -> int:
         """Memory the loaded models hold, as the budget counts it."""
-        return self._memory.used_bytes
+        return self._memory.used
 
     def entries(self) -> list[CacheEntry]:
         return sorted(self._entries.values(), key=lambda e: e.key)
@@ -109,7 +119,7 @@ class ModelCache:
     @asynccontextmanager
     async def pinned(self, entry: CacheEntry) -> AsyncIterator[None]:
         """Hold an entry's models for one request, as a request over any protocol holds its model: the caller
-        looked the entry up with no await since."""
+        looked the entry up with no await since. The first request to end settles a new entry's charge."""
         held: list[ServedModel] = []
         try:
             for name in entry.names:
@@ -119,6 +129,13 @@ class ModelCache:
             for served in held:
                 served.pins.release()
             entry.last_used = time.monotonic()
+            if self._entries.get(entry.key) is entry:  # the most recently used, last in order
+                del self._entries[entry.key]
+                self._entries[entry.key] = entry
+            if entry.measuring is not None:
+                self._settle(entry, first_use=True)
+            if entry.first_run:
+                self._first_run_over(entry)
 
     # loads
 
@@ -128,79 +145,94 @@ class ModelCache:
         model): one measured load, cached under its name. The manager unloads it when this raises NO_MEMORY."""
         on_disk, backend = await asyncio.to_thread(_inspect, source)
         warm = None if backend is not None and backend_is_warm(backend) else partial(warm_up_backend_of, source)
-        async with self._measured(name, on_disk, warm) as measured:
+        async with self._measured(name, on_disk, warm) as entry:
             yield
-        entry = CacheEntry(name, (name,), measured.size)
+        entry.names = (name,)
+        if entry.measuring is not None:
+            self._settle(entry, first_use=False)
         self._charge(entry)
         try:
-            reading = await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock
+            await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock
         except ModelhostError:
             self._uncharge(entry)
-            self._memory.release()
+            self._memory.released()
             raise self._no_memory(name, f"{entry.size} bytes") from None
-        self._log_cached(entry, reading.used)
+        self._log_cached(entry)
 
     async def load(self, key: str, on_disk: int, warm: Callable[[], bool] | None,
-                   add: Callable[[], Awaitable[Sequence[str]]]) -> CacheEntry:
+                   add: Callable[[], Awaitable[Sequence[str]]], first_use: bool = False) -> CacheEntry:
         """One measured load of models the store does not list: `add` loads them into the manager and returns
-        their names (unloading any it loaded when it fails). The entry is charged by `keep`, or undone by `discard`."""
+        their names (unloading any it loaded when it fails). The entry is charged by `keep`, or undone by `discard`.
+        `first_use`: a request follows at once (as `keep`'s), and the load runs alone while the key is measured."""
         while (evicting := self._evicting.get(key)) is not None:
             await asyncio.shield(evicting)  # its models still hold their names in the manager
-        async with self._measured(key, on_disk, warm) as measured:
-            names = await add()
-        return CacheEntry(key, tuple(names), measured.size)
+        async with self._measured(key, on_disk, warm, first_use) as entry:
+            entry.names = tuple(await add())
+        return entry
 
-    async def keep(self, entry: CacheEntry) -> None:
-        """Charge a loaded entry: others are evicted until it fits, or it is (NO_MEMORY)."""
+    async def keep(self, entry: CacheEntry, first_use: bool = False) -> None:
+        """Charge a loaded entry: others are evicted until it fits, or it is (NO_MEMORY). `first_use`: a request
+        for it follows at once (ModelCache.pinned), whose end completes its measurement; otherwise it is complete
+        now."""
+        if not first_use and entry.measuring is not None:
+            self._settle(entry, first_use=False)
+        if first_use:  # its first run is part of what others' measurements must not see
+            entry.first_run = True
+            self._memory.awaiting_first_run()
+            asyncio.get_running_loop().call_later(ALONE_AFTER_LOAD_S, self._first_run_over, entry)
         self._charge(entry)
+        if self._memory.used + self._reserved <= self.budget_bytes:
+            self._log_cached(entry)
+            return
         try:
-            reading = await self._fit(0, entry.key)  # never its own victim
+            await self._fit(0, entry.key)  # never its own victim
         except ModelhostError:
             await self.evict(entry)
             raise self._no_memory(entry.key, f"{entry.size} bytes") from None
-        self._log_cached(entry, reading.used)
+        self._log_cached(entry)
 
     async def discard(self, entry: CacheEntry) -> None:
         """Unload a loaded entry that `keep` never charged (its owner could not finish setting it up)."""
         try:
             await asyncio.gather(*(self._manager.evict(n) for n in entry.names), return_exceptions=True)
         finally:
-            self._memory.release()
+            self._released(entry)
 
     @asynccontextmanager
-    async def _measured(self, key: str, on_disk: int, warm: Callable[[], bool] | None) -> AsyncIterator[Measured]:
-        """One load among those under way: its backends warmed up (`warm`, None when they are) while no other load
-        is under way, room made for its expected peak, then its memory measured (`Measured.size` once the block
-        succeeds)."""
-        async with self._changed:
-            if warm is None:
-                await self._changed.wait_for(lambda: not self._warming and self._loading < CONCURRENT_LOADS)
-            else:
-                await self._changed.wait_for(lambda: not self._warming)
-                self._warming = True  # no load starts now
-                try:
-                    await self._changed.wait_for(lambda: self._loading == 0)
-                except BaseException:  # cancelled: the loads waiting for this warm-up go on
-                    self._warming = False
-                    self._changed.notify_all()
-                    raise
-            self._loading += 1
+    async def _measured(self, key: str, on_disk: int, warm: Callable[[], bool] | None,
+                        first_use: bool = False) -> AsyncIterator[CacheEntry]:
+        """One load among those under way, room made for its expected peak; gives its entry, charged that peak until
+        its measurement ends (or its known charge). A load that warms a backend up (`warm`, None when they are
+        warm) or is measured to its first request (`first_use`) runs alone: it waits for the loads under way, and
+        no load starts until it has ended and, when measured, its measurement has (`_end_alone`; at most
+        ALONE_AFTER_LOAD_S after the load)."""
+        alone = warm is not None or (first_use and self._memory.known_size(key, on_disk) is None)
+        if alone or self._alone or self._loading >= CONCURRENT_LOADS:
+            await self._wait_to_load(alone)
+        self._loading += 1
         expected: int | None = None
+        measuring: Measurement | None = None
+        loaded = False
         try:
-            if warm is not None:
-                try:
-                    await self._memory.warm_up(warm)
-                finally:
-                    self._warming = False
-                    await self._notify()
+            await self._memory.warm_up(warm)
             peak = self._memory.estimate(key, on_disk)
-            reading = await self._fit(peak, key)
+            await self._fit(peak, key)
             expected = peak
             self._reserved += expected
             self._running += 1
             started = time.monotonic()
-            async with self._memory.measuring(key, on_disk, reading.held) as measured:
-                yield measured
+            measuring = self._memory.start(key, on_disk)
+            entry = CacheEntry(key, (), peak if measuring is not None else self._memory.known_size(key, on_disk) or 0,
+                               measuring=measuring)
+            try:
+                yield entry
+            except BaseException:
+                if measuring is not None:
+                    self._memory.abandon(measuring)
+                raise
+            finally:
+                self._memory.ended(measuring)
+            loaded = True
             self.statistics.load.observe(time.monotonic() - started)
         finally:
             if expected is not None:
@@ -208,7 +240,43 @@ class ModelCache:
                 self._running -= 1
                 self._finished += 1
             self._loading -= 1
-            await self._notify()
+            if alone and loaded and measuring is not None:  # alone until its first request ends
+                self._alone_for = measuring
+                asyncio.get_running_loop().call_later(ALONE_AFTER_LOAD_S, self._end_alone, measuring)
+            elif alone:
+                self._alone = False
+            if self._changed._waiters:  # nobody waits: no lock, no wake-up
+                await self._notify()
+
+    async def _wait_to_load(self, alone: bool) -> None:
+        """Wait for a place among the loads under way, and for a load that runs alone to end; `alone`: this load
+        runs alone (`_alone` is then set, and it waits for the loads under way to end)."""
+        async with self._changed:
+            if not alone:
+                await self._changed.wait_for(lambda: not self._alone and self._loading < CONCURRENT_LOADS)
+                return
+            await self._changed.wait_for(lambda: not self._alone)
+            self._alone = True  # no load starts now
+            try:
+                await self._changed.wait_for(lambda: self._loading == 0)
+            except BaseException:  # cancelled: the loads waiting for this one go on
+                self._alone = False
+                self._changed.notify_all()
+                raise
+
+    def _first_run_over(self, entry: CacheEntry) -> None:
+        """The entry's first request ended, it left, or ALONE_AFTER_LOAD_S passed since it was kept."""
+        if entry.first_run:
+            entry.first_run = False
+            self._memory.first_run_ended()
+
+    def _end_alone(self, measuring: Measurement) -> None:
+        """A measured load's window ends (its first request ended, it left, or ALONE_AFTER_LOAD_S passed): other
+        loads may start."""
+        if self._alone_for is measuring:
+            self._alone_for = None
+            self._alone = False
+            self._in_background(self._notify())
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -219,10 +287,11 @@ class ModelCache:
         async with self._changed:
             await self._changed.wait_for(lambda: self._finished != finished)
 
-    async def _fit(self, needed: int, key: str) -> Reading:
+    async def _fit(self, needed: int, key: str) -> None:
         """Make room for `needed` more bytes beside the expected peaks of the loads being measured; while that
-        cannot be done, wait for one of them to end, and raise NO_MEMORY once none is left. Returns the memory
-        reading that showed it fits."""
+        cannot be done, wait for one of them to end, and raise NO_MEMORY once none is left."""
+        if self._memory.used + needed + self._reserved <= self.budget_bytes and not self._making_room.locked():
+            return
         while True:
             finished = self._finished
             async with self._making_room:  # two loads evicting at once would each see the other's victims go
@@ -233,6 +302,33 @@ class ModelCache:
                         raise
             await self._measured_since(finished)
 
+    def _settle(self, entry: CacheEntry, first_use: bool) -> None:
+        """Its measurement ends: the entry is charged what it measured from here on."""
+        measuring, entry.measuring = entry.measuring, None
+        assert measuring is not None
+        size = self._memory.finish(measuring, first_use)
+        self._end_alone(measuring)
+        charged = self.holds(entry)
+        if charged:
+            self._memory.keep(size - entry.size)
+        entry.size = size
+        if not charged:
+            return
+        if size > self.budget_bytes:  # alone over the budget: it goes once idle, and its next load is measured again
+            self._memory.forget_key(entry.key)
+            self._in_background(self.evict(entry))
+        elif self._memory.used + self._reserved > self.budget_bytes:  # it took more than expected: others go
+            self._in_background(self._fit_quietly(entry.key))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    async def _fit_quietly(self, key: str) -> None:
+        with contextlib.suppress(ModelhostError):  # what is in use stays; the next load makes room again
+            await self._fit(0, key)
+
     def _charge(self, entry: CacheEntry) -> None:
         self._entries[entry.key] = entry
         self._memory.keep(entry.size)
@@ -241,26 +337,32 @@ class ModelCache:
         del self._entries[entry.key]
         self._memory.forget(entry.size)
 
-    def _log_cached(self, entry: CacheEntry, used: int) -> None:
+    def _released(self, entry: CacheEntry) -> None:
+        """The entry's models are unloaded: its memory is free (and its measurement over)."""
+        if entry.measuring is not None:
+            self._memory.abandon(entry.measuring)
+            self._end_alone(entry.measuring)
+            entry.measuring = None
+        self._first_run_over(entry)
+        self._memory.released()
+
+    def _log_cached(self, entry: CacheEntry) -> None:
         # Debug: the manager has logged the load; a log line costs a busy multi-model endpoint's loop 2 % of a load.
-        log.debug("cached model %s: %d bytes (%d of %d used)", entry.key, entry.size, used, self.budget_bytes)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("cached model %s: %d bytes (%d of %d used)", entry.key, entry.size, self._memory.used,
+                      self.budget_bytes)
 
     # evictions
 
-    async def _make_room(self, needed: int, key: str) -> Reading:
-        """Evict idle entries, least recently used first, until `needed` more bytes fit the budget; returns the
-        reading that showed it. Memory is read once, and again after each eviction (a reading is not free:
-        CacheMemory.read)."""
-        reading = self._memory.read()
-        if reading.used + needed <= self.budget_bytes:
-            return reading
-        for victim in sorted(self._entries.values(), key=lambda e: e.last_used):
-            if victim.key != key and not self._in_use(victim):
-                await self.evict(victim)
-                reading = self._memory.read()
-                if reading.used + needed <= self.budget_bytes:
-                    return reading
-        raise self._no_memory(key, f"about {needed} bytes to load")
+    async def _make_room(self, needed: int, key: str) -> None:
+        """Evict idle entries, least recently used first, until `needed` more bytes fit the budget; each eviction
+        has freed its memory before this goes on (and the next victim is chosen then: loads kept meanwhile count)."""
+        while self._memory.used + needed > self.budget_bytes:
+            # `_entries` is in order of use (`pinned`): the first idle one is the least recently used.
+            victim = next((e for e in self._entries.values() if e.key != key and not self._in_use(e)), None)
+            if victim is None:
+                raise self._no_memory(key, f"about {needed} bytes to load")
+            await self.evict(victim)
 
     def _in_use(self, entry: CacheEntry) -> bool:
         return any(self._manager.in_use(name) for name in entry.names)
@@ -287,18 +389,27 @@ class ModelCache:
         started = time.monotonic()
         done = self._evicting[entry.key] = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.gather(*(self._manager.idle(name) for name in entry.names))
+            await self._unload(entry.names)
             try:
-                await asyncio.gather(*(self._manager.evict(n) for n in entry.names), return_exceptions=True)
                 if entry.release is not None:
                     await entry.release()
             finally:
-                self._memory.release()
+                self._released(entry)
         finally:
             del self._evicting[entry.key]
             done.set_result(None)
         self.statistics.unload.observe(time.monotonic() - started)
-        log.info("unloaded model %s (%d bytes)", entry.key, entry.size)
+        log.debug("unloaded model %s (%d bytes)", entry.key, entry.size)  # counted: modelhost_model_cache_evictions
+
+    async def _unload(self, names: tuple[str, ...]) -> None:
+        """Once no request holds them, unload the manager's models `names` (one failing does not keep the others)."""
+        if len(names) == 1:  # the usual entry: awaited in this task, not gathered in tasks of their own
+            await self._manager.idle(names[0])
+            with contextlib.suppress(Exception):
+                await self._manager.evict(names[0])
+            return
+        await asyncio.gather(*(self._manager.idle(name) for name in names))
+        await asyncio.gather(*(self._manager.evict(n) for n in names), return_exceptions=True)
 
     def removed(self, name: str) -> None:
         """The manager unloaded or evicted `name` by itself (the repository API): what it held is no longer
@@ -308,12 +419,10 @@ class ModelCache:
             return
         if entry.names == (name,) and entry.release is None:
             self._uncharge(entry)
-            self._memory.release()
+            self._released(entry)
             self.statistics.evictions += 1
             return
-        task = asyncio.get_running_loop().create_task(self.evict(entry))
-        self._removals.add(task)
-        task.add_done_callback(self._removals.discard)
+        self._in_background(self.evict(entry))
 
     async def stop(self) -> None:
         await asyncio.gather(*(self.evict(e) for e in list(self._entries.values())), return_exceptions=True)

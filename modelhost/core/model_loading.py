@@ -87,7 +87,7 @@ def plan_model(
     if check_code is not None:
         check_code(backend, config)
     # What the model file says comes before the endpoint-wide overrides: it is about this model.
-    backend.configure(backend.model_path(source.path / str(versions[-1]), filename), config, overrides)
+    backend.configure(backend.model_path(source.version_path(versions[-1]), filename), config, overrides)
     apply_overrides(config, overrides)
     apply_defaults(config, source.name, backend.platform, backend.name)
     place(config, backend, bool(overrides.gpu_fallback))
@@ -148,7 +148,7 @@ def _resolve_backend(config: ModelConfig, source: ModelSource) -> str:
             raise ConfigError(f"config.pbtxt: {exc}") from None
     for version in reversed(source.versions):
         filename = config.default_model_filename
-        candidates = [filename] if filename else [p.name for p in (source.path / str(version)).iterdir()]
+        candidates = [filename] if filename else [p.name for p in source.version_path(version).iterdir()]
         for candidate in candidates:
             name = backend_for_filename(candidate)
             if name:
@@ -186,7 +186,7 @@ def load_version(
     assert backend is not None, "an ensemble loads with load_ensemble_version"
     filename = plan.config.default_model_filename or backend.default_filename
     check_relative(filename, f"model '{source.name}': default_model_filename")  # never outside the version dir
-    path = backend.model_path(source.path / str(version), filename)
+    path = backend.model_path(source.version_path(version), filename)
     if not path.exists():
         raise ConfigError(f"model file {path} does not exist")
     # The first instance loads before config completion (which needs the model's tensors): its own
@@ -200,7 +200,7 @@ def load_version(
         # An endpoint-wide max batch size takes the default's path: only models that can batch get it. Triton's
         # default is for Triton's layout: a model whose version directory is the model (TF Serving's SavedModel
         # layout) takes whole tensors of any batch size its signature allows, as TF Serving runs it.
-        tf_serving_layout = path == source.path / str(version)
+        tf_serving_layout = path == source.version_path(version)
         max_batch_size = plan.overrides.max_batch_size or (0 if tf_serving_layout else default_max_batch_size)
         config = complete_config(
             plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", max_batch_size
@@ -264,7 +264,7 @@ def _warm_up(source: ModelSource, version: int, config: ModelConfig, instances: 
     instance, before the version takes any request."""
     samples = warmup_samples(config, source.path)
     if reader is not None:
-        samples += reader(source.path / str(version))
+        samples += reader(source.version_path(version))
     outputs = [output.name for output in config.output]
     for instance in instances:
         run_warmup(samples, instance, outputs, f"{source.name}:{version}")

@@ -33,7 +33,9 @@ class FetchedModels:
 class ArchiveModels:
     def __init__(self, archives: ArchiveStore | None, downloads: Path, max_unpacked_bytes: int,
                  max_archive_members: int, single_model_name: str,
-                 copies: UnpackedCopies[FetchedModels] | None = None, program: str = TOOLKIT_PROGRAM) -> None:
+                 copies: UnpackedCopies[FetchedModels] | None = None, program: str = TOOLKIT_PROGRAM,
+                 in_place: bool = False) -> None:
+        """`in_place`: a lone model file is read where it was unpacked (find_layout's `in_place`)."""
         self._archives = archives
         self._program = program  # the handler program a SageMaker PyTorch model's code/ holds
         self._copies = copies
@@ -41,6 +43,7 @@ class ArchiveModels:
         self._max_unpacked_bytes = max_unpacked_bytes
         self._max_archive_members = max_archive_members
         self._single_model_name = single_model_name
+        self._in_place = in_place
 
     def fetch(self, target: str, work: Path) -> FetchedModels:
         """The archive `target` unpacked as `work`: read in place when local, else downloaded first; or the copy
@@ -79,5 +82,6 @@ class ArchiveModels:
     def _read(self, root: Path, work: Path, fetch_seconds: float | None, stamp: str | None) -> FetchedModels:
         disk_bytes = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
         work.mkdir(parents=True, exist_ok=True)
-        layout = find_layout(root, self._single_model_name, work / ".layout", program=self._program)
+        layout = find_layout(root, self._single_model_name, work / ".layout", program=self._program,
+                             in_place=self._in_place)
         return FetchedModels(root, layout, disk_bytes, fetch_seconds, work, stamp)

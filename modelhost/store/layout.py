@@ -69,15 +69,20 @@ class ModelLayout:
     repository: Path  # a Triton-layout repository root serving these models (may be a generated dir of symlinks)
     models: tuple[str, ...]  # model names in it
     code_dir: Path | None  # the code/ directory when present
+    # Rule 2 read in place (find_layout's `in_place`): the directory that is its one model's directory and version 1
+    # at once; `repository` is then that directory, not a repository.
+    in_place: Path | None = None
 
 
 def find_layout(root: Path, single_model_name: str, work_dir: Path, allow_empty: bool = False,
-                program: str = TOOLKIT_PROGRAM) -> ModelLayout:
+                program: str = TOOLKIT_PROGRAM, in_place: bool = False) -> ModelLayout:
     """Find the models under `root` by the rules above; raises INVALID_INPUT when there are none.
 
     With `allow_empty`, a root holding nothing (hidden entries and code/ aside) is an empty repository
     (models will be added to it later) rather than an error. Blocking (directory scans, config
-    reads); call it off the event loop.
+    reads); call it off the event loop. `in_place`: a directory holding one model file and nothing else but its
+    config.pbtxt is not linked into `work_dir` but given as `ModelLayout.in_place` (the links' three directories
+    and a link cost a multi-model endpoint's first load about 1 ms of CPU on a slow disk).
     """
     _check_model_name(single_model_name)
     if not root.is_dir():
@@ -87,7 +92,7 @@ def find_layout(root: Path, single_model_name: str, work_dir: Path, allow_empty:
     directory, code_dir, toolkit_dir = root, None, None
     for _ in range(MAX_WRAPPING + 1):
         code_dir = _code_dir(directory) or code_dir
-        layout = _layout_of(directory, single_model_name, work_dir, code_dir)
+        layout = _layout_of(directory, single_model_name, work_dir, code_dir, in_place)
         if layout is not None:
             return layout
         if toolkit_dir is None and (directory / CODE_DIR / program).is_file():
@@ -102,7 +107,8 @@ def find_layout(root: Path, single_model_name: str, work_dir: Path, allow_empty:
     raise invalid(f"no model found in {directory}: {_EXPECTED}; found: {found}")
 
 
-def _layout_of(directory: Path, name: str, work_dir: Path, code_dir: Path | None) -> ModelLayout | None:
+def _layout_of(directory: Path, name: str, work_dir: Path, code_dir: Path | None,
+               in_place: bool = False) -> ModelLayout | None:
     """Rules 1-3 for one directory; None when none applies."""
     if _versions(directory):
         name = _configured_name(directory) or name
@@ -117,6 +123,9 @@ def _layout_of(directory: Path, name: str, work_dir: Path, code_dir: Path | None
         raise invalid(f"{directory} holds several model files ({names}); put each model in its own directory")
     if model_files:
         name = _configured_name(directory) or name
+        if in_place and code_dir is None and {e.name for e in _entries(directory, with_code=True)} <= {
+                model_files[0].name, CONFIG_FILENAME}:
+            return ModelLayout(directory, (name,), None, in_place=directory)
         _link_single_file_model(directory, name, work_dir)
         return ModelLayout(work_dir, (name,), code_dir)
     if (directory / CONFIG_FILENAME).is_file():

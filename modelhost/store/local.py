@@ -16,6 +16,11 @@ class ModelSource:
     name: str
     path: Path
     versions: tuple[int, ...]
+    # Version 1's directory where it is not path/1: a lone model file's directory read in place (store/layout.py).
+    version_dir: Path | None = None
+
+    def version_path(self, version: int) -> Path:
+        return self.version_dir if self.version_dir is not None else self.path / str(version)
 
 
 @dataclass(frozen=True, slots=True)

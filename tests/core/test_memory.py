@@ -3,14 +3,13 @@ loads."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import threading
 import time
 
 import pytest
 
-from modelhost.core.cache_memory import CacheMemory
+from modelhost.core.cache_memory import MEASURED_LOADS, CacheMemory
 from modelhost.core.memory import COUNTS_FREES, PeakMeter
 
 SIZE = 64 * 1024 * 1024
@@ -56,31 +55,67 @@ def test_meters_open_at_once_each_see_the_spike_and_share_one_thread() -> None:
     assert after.peak_growth < SIZE // 4
 
 
-_HELD_DURING_WARM_UPS: list[bytearray] = []
+_KEPT: list[bytearray] = []
+
+
+@pytest.fixture
+def kept() -> object:
+    yield _KEPT
+    _KEPT.clear()
 
 
 @needs_malloc_counts
-def test_only_a_warm_up_that_warmed_something_moves_the_baseline() -> None:
-    """What the process allocates while a backend that is warm already is checked (requests in flight) is not
-    the framework's: counting it into the baseline would let the cache hold more than its budget."""
-    async def scenario() -> None:
-        memory = CacheMemory()
-        async with memory.measuring("m", 0):
-            pass
-        before = memory.used_bytes
+def test_a_key_measured_alone_to_its_first_use_is_charged_that_and_not_measured_again(kept: list[bytearray]) -> None:
+    memory = CacheMemory()
+    measurement = memory.start("k", 1000)
+    assert measurement is not None
+    kept.append(bytearray(4 << 20))  # what the load holds
+    memory.ended(measurement)
+    kept.append(bytearray(2 << 20))  # what its first request allocates (a session's arena) counts too
+    size = memory.finish(measurement, first_use=True)
+    assert (6 << 20) <= size < (7 << 20)
+    assert memory.known_size("k", 1000) == size and memory.estimate("k", 1000) >= size
+    assert memory.start("k", 1000) is None  # known: no reading
+    memory.ended(None)
+    assert memory.known_size("k", 2000) is None  # its files changed size: measured again
+    assert memory.used == 0  # charges are the cache's to keep
 
-        def busy_process(warmed: bool) -> bool:
-            _HELD_DURING_WARM_UPS.append(bytearray(4 << 20))
-            return warmed
 
-        await memory.warm_up(lambda: busy_process(False))
-        assert memory.used_bytes >= before + (4 << 20)  # charged: nothing was warmed up
-        held = memory.used_bytes
-        await memory.warm_up(lambda: busy_process(True))
-        assert memory.used_bytes < held + (1 << 20)  # a framework's state joins the baseline
-        memory.release()
+@needs_malloc_counts
+def test_loads_beside_evictions_are_charged_what_is_typical_of_their_size(kept: list[bytearray]) -> None:
+    memory = CacheMemory()
+    kept.append(bytearray(4 << 20))  # an evicted model's memory, freed while the next load is measured
+    expected = memory.estimate("k", 0)
+    for measured in range(1, MEASURED_LOADS + 1):
+        measurement = memory.start("k", 0)
+        assert measurement is not None
+        kept.pop()
+        memory.released()
+        kept.append(bytearray(4 << 20))  # the load's own
+        memory.ended(measurement)
+        assert memory.finish(measurement, first_use=True) == expected  # its growth (about 0) is not its own
+        assert (memory.known_size("k", 0) is None) == (measured < MEASURED_LOADS)  # not clean: measured again
+    assert memory.known_size("k", 0) == expected and memory.start("k", 0) is None  # then no more readings
+    memory.ended(None)
+    clean = memory.start("other", 1 << 20)  # a key of 1 MiB measured alone at 2 MiB, 2/3 of its first estimate
+    assert clean is not None
+    kept.append(bytearray(2 << 20))
+    memory.ended(clean)
+    assert (2 << 20) <= memory.finish(clean, first_use=True) < (2 << 20) + (256 << 10)
+    measurement = memory.start("k2", 0)  # beside another load: typical of its size, scaled as the clean one was
+    beside = memory.start("k3", 0)
+    assert measurement is not None and beside is not None
+    memory.ended(beside)
+    memory.abandon(beside)
+    memory.ended(measurement)
+    assert abs(memory.finish(measurement, first_use=True) - expected * 2 // 3) < (128 << 10)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        _HELD_DURING_WARM_UPS.clear()
+
+@needs_malloc_counts
+def test_a_load_no_request_follows_is_charged_at_least_its_expected_peak() -> None:
+    memory = CacheMemory()
+    measurement = memory.start("k", 1 << 20)
+    assert measurement is not None
+    memory.ended(measurement)
+    assert memory.finish(measurement, first_use=False) == memory.estimate("k", 1 << 20) == 3 << 20
+    assert memory.known_size("k", 1 << 20) is None  # its first run was not seen: nothing remembered

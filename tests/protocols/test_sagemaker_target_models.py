@@ -4,6 +4,8 @@ key, LRU eviction, pins, NO_MEMORY."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import tarfile
 import threading
 import time
@@ -17,6 +19,7 @@ import pytest
 
 from modelhost.core.cache_memory import PEAK_OVERHEAD_BYTES, PEAK_PER_FILE_BYTE
 from modelhost.core.manager import ModelManager
+from modelhost.core.memory import COUNTS_FREES, held_bytes
 from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetModel, TargetModels
@@ -74,6 +77,8 @@ def test_first_use_loads_and_later_uses_hit(tmp_path: Path) -> None:
         assert (stats.hits, stats.misses) == (1, 2)
         assert sum(stats.download.counts) == 2 and sum(stats.load.counts) == 2
         assert h.loaded() == ["model-2.tar.gz", "model-3.tar.gz"]
+        work_dir = h.models.get("model-2.tar.gz").work_dir
+        assert work_dir is not None and sorted(os.listdir(work_dir)) == ["model.onnx"]  # read in place: no links
         # Each model's own size is at least its file; the budget counts all the memory models hold.
         assert all(m.size >= WIDTH * 4 for m in h.cache.entries())
         assert h.cache.used_bytes >= WIDTH * 4 * 2
@@ -301,9 +306,10 @@ def test_an_archive_holding_a_named_model_directory_serves_it_under_the_target(t
 _PROCESS_STATE: list[bytearray] = []  # what a load's hook leaves behind for the whole process
 
 
-def test_a_refused_load_does_not_poison_later_loads(tmp_path: Path) -> None:
-    """A load that leaves process-wide state (a framework import in user code) is refused; the cache is
-    then empty, uses 0 bytes, and the next load fits (it used to stay charged and refuse every later load)."""
+def test_a_load_over_the_whole_budget_does_not_poison_later_loads(tmp_path: Path) -> None:
+    """A load that leaves process-wide state (a framework import in user code) is charged it when its first request
+    ends, more than the whole budget: it is evicted, and its key's figure forgotten, so the cache is then empty,
+    uses 0 bytes, and the next loads, measured again, fit (the key used to stay charged and refuse every later load)."""
     async def import_a_framework_once(model: TargetModel) -> None:
         if not _PROCESS_STATE:
             _PROCESS_STATE.append(bytearray(8 << 20))
@@ -311,10 +317,9 @@ def test_a_refused_load_does_not_poison_later_loads(tmp_path: Path) -> None:
     async def scenario() -> None:
         _PROCESS_STATE.clear()
         h = Harness(tmp_path, budget=4 << 20, on_load=import_a_framework_once)
-        with pytest.raises(ModelhostError) as refused:
-            await h.infer("model-0.tar.gz")
-        assert refused.value.kind is ErrorKind.NO_MEMORY
-        assert h.loaded() == [] and h.cache.used_bytes == 0
+        assert await h.infer("model-0.tar.gz") == 0.0
+        await until(lambda: h.loaded() == [], "the model over the budget evicted")
+        assert h.cache.used_bytes == 0 and h.cache.statistics.evictions == 1
         assert await h.infer("model-0.tar.gz") == 0.0
         assert await h.infer("model-1.tar.gz") == 1.0
         assert h.loaded() == ["model-0.tar.gz", "model-1.tar.gz"]
@@ -328,25 +333,29 @@ def test_a_refused_load_does_not_poison_later_loads(tmp_path: Path) -> None:
         _PROCESS_STATE.clear()
 
 
+@pytest.mark.skipif(not COUNTS_FREES, reason="needs glibc's mallinfo2 (freed memory counted)")
 def test_memory_stays_within_the_budget_during_loads(tmp_path: Path) -> None:
-    """Models of 4 MiB files (about 8 MiB at the peak of a load) through a 20 MiB budget, more than the budget
-    in total: the cache makes room for a load's peak before it starts, so held bytes never pass the budget."""
+    """Models of 4 MiB files (8 MiB held once run, about 9 MiB at a load's peak) through a 20 MiB budget, more than
+    the budget in total: the cache makes room for a load's peak before it starts, and charges each model what it
+    holds after its first request, so the process's own count of bytes in use, less what it held besides the
+    models, never passes the budget."""
     width = 1 << 20
     budget = 20 << 20
-    highest = 0
+    highest = charged = 0
     sampling = True
 
-    def sample(cache: ModelCache) -> None:
-        nonlocal highest
+    def sample(cache: ModelCache, besides: int) -> None:
+        nonlocal highest, charged
         while sampling:
-            highest = max(highest, cache.used_bytes)
+            highest = max(highest, held_bytes() - besides)
+            charged = max(charged, cache.used_bytes)
             time.sleep(0.0005)
 
     async def scenario() -> None:
         nonlocal sampling
         h = Harness(tmp_path, count=6, budget=budget, width=width)
-        await h.infer("model-5.tar.gz")  # the first load sets the baseline
-        sampler = threading.Thread(target=sample, args=(h.cache,))
+        await h.infer("model-5.tar.gz")  # onnxruntime's own state, held from here on, is not a model's
+        sampler = threading.Thread(target=sample, args=(h.cache, held_bytes() - h.cache.used_bytes))
         sampler.start()
         try:
             for i in (0, 1, 2, 3, 4, 0, 1, 5, 2):
@@ -357,7 +366,9 @@ def test_memory_stays_within_the_budget_during_loads(tmp_path: Path) -> None:
         assert h.cache.statistics.evictions >= 5
         await h.stop()
 
+    gc.collect()
     asyncio.run(scenario())
+    assert 0 < charged <= budget
     assert 0 < highest <= budget, f"held {highest / 2**20:.2f} MiB with a {budget / 2**20:.0f} MiB budget"
 
 

@@ -15,7 +15,7 @@ from modelhost.backends.base import InstanceSettings
 from modelhost.core.model_loading import plan_model
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.layout import ModelLayout, find_layout
-from modelhost.store.local import LocalStore
+from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.unpack import unpack_archive
 from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, identity_model, slow_loop_model, write_model
 
@@ -113,6 +113,32 @@ def test_single_model_file(tmp_path: Path) -> None:
     assert source.versions == (1,)
     assert plan_model(source).config.platform == "onnxruntime_onnx"
     assert serves_add_sub(layout, NAME)
+
+
+def test_a_lone_model_file_is_read_in_place_when_asked_and_nothing_else_is(tmp_path: Path) -> None:
+    """find_layout(in_place=True), as a multi-model endpoint's archives are read: a directory of one model file
+    (and its config) is that model's version 1 as it is, with no links made; anything beside it keeps the links."""
+    root = tmp_path / "model"
+    root.mkdir()
+    onnx.save_model(add_sub_model(), str(root / "model.onnx"))
+    (root / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')
+    layout = find_layout(root, NAME, tmp_path / "work", in_place=True)
+    assert layout == ModelLayout(root, (NAME,), None, in_place=root)
+    assert not (tmp_path / "work").exists()
+    source = ModelSource(NAME, root, (1,), root)
+    plan = plan_model(source)
+    assert plan.config.platform == "onnxruntime_onnx" and plan.versions == (1,)
+    path = source.version_path(1) / plan.backend.default_filename
+    assert path == root / "model.onnx"
+    model = plan.backend.load(path, plan.config, InstanceSettings(0, 1))
+    try:
+        ones = np.ones((1, 16), np.float32)
+        assert np.all(model.infer({"INPUT0": ones, "INPUT1": ones}, ["OUTPUT0"])["OUTPUT0"] == 2.0)
+    finally:
+        model.unload()
+    (root / "vocabulary.txt").write_text("a\n")  # a file beside it: linked, as without in_place
+    layout = find_layout(root, NAME, tmp_path / "work", in_place=True)
+    assert layout.in_place is None and serves_add_sub(layout, NAME)
 
 
 def test_single_model_file_with_config_and_external_weights(tmp_path: Path) -> None:

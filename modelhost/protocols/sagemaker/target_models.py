@@ -77,7 +77,7 @@ class TargetModels:
         self._work_dir = work_dir
         self.copies: UnpackedCopies[FetchedModels] = UnpackedCopies(limits.unpacked_cache_bytes)
         self._fetch = ArchiveModels(archives, work_dir / "downloads", limits.max_unpacked_bytes,
-                                    limits.max_archive_members, single_model_name, self.copies, program)
+                                    limits.max_archive_members, single_model_name, self.copies, program, in_place=True)
         self._load_roots = tuple(load_roots)
         self._on_load = on_load
         self._on_unload = on_unload
@@ -137,7 +137,7 @@ class TargetModels:
     async def _loaded(self, key: str) -> TargetModel:
         # A model loaded for us can be evicted by another load before this task resumes: load it again.
         while True:
-            model = await self._load_once(key, key, partial(self._fetch.fetch, key))
+            model = await self._load_once(key, key, partial(self._fetch.fetch, key), first_use=True)
             if self._cache.holds(model.entry):
                 return model
 
@@ -171,16 +171,19 @@ class TargetModels:
                              return_exceptions=True)
         await asyncio.gather(*self._removals, return_exceptions=True)
 
-    async def _load_once(self, key: str, url: str, fetch: Callable[[Path], FetchedModels]) -> TargetModel:
+    async def _load_once(self, key: str, url: str, fetch: Callable[[Path], FetchedModels],
+                         first_use: bool = False) -> TargetModel:
+        """`first_use`: a request for the model follows the load at once (its end completes the load's measurement:
+        ModelCache.keep)."""
         task = self._loading.get(key)
         if task is None:
-            task = asyncio.create_task(self._load(key, url, fetch))
+            task = asyncio.create_task(self._load(key, url, fetch, first_use))
             self._loading[key] = task
             task.add_done_callback(lambda _: self._loading.pop(key, None))
         # A waiter that goes away (client disconnect) must not cancel a load others wait on.
         return await asyncio.shield(task)
 
-    async def _load(self, key: str, url: str, fetch: Callable[[Path], FetchedModels]) -> TargetModel:
+    async def _load(self, key: str, url: str, fetch: Callable[[Path], FetchedModels], first_use: bool) -> TargetModel:
         # Each load gets its own directory: an evicted copy may still be being removed.
         work = self._work_dir / "models" / self._slot(key)
         try:
@@ -194,7 +197,7 @@ class TargetModels:
                 if p.plan is None or p.plan.backend is None or not backend_is_warm(p.plan.backend.name)]
         try:
             entry = await self._cache.load(key, fetched.disk_bytes, partial(_warm_up_backends, cold) if cold else None,
-                                           partial(self._add_models, prepared))
+                                           partial(self._add_models, prepared), first_use)
         except BaseException:
             self._remove_files(fetched.directory)
             raise
@@ -211,7 +214,7 @@ class TargetModels:
                 self._remove_files(fetched.directory)
             raise
         self._models[key] = model
-        await self._cache.keep(entry)
+        await self._cache.keep(entry, first_use)
         return model
 
     def _fetch_and_prepare(self, key: str, fetch: Callable[[Path], FetchedModels],
@@ -223,9 +226,12 @@ class TargetModels:
             store = LocalStore(fetched.layout.repository)
             prepared = []
             for name in fetched.layout.models:
-                found = store.fetch(name)
-                source = ModelSource(key if len(fetched.layout.models) == 1 else f"{key}/{name}", found.path,
-                                     found.versions)
+                served_as = key if len(fetched.layout.models) == 1 else f"{key}/{name}"
+                if fetched.layout.in_place is not None:
+                    source = ModelSource(served_as, fetched.layout.in_place, (1,), fetched.layout.in_place)
+                else:
+                    found = store.fetch(name)
+                    source = ModelSource(served_as, found.path, found.versions)
                 try:
                     plan: LoadPlan | None = self._manager.plan(source)
                 except Exception:  # noqa: BLE001 - ModelManager.add reports it, as for any load
