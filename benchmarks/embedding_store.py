@@ -259,10 +259,12 @@ def metrics(server: ServerProcess) -> dict[str, float]:
     return values
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory in MB (10^6 bytes, as the budget is given), or one part of it (RssAnon:
+    the process's own memory; RssFile: mapped files, its libraries)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024 / 1e6
     return 0.0
 
 
@@ -384,7 +386,7 @@ def main() -> int:
     parser.add_argument("--server-env", default="",
                         help="KEY=VALUE,... set in the servers' environment (e.g. MALLOC_ARENA_MAX=2)")
     parser.add_argument("--updates-at", default=None,
-                        help="concurrencies at which the update p99 ratio is measured (default: the highest)")
+                        help="concurrencies at which the update p99 ratio is measured (default: the highest; none)")
     parser.add_argument("--configurations", default="tiered,no,in", help="of tiered,no (no cache),in (in RAM)")
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -395,7 +397,8 @@ def main() -> int:
     else:
         work = Path(tempfile.mkdtemp(dir=args.work))
     server_env = dict(item.split("=", 1) for item in args.server_env.split(",") if item)
-    updates_at = [int(c) for c in args.updates_at.split(",")] if args.updates_at else concurrency[-1:]
+    updates_at = [] if args.updates_at == "none" else \
+        [int(c) for c in args.updates_at.split(",")] if args.updates_at else concurrency[-1:]
     ids = feature_ids(args.rows)
     print(f"table {args.rows:,} x {args.dim} float32 ({args.rows * args.dim * 4 / 1e9:.2f} GB), "
           f"cache {args.cache:.0%}, {work}", flush=True)
@@ -447,8 +450,9 @@ def main() -> int:
                     used = 0 if repository == in_ram else used + result["sent"]
                     results.append((label, traffic, c, result, rss_mb(server.process.pid)))
                     print(f"{label:14} {traffic:8} c={c:<2} {result['rps']:7.1f} req/s  p50 {result['p50']:8.2f} ms"
-                          f"  p99 {result['p99']:8.2f} ms  hit {result['hit']:.3f}  RSS "
-                          f"{results[-1][4]:7.0f} MB  failures {result['failures']}", flush=True)
+                          f"  p99 {result['p99']:8.2f} ms  hit {result['hit']:.3f}  RSS {results[-1][4]:5.0f} MB "
+                          f"(anon {rss_mb(server.process.pid, 'RssAnon'):.0f}, files "
+                          f"{rss_mb(server.process.pid, 'RssFile'):.0f})  failures {result['failures']}", flush=True)
                 if label == "tiered" and traffic == traffics[0]:
                     for c in updates_at:
                         used += update_ratio(server, bodies[traffic][used:], c, args.duration, updates)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from modelhost.embeddings.delta_log import DeltaLog
-from modelhost.embeddings.disk_rows import DiskRows
+from modelhost.embeddings.disk_rows import DiskRows, release_buffer
 from modelhost.embeddings.row_cache import SlotPool
 from modelhost.embeddings.row_records import RowRecords
 from modelhost.embeddings.table_files import DELTA, ROWS, TableMeta, current_version, read_ids, read_meta
@@ -130,10 +130,13 @@ class EmbeddingTable:
         if pool is None or not pool.capacity:
             return 0
         start = 0
-        # Chunks no larger than the room left: a lookup caches its rows in row order, not in the list's.
-        while start < len(ids) and (room := pool.capacity - pool.cached_rows(self.table_id)) > 0:
-            self.lookup(ids[start:start + min(chunk, room)])
-            start += min(chunk, room)
+        try:
+            # Chunks no larger than the room left: a lookup caches its rows in row order, not in the list's.
+            while start < len(ids) and (room := pool.capacity - pool.cached_rows(self.table_id)) > 0:
+                self.lookup(ids[start:start + min(chunk, room)])
+                start += min(chunk, room)
+        finally:
+            release_buffer()
         return pool.cached_rows(self.table_id)
 
     def _enter(self) -> None:
