@@ -17,14 +17,19 @@ Configurations, each a `modelhost serve` of its own, one at a time:
 - `in RAM (ONNX)`: one ONNX model whose Gather holds the whole table as an initializer (external data);
 - `limit`: in this process, numpy gathers from the table in RAM, then onnxruntime on the dense model: what a
   request costs with no server and no disk.
-`tiered` at Zipf 1.0 and the highest concurrency runs twice more: with updates of 10,000 rows/s posted beside
-the traffic (1,000-row batches every 0.1 s over HTTP), and again without, for the p99 ratio.
+`tiered` under the first traffic then measures the update p99 ratio at each of --updates-at (default: the highest
+concurrency): 10,000 updated rows/s posted beside the traffic (1,000-row batches every 0.1 s over HTTP) in 4
+periods alternating with 4 without, on the same warm cache.
+
+--table-dir keeps the table and repositories for the next run (the tiered table's delta log is removed at each
+start); --server-env sets variables in the servers' environment (e.g. allocator settings).
 
 Disk reads are honest: the store reads with O_DIRECT (the OS page cache holds no table rows), and the page cache
 is dropped before each configuration (/proc/sys/vm/drop_caches, where writable). The client is Python threads
 (one keep-alive connection each, `c` of them) on the same 2 cores as the server: read ratios. Each cell: --warmup
 seconds (the cache fills), then --duration measured. Reported: p50, p99, req/s, the cache hit ratio of the
-measured period (from the server's metrics), and the server's RSS at the end.
+measured period (from the server's metrics), and the server's RSS in MB (10^6 bytes, as the cache budget is given):
+its highest sample (every 0.5 s) while measured, and right after.
 """
 
 from __future__ import annotations
@@ -278,7 +283,10 @@ def cell(server: ServerProcess, bodies: list[Any], concurrency: int, warmup: flo
         before = metrics(server)
         load.phase = "measured"
         started = time.perf_counter()
-        time.sleep(duration)
+        peak = 0.0
+        while time.perf_counter() - started < duration:  # the server's RSS under load: its highest sample
+            time.sleep(min(0.5, max(0.0, duration - (time.perf_counter() - started))))
+            peak = max(peak, rss_mb(server.process.pid))
         load.phase = None
         elapsed = time.perf_counter() - started
     after = metrics(server)
@@ -288,11 +296,11 @@ def cell(server: ServerProcess, bodies: list[Any], concurrency: int, warmup: flo
     latencies = sorted(load.by_phase.get("measured", []))
     if not latencies:
         return {"rps": 0.0, "p50": float("nan"), "p99": float("nan"), "hit": float("nan"), "failures": load.failures,
-                "sent": load.sent}
+                "sent": load.sent, "peak_rss": peak}
     return {"rps": len(latencies) / elapsed, "p50": statistics.median(latencies) * 1000,
             "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
             "hit": hits / (hits + misses) if hits + misses else float("nan"), "failures": load.failures,
-            "sent": load.sent}
+            "sent": load.sent, "peak_rss": peak}
 
 
 def _paced(port: int, updates: list[tuple[bytes, int]], updating: threading.Event, stop: threading.Event) -> None:
@@ -450,7 +458,8 @@ def main() -> int:
                     used = 0 if repository == in_ram else used + result["sent"]
                     results.append((label, traffic, c, result, rss_mb(server.process.pid)))
                     print(f"{label:14} {traffic:8} c={c:<2} {result['rps']:7.1f} req/s  p50 {result['p50']:8.2f} ms"
-                          f"  p99 {result['p99']:8.2f} ms  hit {result['hit']:.3f}  RSS {results[-1][4]:5.0f} MB "
+                          f"  p99 {result['p99']:8.2f} ms  hit {result['hit']:.3f}  RSS peak "
+                          f"{result['peak_rss']:5.0f}, after {results[-1][4]:5.0f} MB "
                           f"(anon {rss_mb(server.process.pid, 'RssAnon'):.0f}, files "
                           f"{rss_mb(server.process.pid, 'RssFile'):.0f})  failures {result['failures']}", flush=True)
                 if label == "tiered" and traffic == traffics[0]:

@@ -12,14 +12,11 @@ Only processes that serve embedding tables trim: nothing changes for other model
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from concurrent.futures import Executor
 
 from modelhost.core.memory import malloc_trim
-
-log = logging.getLogger("modelhost.embeddings")
 
 TRIM_INTERVAL = 2.0  # seconds between trims, at least
 
@@ -31,13 +28,15 @@ class HeapTrimmer:
         self._last = time.monotonic()
         self._lock = threading.Lock()
         self._running = False
+        self.trims = 0
+        self.trim_seconds = 0.0  # spent trimming, all trims together
 
     def lookup_done(self) -> None:
         """Called after each lookup: starts a trim on the executor if the interval has passed."""
         if malloc_trim is None or time.monotonic() - self._last < self._interval:
             return
-        with self._lock:
-            if self._running:
+        with self._lock:  # again under the lock: a trim may have ended since
+            if self._running or time.monotonic() - self._last < self._interval:
                 return
             self._running = True
         self._executor.submit(self.trim)
@@ -51,5 +50,6 @@ class HeapTrimmer:
             malloc_trim(0)
         finally:
             self._last = time.monotonic()
+            self.trims += 1
+            self.trim_seconds += self._last - started
             self._running = False
-        log.debug("malloc_trim took %.1f ms", (self._last - started) * 1000)
