@@ -16,7 +16,7 @@ from modelhost.embeddings.heap_trim import HeapTrimmer
 @pytest.mark.skipif(malloc_trim is None, reason="glibc only")
 def test_lookups_trim_the_heap_at_most_once_per_interval() -> None:
     with ThreadPoolExecutor(2) as executor:
-        trimmer = HeapTrimmer(executor, interval=0.2)
+        trimmer = HeapTrimmer(executor, interval=0.2, growth=0)
         for _ in range(50):  # within the first interval: none
             trimmer.lookup_done()
         assert trimmer.trims == 0
