@@ -1,11 +1,12 @@
-"""Gives the memory embedding lookups freed back to the OS, at most once every `interval` seconds.
+"""Gives the memory embedding lookups freed back to the OS: checked at most every `interval` seconds, trimmed
+when resident memory grew by `growth` since the last trim.
 
 A ranking request's lookup makes arrays of megabytes (its vectors, 5 MB for 500 x 39 x 64 float32; the rows it
 read), freed once the dense model has run. glibc keeps freed memory in the arena of the thread that freed it,
 where fragmentation leaves much of it unused and resident: under steady traffic the server's RSS stood
 35-50 MB above what it held (benchmarks/embedding_store.py, Zipf 1.2). A trim (malloc_trim) returns those pages;
-those reused afterwards are faulted in again, a cost paid once per interval rather than per request (a fixed
-mmap threshold, the other cure, made a 5 MB gather 6x slower here: 0.57 -> 3.3 ms).
+those reused afterwards are faulted in again, a cost paid once per trim rather than per request (a fixed mmap
+threshold, the other cure, made a 5 MB gather 6x slower here: 0.57 -> 3.3 ms).
 
 Only processes that serve embedding tables trim: nothing changes for other models' requests.
 """

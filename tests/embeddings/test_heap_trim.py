@@ -1,5 +1,5 @@
-"""The embedding store's heap trims (modelhost/embeddings/heap_trim.py): at most one per interval, however many
-lookups end meanwhile, run on the store's executor rather than the lookup's thread."""
+"""The embedding store's heap trims (modelhost/embeddings/heap_trim.py): none while resident memory has not
+grown, then one, however many lookups end at once, on the store's executor rather than the lookup's thread."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from modelhost.core.memory import malloc_trim
@@ -14,13 +15,16 @@ from modelhost.embeddings.heap_trim import HeapTrimmer
 
 
 @pytest.mark.skipif(malloc_trim is None, reason="glibc only")
-def test_lookups_trim_the_heap_at_most_once_per_interval() -> None:
+def test_lookups_trim_the_heap_once_resident_memory_grew() -> None:
     with ThreadPoolExecutor(2) as executor:
-        trimmer = HeapTrimmer(executor, interval=0.2, growth=0)
-        for _ in range(50):  # within the first interval: none
+        trimmer = HeapTrimmer(executor, interval=0.1, growth=32 * 1024**2)
+        for _ in range(50):  # within the first interval: not even a check
             trimmer.lookup_done()
+        time.sleep(0.15)
+        trimmer.lookup_done()  # checked: resident memory has not grown
         assert trimmer.trims == 0
-        time.sleep(0.25)
+        ballast = np.ones(64 * 1024**2, dtype=np.uint8)  # 64 MB, every page touched
+        time.sleep(0.15)
         callers = [threading.Thread(target=trimmer.lookup_done) for _ in range(8)]
         for caller in callers:
             caller.start()
@@ -28,3 +32,4 @@ def test_lookups_trim_the_heap_at_most_once_per_interval() -> None:
             caller.join()
     assert trimmer.trims == 1
     assert trimmer.trim_seconds > 0
+    del ballast
