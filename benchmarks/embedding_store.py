@@ -17,14 +17,19 @@ Configurations, each a `modelhost serve` of its own, one at a time:
 - `in RAM (ONNX)`: one ONNX model whose Gather holds the whole table as an initializer (external data);
 - `limit`: in this process, numpy gathers from the table in RAM, then onnxruntime on the dense model: what a
   request costs with no server and no disk.
-`tiered` at Zipf 1.0 and the highest concurrency runs twice more: with updates of 10,000 rows/s posted beside
-the traffic (1,000-row batches every 0.1 s over HTTP), and again without, for the p99 ratio.
+`tiered` under the first traffic then measures the update p99 ratio at each of --updates-at (default: the highest
+concurrency): 10,000 updated rows/s posted beside the traffic (1,000-row batches every 0.1 s over HTTP) in 4
+periods alternating with 4 without, on the same warm cache.
+
+--table-dir keeps the table and repositories for the next run (the tiered table's delta log is removed at each
+start); --server-env sets variables in the servers' environment (e.g. allocator settings).
 
 Disk reads are honest: the store reads with O_DIRECT (the OS page cache holds no table rows), and the page cache
 is dropped before each configuration (/proc/sys/vm/drop_caches, where writable). The client is Python threads
 (one keep-alive connection each, `c` of them) on the same 2 cores as the server: read ratios. Each cell: --warmup
 seconds (the cache fills), then --duration measured. Reported: p50, p99, req/s, the cache hit ratio of the
-measured period (from the server's metrics), and the server's RSS at the end.
+measured period (from the server's metrics), and the server's RSS in MB (10^6 bytes, as the cache budget is given):
+its highest sample (every 0.5 s) while measured, and right after.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -121,8 +127,23 @@ def dense_model(dim: int, gather_from: np.ndarray | None = None) -> onnx.ModelPr
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def write_repositories(work: Path, ids: np.ndarray, vectors: np.ndarray, dim: int) -> tuple[Path, Path]:
-    tiered = work / "tiered_repository"
+def write_repositories(work: Path, ids: np.ndarray, vectors: np.ndarray, dim: int,
+                       in_ram_model: bool) -> tuple[Path, Path]:
+    """The tiered and the in-RAM repositories under `work`; those an earlier run wrote there are reused (less
+    the tiered table's delta log: every run starts from the version as built)."""
+    tiered, in_ram = work / "tiered_repository", work / "ram_repository"
+    if not (tiered / "ranker" / "config.pbtxt").exists():
+        shutil.rmtree(tiered, ignore_errors=True)
+        write_tiered(tiered, ids, vectors, dim)
+    for log in (tiered / "emb" / "1" / "table").glob("v*/delta.log"):
+        log.unlink()
+    if in_ram_model and not (in_ram / "ranker" / "config.pbtxt").exists():
+        shutil.rmtree(in_ram, ignore_errors=True)
+        write_in_ram(in_ram, vectors, dim)
+    return tiered, in_ram
+
+
+def write_tiered(tiered: Path, ids: np.ndarray, vectors: np.ndarray, dim: int) -> None:
     (tiered / "emb" / "1").mkdir(parents=True)
     (tiered / "emb" / "config.pbtxt").write_text(
         f'backend: "embedding"\nmax_batch_size: {CANDIDATES}\n'
@@ -143,14 +164,15 @@ def write_repositories(work: Path, ids: np.ndarray, vectors: np.ndarray, dim: in
         ' output_map { key: "embeddings" value: "emb_raw" } }\n'
         '  step { model_name: "dense" model_version: -1 input_map { key: "emb_raw" value: "emb_raw" }'
         ' input_map { key: "feat_vals" value: "feat_vals" } output_map { key: "prob" value: "prob" } }\n}\n')
-    in_ram = work / "ram_repository"
+
+
+def write_in_ram(in_ram: Path, vectors: np.ndarray, dim: int) -> None:
     (in_ram / "ranker" / "1").mkdir(parents=True)
     onnx.save_model(dense_model(dim, gather_from=vectors), str(in_ram / "ranker" / "1" / "model.onnx"))
     with open(in_ram / "ranker" / "1" / TABLE_FILE, "wb") as out:
         for start in range(0, len(vectors), 1_000_000):
             out.write(np.ascontiguousarray(vectors[start:start + 1_000_000]).tobytes())
     (in_ram / "ranker" / "config.pbtxt").write_text(f'platform: "onnxruntime_onnx"\nmax_batch_size: {CANDIDATES}\n')
-    return tiered, in_ram
 
 
 def request_ids(popularity: Popularity) -> np.ndarray:
@@ -177,8 +199,8 @@ class Load:
         self._next = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.latencies: list[float] = []
-        self.measuring = False
+        self.phase: str | None = None  # latencies of requests started in a phase are kept under its name
+        self.by_phase: dict[str, list[float]] = {}
         self.cycle = False  # send requests again once all were sent (where no cache could remember them)
         self.failures = 0
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
@@ -209,6 +231,7 @@ class Load:
         connection = http.client.HTTPConnection("127.0.0.1", self._port, timeout=120)
         while not self._stop.is_set():
             body, header_length = self._body()
+            phase = self.phase
             started = time.perf_counter()
             connection.request("POST", self._path, body, {"Inference-Header-Content-Length": str(header_length),
                                                           "Content-Type": "application/octet-stream"})
@@ -217,8 +240,8 @@ class Load:
             elapsed = time.perf_counter() - started
             if response.status != 200:
                 self.failures += 1
-            elif self.measuring:
-                self.latencies.append(elapsed)
+            elif phase is not None:
+                self.by_phase.setdefault(phase, []).append(elapsed)
 
 
 def drop_page_cache() -> None:
@@ -241,52 +264,53 @@ def metrics(server: ServerProcess) -> dict[str, float]:
     return values
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory in MB (10^6 bytes, as the budget is given), or one part of it (RssAnon:
+    the process's own memory; RssFile: mapped files, its libraries)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024 / 1e6
     return 0.0
 
 
 def cell(server: ServerProcess, bodies: list[Any], concurrency: int, warmup: float,
-         duration: float, updates: list[tuple[bytes, int]] | None = None, cycle: bool = False) -> dict[str, Any]:
+         duration: float, cycle: bool = False) -> dict[str, Any]:
     before: dict[str, float] = {}
     load = Load(server.port, "/v2/models/ranker/infer", bodies, concurrency)
     load.cycle = cycle
     with load:
         time.sleep(warmup)
         before = metrics(server)
-        load.measuring = True
-        updater = None
-        if updates is not None:
-            updater = threading.Thread(target=_paced, args=(server.port, updates, duration), daemon=True)
-            updater.start()
+        load.phase = "measured"
         started = time.perf_counter()
-        time.sleep(duration)
-        load.measuring = False
+        peak = 0.0
+        while time.perf_counter() - started < duration:  # the server's RSS under load: its highest sample
+            time.sleep(min(0.5, max(0.0, duration - (time.perf_counter() - started))))
+            peak = max(peak, rss_mb(server.process.pid))
+        load.phase = None
         elapsed = time.perf_counter() - started
-        if updater is not None:
-            updater.join()
     after = metrics(server)
     hits = after.get("modelhost_embedding_cache_hits_total", 0) - before.get("modelhost_embedding_cache_hits_total", 0)
     misses = (after.get("modelhost_embedding_cache_misses_total", 0)
               - before.get("modelhost_embedding_cache_misses_total", 0))
-    latencies = sorted(load.latencies)
+    latencies = sorted(load.by_phase.get("measured", []))
     if not latencies:
         return {"rps": 0.0, "p50": float("nan"), "p99": float("nan"), "hit": float("nan"), "failures": load.failures,
-                "sent": load.sent}
+                "sent": load.sent, "peak_rss": peak}
     return {"rps": len(latencies) / elapsed, "p50": statistics.median(latencies) * 1000,
             "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
             "hit": hits / (hits + misses) if hits + misses else float("nan"), "failures": load.failures,
-            "sent": load.sent}
+            "sent": load.sent, "peak_rss": peak}
 
 
-def _paced(port: int, updates: list[tuple[bytes, int]], duration: float) -> None:
-    """1,000-row updates every 0.1 s: 10,000 rows/s."""
+def _paced(port: int, updates: list[tuple[bytes, int]], updating: threading.Event, stop: threading.Event) -> None:
+    """1,000-row updates every 0.1 s (10,000 rows/s) while `updating` is set, until `stop`."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    end = time.perf_counter() + duration
     sent = 0
-    while time.perf_counter() < end:
+    while not stop.is_set():
+        updating.wait()
+        if stop.is_set():
+            return
         started = time.perf_counter()
         body, header_length = updates[sent % len(updates)]
         sent += 1
@@ -297,6 +321,48 @@ def _paced(port: int, updates: list[tuple[bytes, int]], duration: float) -> None
         if response.status != 200:
             raise RuntimeError(f"update failed: {response.status}")
         time.sleep(max(0.0, 0.1 - (time.perf_counter() - started)))
+
+
+def update_ratio(server: ServerProcess, bodies: list[Any], concurrency: int, duration: float,
+                 updates: list[tuple[bytes, int]], pairs: int = 4) -> int:
+    """p99 with 10,000 updated rows/s beside the traffic against p99 without, on the same warm cache: `pairs`
+    alternating periods of each (the order swapped every pair), so that the other load on the machine falls on
+    both alike; a period's first 0.5 s is not counted. Returns the requests sent."""
+    load = Load(server.port, "/v2/models/ranker/infer", bodies, concurrency)
+    updating = threading.Event()
+    stop = threading.Event()
+    updater = threading.Thread(target=_paced, args=(server.port, updates, updating, stop), daemon=True)
+    updater.start()
+    period = duration / pairs
+    with load:
+        time.sleep(5)
+        for pair in range(pairs):
+            for phase in (("with", "without") if pair % 2 == 0 else ("without", "with")):
+                load.phase = None
+                if phase == "with":
+                    updating.set()
+                else:
+                    updating.clear()
+                time.sleep(0.5)
+                load.phase = phase
+                time.sleep(period)
+        load.phase = None
+        stop.set()
+        updating.set()
+        updater.join()
+    p50 = {phase: statistics.median(load.by_phase[phase]) * 1000 for phase in ("with", "without")}
+    p99 = {phase: _p99(load.by_phase[phase]) for phase in ("with", "without")}
+    counts = {phase: len(load.by_phase[phase]) for phase in ("with", "without")}
+    print(f"tiered         updates  c={concurrency:<2} with 10,000 updated rows/s: p50 {p50['with']:.2f} "
+          f"p99 {p99['with']:.2f} ms ({counts['with']} requests), without: p50 {p50['without']:.2f} "
+          f"p99 {p99['without']:.2f} ms ({counts['without']}), p99 ratio {p99['with'] / p99['without']:.2f} "
+          f"({pairs} alternating pairs)", flush=True)
+    return load.sent
+
+
+def _p99(latencies: list[float]) -> float:
+    ordered = sorted(latencies)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
 
 
 def limit(vectors: np.ndarray, dense: Path, requests: list[np.ndarray], values: np.ndarray) -> float:
@@ -322,18 +388,35 @@ def main() -> int:
     parser.add_argument("--traffic", default="zipf1.0,zipf1.2,uniform")
     parser.add_argument("--requests", type=int, default=8000,
                         help="distinct requests per traffic (more than a configuration sends: none is sent twice)")
-    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--work", type=Path, default=None, help="where a new temporary directory is made")
+    parser.add_argument("--table-dir", type=Path, default=None,
+                        help="reuse the table and repositories an earlier run built here (built there if absent)")
+    parser.add_argument("--server-env", default="",
+                        help="KEY=VALUE,... set in the servers' environment (e.g. MALLOC_ARENA_MAX=2)")
+    parser.add_argument("--updates-at", default=None,
+                        help="concurrencies at which the update p99 ratio is measured (default: the highest; none)")
     parser.add_argument("--configurations", default="tiered,no,in", help="of tiered,no (no cache),in (in RAM)")
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     traffics = args.traffic.split(",")
-    work = Path(tempfile.mkdtemp(dir=args.work))
+    if args.table_dir is not None:
+        work = args.table_dir
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(dir=args.work))
+    server_env = dict(item.split("=", 1) for item in args.server_env.split(",") if item)
+    updates_at = [] if args.updates_at == "none" else \
+        [int(c) for c in args.updates_at.split(",")] if args.updates_at else concurrency[-1:]
     ids = feature_ids(args.rows)
     print(f"table {args.rows:,} x {args.dim} float32 ({args.rows * args.dim * 4 / 1e9:.2f} GB), "
           f"cache {args.cache:.0%}, {work}", flush=True)
     started = time.perf_counter()
-    vectors = make_vectors(work / "vectors.npy", args.rows, args.dim)
-    tiered, in_ram = write_repositories(work, ids, vectors, args.dim)
+    vectors_path = work / "vectors.npy"
+    if vectors_path.exists() and np.load(vectors_path, mmap_mode="r").shape == (args.rows, args.dim):
+        vectors = np.load(vectors_path, mmap_mode="r")
+    else:
+        vectors = make_vectors(vectors_path, args.rows, args.dim)
+    tiered, in_ram = write_repositories(work, ids, vectors, args.dim, "in" in args.configurations.split(","))
     print(f"built in {time.perf_counter() - started:.0f} s", flush=True)
     values = np.random.default_rng(2).random((CANDIDATES, FIELDS), dtype=np.float32)
     rows_by_traffic, bodies, ram_bodies = {}, {}, {}
@@ -357,14 +440,14 @@ def main() -> int:
     results: list[tuple[str, str, int, dict[str, Any], float]] = []
     cache_bytes = int(args.rows * args.dim * 4 * args.cache)
     configurations = [(label, repository, flags) for label, repository, flags in (
-        ("tiered", tiered, ["--embedding-cache-bytes", str(cache_bytes)]),
+        ("tiered", tiered, ["--embedding-cache-bytes", str(cache_bytes), "--embedding-updates"]),
         ("no cache", tiered, ["--embedding-cache-bytes", "0"]),
         ("in RAM (ONNX)", in_ram, []),
     ) if label.split(" ")[0].lower() in args.configurations.split(",")]
     for label, repository, flags in configurations:
         for traffic in (traffics if label == "tiered" else traffics[:1]):
             drop_page_cache()
-            server = ServerProcess(repository, *flags)
+            server = ServerProcess(repository, *flags, env=server_env)
             try:
                 server.wait_ready(timeout=600)
                 used = 0  # requests this server has been sent: the next cell's are new to it
@@ -375,16 +458,13 @@ def main() -> int:
                     used = 0 if repository == in_ram else used + result["sent"]
                     results.append((label, traffic, c, result, rss_mb(server.process.pid)))
                     print(f"{label:14} {traffic:8} c={c:<2} {result['rps']:7.1f} req/s  p50 {result['p50']:8.2f} ms"
-                          f"  p99 {result['p99']:8.2f} ms  hit {result['hit']:.3f}  RSS "
-                          f"{results[-1][4]:7.0f} MB  failures {result['failures']}", flush=True)
+                          f"  p99 {result['p99']:8.2f} ms  hit {result['hit']:.3f}  RSS peak "
+                          f"{result['peak_rss']:5.0f}, after {results[-1][4]:5.0f} MB "
+                          f"(anon {rss_mb(server.process.pid, 'RssAnon'):.0f}, files "
+                          f"{rss_mb(server.process.pid, 'RssFile'):.0f})  failures {result['failures']}", flush=True)
                 if label == "tiered" and traffic == traffics[0]:
-                    c = concurrency[-1]
-                    with_updates = cell(server, bodies[traffic][used:], c, 5, args.duration, updates)
-                    used += with_updates["sent"]
-                    without = cell(server, bodies[traffic][used:], c, 5, args.duration)
-                    print(f"{label:14} {traffic:8} c={c:<2} with 10,000 updated rows/s: p99 "
-                          f"{with_updates['p99']:.2f} ms, without (same warm cache): {without['p99']:.2f} ms, "
-                          f"ratio {with_updates['p99'] / without['p99']:.2f}", flush=True)
+                    for c in updates_at:
+                        used += update_ratio(server, bodies[traffic][used:], c, args.duration, updates)
             finally:
                 server.stop()
     return 0

@@ -35,6 +35,21 @@ def _mallinfo2() -> Callable[[], int] | None:
     return allocated
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        function = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    function.argtypes = [ctypes.c_size_t]
+    function.restype = ctypes.c_int
+    return function
+
+
+# glibc's malloc_trim(pad): gives free heap pages back to the OS (glibc keeps freed memory for reuse, so resident
+# memory would stay at a burst's peak); None off glibc.
+malloc_trim = _malloc_trim()
+
+
 def resident_bytes() -> int:
     """The process's resident memory (Linux /proc; 0 elsewhere)."""
     try:

@@ -38,11 +38,14 @@ class DeltaLog:
         self.path = path
         self.row_bytes = row_bytes
         self._record = np.dtype([("id", "<i8"), ("row", np.uint8, (row_bytes,))])
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # appends, one at a time; readers never wait for one (it syncs to disk)
         exists = path.exists()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         self.count = 0  # records in the log
-        self._positions: list[tuple[int, int]] = []  # (first record number, byte offset of its batch's records)
+        # Per batch: its first record number and the byte offset of its records; `_batches` of them are valid.
+        self._firsts = np.zeros(64, dtype=np.int64)
+        self._offsets = np.zeros(64, dtype=np.int64)
+        self._batches = 0
         if not exists or os.fstat(self._fd).st_size == 0:
             os.write(self._fd, _HEADER.pack(MAGIC, row_bytes))
             os.fsync(self._fd)
@@ -61,18 +64,27 @@ class DeltaLog:
             first = self.count
             os.pwrite(self._fd, _BATCH.pack(len(ids), zlib.crc32(payload)) + payload, self._end)
             os.fdatasync(self._fd)
-            self._positions.append((first, self._end + _BATCH.size))
+            self._add_batch(first, self._end + _BATCH.size)
             self._end += _BATCH.size + len(payload)
             self.count += len(ids)
         return first
 
+    def _add_batch(self, first: int, offset: int) -> None:
+        """Record a batch's position; readers see it once `_batches` counts it (arrays are replaced, not resized,
+        when they grow: a reader's arrays hold every batch it counted)."""
+        count = self._batches
+        if count == len(self._firsts):
+            self._firsts = np.concatenate((self._firsts, np.zeros(count, dtype=np.int64)))
+            self._offsets = np.concatenate((self._offsets, np.zeros(count, dtype=np.int64)))
+        self._firsts[count] = first
+        self._offsets[count] = offset
+        self._batches = count + 1
+
     def read(self, numbers: np.ndarray) -> np.ndarray:
         """The rows of records `numbers` (record numbers), uint8 [n, row_bytes]."""
         rows = np.empty((len(numbers), self.row_bytes), dtype=np.uint8)
-        with self._lock:
-            positions = list(self._positions)
-        firsts = np.array([first for first, _ in positions], dtype=np.int64)
-        offsets = np.array([offset for _, offset in positions], dtype=np.int64)
+        count = self._batches
+        firsts, offsets = self._firsts[:count], self._offsets[:count]
         batch = np.searchsorted(firsts, numbers, side="right") - 1
         places = offsets[batch] + (numbers - firsts[batch]) * self._record.itemsize + 8
         for index, position in enumerate(places.tolist()):
@@ -99,7 +111,7 @@ class DeltaLog:
             if len(payload) < length or zlib.crc32(payload) != crc:
                 break  # a batch torn by a crash: it was never acknowledged
             parts.append(np.frombuffer(payload, dtype=self._record)["id"].copy())
-            self._positions.append((self.count, position + _BATCH.size))
+            self._add_batch(self.count, position + _BATCH.size)
             self.count += count
             position += _BATCH.size + length
         if position < size:

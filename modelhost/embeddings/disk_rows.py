@@ -113,6 +113,12 @@ def _runs(blocks: np.ndarray) -> list[tuple[int, int, int]]:
 _local = threading.local()
 
 
+def release_buffer() -> None:
+    """Free the calling thread's read buffer (a thread that reads once, as a table's warm start does, would
+    otherwise keep up to KEEP_BUFFER_BYTES for good)."""
+    _local.__dict__.pop("buffer", None)
+
+
 def _buffer(size: int) -> np.ndarray:
     """The calling thread's read buffer, at least `size` bytes, BLOCK-aligned (O_DIRECT needs it), reused: fresh
     memory for every batch would cost a page fault per 4 KiB."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from modelhost.embeddings.heap_trim import HeapTrimmer
 from modelhost.embeddings.row_cache import SlotPool
 from modelhost.embeddings.table import EmbeddingTable, TableClosed
 from modelhost.errors import ErrorKind, ModelhostError
@@ -41,6 +42,7 @@ class EmbeddingStore:
     def __init__(self, settings: StoreSettings) -> None:
         self.settings = settings
         self._executor = ThreadPoolExecutor(settings.io_threads, thread_name_prefix="embedding-io")
+        self.trimmer = HeapTrimmer(self._executor)
         self._lock = threading.Lock()
         self._tables: dict[Path, tuple[EmbeddingTable, int]] = {}  # resolved path -> (table, holders)
         self._pools: dict[int, SlotPool] = {}  # row bytes -> pool
@@ -58,7 +60,8 @@ class EmbeddingStore:
             self._next_id += 1
             self._tables[key] = (table, 1)
             self._split()
-        _warm(table)  # outside the lock: the store's other tables and its metrics are not held up
+        if _warm(table):  # outside the lock: the store's other tables and its metrics are not held up
+            self.trimmer.trim()
         return TableHandle(self, key)
 
     def current(self, key: Path) -> EmbeddingTable:
@@ -125,12 +128,12 @@ class EmbeddingStore:
         self._pools = pools
 
 
-def _warm(table: EmbeddingTable) -> None:
+def _warm(table: EmbeddingTable) -> bool:
     """Fill a newly opened table's cache from its hot-id list (`<table>/hot_ids.npy`, hottest first), if it has
-    one, so that its first requests find their rows in RAM."""
+    one, so that its first requests find their rows in RAM. Whether it had one."""
     path = table.path / HOT_IDS
     if not path.is_file():
-        return
+        return False
     started = time.monotonic()
     try:
         ids = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -139,9 +142,10 @@ def _warm(table: EmbeddingTable) -> None:
         cached = table.warm(np.asarray(ids, dtype=np.int64))
     except (OSError, ValueError) as exc:
         log.warning("embedding table '%s': %s not used: %s", table.name, HOT_IDS, exc)
-        return
+        return True
     log.info("embedding table '%s': %d rows cached from %s in %.1f s", table.name, cached, HOT_IDS,
              time.monotonic() - started)
+    return True
 
 
 class TableHandle:
@@ -162,9 +166,11 @@ class TableHandle:
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         while True:
             try:
-                return self.table.lookup(ids)
+                found = self.table.lookup(ids)
             except TableClosed:  # swapped for a newer version after we found it: look again
                 continue
+            self._store.trimmer.lookup_done()
+            return found
 
     def update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
         """The served version's `update` (a RowUpdates: what the data plane's update calls reach)."""

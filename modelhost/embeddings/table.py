@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from modelhost.embeddings.delta_log import DeltaLog
-from modelhost.embeddings.disk_rows import DiskRows
+from modelhost.embeddings.disk_rows import DiskRows, release_buffer
 from modelhost.embeddings.row_cache import SlotPool
+from modelhost.embeddings.row_records import RowRecords
 from modelhost.embeddings.table_files import DELTA, ROWS, TableMeta, current_version, read_ids, read_meta
 
 _PUBLISH_ROWS = 2048  # updated rows made visible under the cache lock at a time
@@ -61,7 +62,7 @@ class EmbeddingTable:
         self._disk = DiskRows(self.version / ROWS, self.meta, executor, direct_io)
         self._log = DeltaLog(self.version / DELTA, self._codec.row_bytes)
         self._added: dict[int, int] = {}  # id not in the version -> its row (from len(ids) on)
-        self._records = _RowRecords()  # each updated row's latest log record
+        self._records = RowRecords()  # each updated row's latest log record
         self._generation = 0
         self._update_lock = threading.Lock()
         # Held while updated rows are published and while a lookup caches what it read: an update between a
@@ -129,10 +130,13 @@ class EmbeddingTable:
         if pool is None or not pool.capacity:
             return 0
         start = 0
-        # Chunks no larger than the room left: a lookup caches its rows in row order, not in the list's.
-        while start < len(ids) and (room := pool.capacity - pool.cached_rows(self.table_id)) > 0:
-            self.lookup(ids[start:start + min(chunk, room)])
-            start += min(chunk, room)
+        try:
+            # Chunks no larger than the room left: a lookup caches its rows in row order, not in the list's.
+            while start < len(ids) and (room := pool.capacity - pool.cached_rows(self.table_id)) > 0:
+                self.lookup(ids[start:start + min(chunk, room)])
+                start += min(chunk, room)
+        finally:
+            release_buffer()
         return pool.cached_rows(self.table_id)
 
     def _enter(self) -> None:
@@ -212,6 +216,10 @@ class EmbeddingTable:
                     if self._pool is not None:
                         self._pool.grow(self.table_id, self.rows)
                         self._pool.refresh(self.table_id, rows[start:end], encoded[start:end])
+            if self._records.full:  # merged off the publish lock: lookups wait for the swap only
+                merged = self._records.compacted()
+                with self._publish_lock:
+                    self._records.install(merged)
         self.counts.updates += 1
         self.counts.updated_rows += len(unique)
         return int(new.sum())
@@ -239,6 +247,7 @@ class EmbeddingTable:
         rows[new] = len(self._ids) + np.arange(len(new))
         self._added.update(zip(unique[new].tolist(), rows[new].tolist(), strict=True))
         self._records.set(rows, len(logged) - 1 - last_from_end, 0)
+        self._records.install(self._records.compacted())
 
     def close(self) -> None:
         """Free the table's cache share and files once its lookups in progress finish."""
@@ -249,38 +258,3 @@ class EmbeddingTable:
             self._pool.forget(self.table_id)
         self._disk.close()
         self._log.close()
-
-
-class _RowRecords:
-    """Row -> its latest delta log record (-1: none) and the generation of the update that wrote it, as arrays
-    grown with the table's rows (16 bytes a row once any is updated, whatever the number of updates)."""
-
-    def __init__(self) -> None:
-        self._record = np.empty(0, dtype=np.int64)
-        self._stamp = np.empty(0, dtype=np.int64)
-
-    def of(self, rows: np.ndarray) -> np.ndarray:
-        record = self._record  # one array throughout: a grow replaces it whole
-        found = np.full(len(rows), -1, dtype=np.int64)
-        inside = rows < len(record)
-        found[inside] = record[rows[inside]]
-        return found
-
-    def changed_since(self, rows: np.ndarray, generation: int) -> np.ndarray:
-        stamp = self._stamp
-        inside = rows[rows < len(stamp)]
-        changed: np.ndarray = inside[stamp[inside] > generation]
-        return changed
-
-    def set(self, rows: np.ndarray, records: np.ndarray, generation: int) -> None:
-        """Under the table's publish lock."""
-        needed = int(rows.max()) + 1 if len(rows) else 0
-        if needed > len(self._record):
-            size = max(needed, 2 * len(self._record))
-            record = np.full(size, -1, dtype=np.int64)
-            stamp = np.zeros(size, dtype=np.int64)
-            record[: len(self._record)] = self._record
-            stamp[: len(self._stamp)] = self._stamp
-            self._stamp, self._record = stamp, record
-        self._stamp[rows] = generation
-        self._record[rows] = records

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from modelhost.embeddings import row_records
 from modelhost.embeddings.row_cache import SlotPool
 from modelhost.embeddings.table import EmbeddingTable
 from modelhost.embeddings.table_files import CURRENT, DELTA, IDS, META, TableError, write_version
@@ -142,8 +143,9 @@ def test_a_torn_last_batch_in_the_log_is_dropped_at_reopen(tmp_path: Path, execu
     again.close()
 
 
-def test_concurrent_lookups_during_updates_never_see_a_torn_vector(tmp_path: Path,
-                                                                   executor: ThreadPoolExecutor) -> None:
+def test_concurrent_lookups_during_updates_never_see_a_torn_vector(tmp_path: Path, executor: ThreadPoolExecutor,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(row_records, "RECENT_ROWS", 64)  # the updated rows' index is merged under the lookups too
     rows = 400
     ids = np.arange(rows, dtype=np.int64) * 7919
     # Every version of a row is uniform: row r at version v is all r * 1000 + v.

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
-import platform
 from collections.abc import Callable
+
+from modelhost.core.memory import malloc_trim
 
 log = logging.getLogger("modelhost.http")
 
@@ -124,19 +125,7 @@ class BufferBudget:
             self._waking = False
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        function = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_size_t]
-    function.restype = ctypes.c_int
-    return function
-
-
-_TRIM = _malloc_trim()
+_TRIM = malloc_trim
 _BURST_CONNECTIONS = 256  # this many connections fewer than the peak, and at most half of it
 _BURST_BYTES = 32 * 1024**2  # or this many buffered bytes fewer than the peak, and at most half of it
 
