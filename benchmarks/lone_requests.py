@@ -14,6 +14,9 @@ the cells measured in turns (benchmarks/builds.py's method and helpers), perf_an
   small requests, health checks, another model): `rank`'s req/s and `tiny`'s p50 and p99, which arrive while
   `rank` computes on the loop in the new build, and on its instance thread in the base;
 - `tiny` alone at concurrency 1 and 32 (the cheap request's own loop path must not change).
+With `--paired N` (and --allow-client-shm in --args), also N turns of one request each way to each build and one
+in-process call, in an order that rotates (tritonclient, as benchmarks/shared_memory.py's paired figure): the median
+over turns of each way's latency over the in-process call's of the same turn, which cancels drift slower than a turn.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import builds, serving  # noqa: E402
 from benchmarks.peers import perf_analyzer  # noqa: E402
-from benchmarks.shared_memory import server_like_session  # noqa: E402
+from benchmarks.shared_memory import ShmSender, http_sender, in_process_sender, paired, server_like_session  # noqa: E402
 from modelhost.example_repository import ensure_example_repository  # noqa: E402
 from tests.server import ServerProcess  # noqa: E402
 
@@ -75,6 +78,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--rate", type=float, default=200.0, help="tiny's requests a second beside rank")
     parser.add_argument("--args", default="", help="extra `modelhost serve` arguments for both builds")
+    parser.add_argument("--paired", type=int, default=0, help="turns of the paired measurement (0: none)")
     options = parser.parse_args()
     cells = ["rank c=1", "rank c=1 shm", "rank c=1 + tiny open loop", "tiny c=1", "tiny c=32"]
     with tempfile.TemporaryDirectory(prefix="lone-") as scratch:
@@ -112,6 +116,10 @@ def main() -> None:
                     figures = (f"{cell} {r['rps']:.0f} req/s p50 {r['p50']:.2f} p99 {r['p99']:.2f}"
                                for cell, r in turn.items())
                     print(f"pair {pair}, {name}: " + "; ".join(figures), flush=True)
+            if options.paired:
+                ratios = paired_turns(servers, names, session, rank_case["array"], options.paired)
+                print("paired, latency / in-process latency (median of turns): "
+                      + ", ".join(f"{way} {ratio:.3f}" for way, ratio in ratios.items()), flush=True)
         finally:
             for server in servers.values():
                 server.stop()
@@ -120,7 +128,27 @@ def main() -> None:
     print(report(cells, names, results))
 
 
-def paired(a: list[Result], b: list[Result], key: str) -> float:
+def paired_turns(servers: dict[str, ServerProcess], names: list[str], session: object, features: np.ndarray,
+                 turns: int) -> dict[str, float]:
+    senders = {name: ShmSender(servers[name].url, features) for name in names}
+    makers = {"in-process": lambda: in_process_sender(session, features)}
+    for name in names:
+        makers[f"{name} http"] = lambda url=servers[name].url: http_sender(url, features)  # type: ignore[misc]
+        makers[f"{name} shm"] = senders[name].make
+    expected = session.run(None, {"features": features})[0]  # type: ignore[attr-defined]
+    result: dict[str, float] = {}
+    # tritonclient.http's client lives and dies in one thread
+    thread = threading.Thread(target=lambda: result.update(paired(makers, expected, turns)))
+    try:
+        thread.start()
+        thread.join()
+    finally:
+        for sender in senders.values():
+            sender.close()
+    return result
+
+
+def paired_ratio(a: list[Result], b: list[Result], key: str) -> float:
     """The median over pairs of b's figure / a's."""
     return statistics.median(y[key] / x[key] for x, y in zip(a, b, strict=True))
 
@@ -133,12 +161,12 @@ def report(cells: list[str], names: list[str], results: dict[tuple[str, str], li
         a, b = (results[(name, cell)] for name in names)
         limit = ""
         if cell.startswith("rank c=1") and "tiny" not in cell:
-            limit = ", ".join(f"{paired(runs, results[(n, 'in-process')], 'rps'):.2f}x / "
-                              f"{paired(results[(n, 'in-process')], runs, 'p50'):.2f}x"
+            limit = ", ".join(f"{paired_ratio(runs, results[(n, 'in-process')], 'rps'):.2f}x / "
+                              f"{paired_ratio(results[(n, 'in-process')], runs, 'p50'):.2f}x"
                               for n, runs in zip(names, (a, b), strict=True))
         cols = [", ".join(f"{statistics.median(run[k] for run in runs):.{0 if k == 'rps' else 2}f}"
                           for k in ("rps", "p50", "p99")) for runs in (a, b)]
-        ratios = ", ".join(f"{paired(a, b, k):.2f}x" for k in ("rps", "p50", "p99"))
+        ratios = ", ".join(f"{paired_ratio(a, b, k):.2f}x" for k in ("rps", "p50", "p99"))
         lines.append(f"| {cell} | {cols[0]} | {cols[1]} | {ratios} | {limit} |")
     return "\n".join(lines)
 

@@ -8,6 +8,9 @@ import time
 # request that arrives while a lone one runs on the event loop waits for it, and that arrival is not counted
 # until the loop is free, so the crowding seen between lone runs stands for it.
 QUIET_S = 1.0
+# A request from another connection counted this soon after one was answered was most likely waiting while
+# that one held the loop (a connection's own next request needs the answer to travel first): crowding.
+WAITED_S = 0.001
 
 
 class InFlight:
@@ -16,17 +19,30 @@ class InFlight:
     its steps that run beside another of the same request in `parallel_steps`: for the schedulers those are
     as many more requests."""
 
-    __slots__ = ("crowded_at", "parallel_steps", "requests")
+    __slots__ = ("_answered_at", "_answered_on", "crowded_at", "parallel_steps", "requests")
 
     def __init__(self) -> None:
         self.requests = 0
         self.parallel_steps = 0
-        self.crowded_at = -QUIET_S  # when a request last arrived with another in progress
+        self.crowded_at = -QUIET_S  # when a request last arrived with another in progress, or waited for one
+        self._answered_on: object = None  # the connection of the request last answered (`left`), if known
+        self._answered_at = -QUIET_S
 
-    def arrived(self) -> None:
+    def arrived(self, connection: object = None) -> None:
+        """A request is received, on `connection` when the front-end tells them apart."""
         self.requests += 1
         if self.requests > 1:
             self.crowded_at = time.monotonic()
+        elif connection is not None and connection is not self._answered_on:
+            now = time.monotonic()
+            if now - self._answered_at < WAITED_S:
+                self.crowded_at = now
+
+    def left(self, connection: object) -> None:
+        """A request received on `connection` is answered (or its client is gone)."""
+        self.requests -= 1
+        self._answered_on = connection
+        self._answered_at = time.monotonic()
 
     def alone(self) -> bool:
         """Whether the asking request is the only work in progress (0: not counted by a front-end, e.g. a

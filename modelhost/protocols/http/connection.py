@@ -326,7 +326,7 @@ class HttpConnection(asyncio.BufferedProtocol):
         request.size += self._received
         self._pipeline.append(request)
         self._pipeline_bytes += request.size
-        self._in_flight.arrived()
+        self._in_flight.arrived(self)
         if len(self._pipeline) >= self._limits.max_pipeline or self._pipeline_bytes >= self._limits.max_pipeline_bytes:
             self._update_reading()
         if self._worker is None or self._worker.done():
@@ -345,7 +345,7 @@ class HttpConnection(asyncio.BufferedProtocol):
                 await Exchange(self, request).run()
             finally:
                 self._busy = False
-                self._in_flight.requests -= 1
+                self._in_flight.left(self)
                 if request.charge:
                     self._release(request)
             if not request.keep_alive or self._closing:
