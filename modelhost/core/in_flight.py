@@ -25,7 +25,7 @@ class InFlight:
         self.requests = 0
         self.parallel_steps = 0
         self.crowded_at = -QUIET_S  # when a request last arrived with another in progress, or waited for one
-        self._answered_on: object = None  # the connection of the request last answered (`left`), if known
+        self._answered_on = 0  # id() of the connection of the request last answered (`left`): no reference kept
         self._answered_at = -QUIET_S
 
     def arrived(self, connection: object = None) -> None:
@@ -33,7 +33,7 @@ class InFlight:
         self.requests += 1
         if self.requests > 1:
             self.crowded_at = time.monotonic()
-        elif connection is not None and connection is not self._answered_on:
+        elif connection is not None and id(connection) != self._answered_on:
             now = time.monotonic()
             if now - self._answered_at < WAITED_S:
                 self.crowded_at = now
@@ -41,7 +41,7 @@ class InFlight:
     def left(self, connection: object) -> None:
         """A request received on `connection` is answered (or its client is gone)."""
         self.requests -= 1
-        self._answered_on = connection
+        self._answered_on = id(connection)
         self._answered_at = time.monotonic()
 
     def alone(self) -> bool:
