@@ -103,6 +103,12 @@ def base_tree(revision: str, workdir: Path) -> Path:
     return tree
 
 
+def remove_tree(tree: Path) -> None:
+    """Undo `base_tree`."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
+                   capture_output=True)
+
+
 def check_source(env: dict[str, str], expected: Path) -> None:
     """That a server started with `env` imports modelhost from `expected`."""
     probe = [sys.executable, "-c", "import modelhost; print(modelhost.__file__)"]
@@ -165,8 +171,7 @@ def main() -> None:
         finally:
             for server in servers.values():
                 server.stop()
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
-                           capture_output=True)
+            remove_tree(tree)
         print()
         print(table(cells, results, names))
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from multi_model import Client, Modelhost, NaivePeer  # noqa: E402
 
+from benchmarks.builds import base_tree, remove_tree  # noqa: E402
 from tests.archives import write_archives  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -78,13 +79,6 @@ async def round_of(client: Client, pid: int, order: list[int], concurrency: int)
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return split(before, thread_cpu(pid), len(order))
-
-
-def base_tree(revision: str, workdir: Path) -> Path:
-    tree = workdir / "base"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), revision], check=True,
-                   capture_output=True)
-    return tree
 
 
 def modelhost(root: Path, workdir: Path, tree: Path, budget: int, label: str) -> Modelhost:
@@ -159,8 +153,7 @@ def main() -> None:
         asyncio.run(main_async(args, root, workdir))
     finally:
         if args.base:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(workdir / "base")],
-                           check=False, capture_output=True)
+            remove_tree(workdir / "base")
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
 
 

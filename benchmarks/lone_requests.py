@@ -7,14 +7,14 @@ instead of being handed to its instance thread and back. This measures what that
 what it costs a request that arrives while the loop runs one, with the two builds' servers running at once and
 the cells measured in turns (benchmarks/builds.py's method and helpers), perf_analyzer as the client:
 - `rank` x 500 rows over HTTP binary at concurrency 1, the same through system shared memory (perf_analyzer's
-  --shared-memory system: the servers need --allow-client-shm), and the in-process limit in the same turn: onnxruntime
-  in this process on a session set up as the server's instance, called one request at a time (no server, no
-  client), for `--duration` seconds;
+  --shared-memory system; the servers run with --allow-client-shm), and the in-process limit in the same turn:
+  onnxruntime in this process on a session set up as the server's instance, called one request at a time (no
+  server, no client), for `--duration` seconds;
 - the same `rank` load with `tiny` sent beside it open loop at `--rate` requests a second (a second client's
   small requests, health checks, another model): `rank`'s req/s and `tiny`'s p50 and p99, which arrive while
   `rank` computes on the loop in the new build, and on its instance thread in the base;
 - `tiny` alone at concurrency 1 and 32 (the cheap request's own loop path must not change).
-With `--paired N` (and --allow-client-shm in --args), also N turns of one request each way to each build and one
+With `--paired N`, also N turns of one request each way to each build and one
 in-process call, in an order that rotates (tritonclient, as benchmarks/shared_memory.py's paired figure): the median
 over turns of each way's latency over the in-process call's of the same turn, which cancels drift slower than a turn.
 """
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -98,7 +97,8 @@ def main() -> None:
             for name, env in zip(names, ({"PYTHONPATH": str(tree)}, {}), strict=True):
                 env = {**env, "PYTHONSAFEPATH": "1"}
                 builds.check_source(env, tree if env.get("PYTHONPATH") else ROOT)
-                servers[name] = ServerProcess(repository, *shlex.split(options.args), env=env).wait_ready()
+                servers[name] = ServerProcess(repository, "--allow-client-shm", *shlex.split(options.args),
+                                              env=env).wait_ready()
             for pair in range(options.pairs):
                 for name in (names if pair % 2 == 0 else names[::-1]):
                     server, seconds = servers[name], options.duration
@@ -123,8 +123,7 @@ def main() -> None:
         finally:
             for server in servers.values():
                 server.stop()
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False,
-                           capture_output=True)
+            builds.remove_tree(tree)
     print(report(cells, names, results))
 
 

@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from cold_path import base_tree, charge, modelhost  # noqa: E402
+from cold_path import charge, modelhost  # noqa: E402
 from multi_model import CACHE_MODELS, Client, Modelhost, NaivePeer, ms, zipf_sequences  # noqa: E402
 
+from benchmarks.builds import base_tree, remove_tree  # noqa: E402
 from tests.archives import write_archives  # noqa: E402
 
 Server = Modelhost | NaivePeer
@@ -98,8 +99,7 @@ def main() -> None:
     try:
         asyncio.run(main_async(args, root, workdir))
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(workdir / "base")],
-                       check=False, capture_output=True)
+        remove_tree(workdir / "base")
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
         os.environ.pop("PYTHONSAFEPATH", None)
 
