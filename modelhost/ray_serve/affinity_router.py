@@ -19,6 +19,9 @@ accepts while it has fewer than max_ongoing_requests):
    the budgets about hold the models one replica came to hold 1.3 budgets' worth and thrashed while another
    held 0.4 (benchmarks/scaleout_routing.py, 4 replicas x 40 models: p99 342 ms; with the two choices, 45 ms).
 Requests naming no model take two random replicas, the less busy first (power of two choices).
+
+A request that continues a sequence (request_sequence.py) goes to the replica its sequence's first request went
+to, and waits for it rather than spill: the sequence's state is there.
 """
 
 from __future__ import annotations
@@ -30,12 +33,16 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Protocol
 
-from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from modelhost.ray_serve.request_sequence import SEQUENCE_KWARG
 
 FREE_BYTES = "free_bytes"
 ROUTING_STATS_PERIOD_S = 1.0
 PLACEMENT_MEMORY_S = 5.0  # longer than a load's report takes to reach the routers
 MAX_PLACEMENTS = 10_000
+SEQUENCE_MEMORY_S = 600.0  # longer than a sequence stays idle; a later sequence of the same id just follows it
+MAX_SEQUENCES = 100_000
 
 
 class _Replica(Protocol):
@@ -60,6 +67,7 @@ class ModelAffinityRouter(RequestRouter):
 
     def initialize_state(self, **kwargs: Any) -> None:
         self._placed: dict[str, tuple[str, float]] = {}
+        self._sequences: dict[tuple[str, str], tuple[str, float]] = {}  # (model, sequence) -> (replica, last used)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -69,11 +77,39 @@ class ModelAffinityRouter(RequestRouter):
         if not model:
             return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
         now = time.monotonic()
+        sequence = _sequence_of(pending_request)
+        if sequence:
+            holder = self._sequence_holder((model, sequence), candidate_replicas, now)
+            if holder is not None:
+                return [[holder]]
         placed, since = self._placed.get(model, ("", 0.0))
         ranks = affinity_ranks(model, candidate_replicas, placed if now - since < PLACEMENT_MEMORY_S else "")
         if not any(model in replica.multiplexed_model_ids for replica in ranks[0]):
             self._remember(model, ranks[0][0].replica_id.unique_id, now, placed)
         return ranks
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result: Any) -> None:
+        sequence = _sequence_of(pending_request)
+        if not sequence:
+            return
+        now = time.monotonic()
+        if len(self._sequences) >= MAX_SEQUENCES:
+            recent = sorted(self._sequences.items(), key=lambda item: item[1][1])[-MAX_SEQUENCES // 2:]
+            self._sequences = {key: held for key, held in recent if now - held[1] < SEQUENCE_MEMORY_S}
+        self._sequences[(pending_request.metadata.multiplexed_model_id, sequence)] = (replica_id.unique_id, now)
+
+    def _sequence_holder(self, key: tuple[str, str], replicas: list[RunningReplica],
+                         now: float) -> RunningReplica | None:
+        """The live replica the sequence's earlier requests went to, None for a new sequence (or one whose
+        replica is gone: its state went with it)."""
+        held = self._sequences.get(key)
+        if held is None or now - held[1] >= SEQUENCE_MEMORY_S:
+            return None
+        holder = next((replica for replica in replicas if replica.replica_id.unique_id == held[0]), None)
+        if holder is not None:
+            self._sequences[key] = (held[0], now)
+        return holder
 
     def _remember(self, model: str, replica: str, now: float, placed: str) -> None:
         if replica != placed or model not in self._placed:
@@ -92,6 +128,10 @@ def affinity_ranks(model: str, replicas: Sequence[_Replica], placed: str = "") -
     if placed:
         others.sort(key=lambda replica: replica.replica_id.unique_id != placed)  # stable: the rest keep their order
     return ([holders] if holders else []) + [[replica] for replica in others]
+
+
+def _sequence_of(pending_request: PendingRequest | None) -> str:
+    return str(pending_request.kwargs.get(SEQUENCE_KWARG, "")) if pending_request is not None else ""
 
 
 def _free_bytes(replica: _Replica) -> int:

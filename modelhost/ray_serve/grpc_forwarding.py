@@ -18,6 +18,7 @@ import grpc
 from modelhost.protocols.grpc_server import Unary, unary_behavior
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
+from modelhost.ray_serve.request_sequence import SEQUENCE_KWARG, grpc_sequence
 
 SERVICE = kserve_v2_grpc.SERVICE_NAME
 SERVICER_FUNCTION = "modelhost.ray_serve.grpc_forwarding.add_inference_service_to_server"
@@ -43,16 +44,26 @@ def add_inference_service_to_server(servicer: Any, server: Any) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
 
 
-def model_of(method: str, data: bytes) -> tuple[str, bool]:
-    """The model an RPC's request names ("" for none, or a request that does not parse: the replica answers
-    that) and whether it must be loaded before the call."""
+@dataclass(frozen=True, slots=True)
+class RpcModel:
+    """The model an RPC's request names ("" for none, or a request that does not parse: the replica answers that),
+    whether it must be loaded before the call, and the sequence an inference continues ("" for none)."""
+
+    name: str = ""
+    loads: bool = False
+    sequence: str = ""
+
+
+def model_of(method: str, data: bytes) -> RpcModel:
     request_type, name_field, loads = RPCS[method]
     if not name_field:
-        return "", False
+        return RpcModel()
     try:
-        return getattr(request_type.FromString(data), name_field), loads
+        request = request_type.FromString(data)
     except Exception:
-        return "", False
+        return RpcModel()
+    sequence = grpc_sequence(request) if isinstance(request, pb.ModelInferRequest) else ""
+    return RpcModel(getattr(request, name_field), loads, sequence)
 
 
 class RawMessage(bytes):
@@ -117,11 +128,14 @@ class IngressRpcs:
     async def _forward(self, method: str, data: bytes, grpc_context: Any) -> RawMessage:
         from modelhost.ray_serve.ingress import ray_failure
 
-        name, loads = model_of(method, data)
-        handle = self._replicas.options(multiplexed_model_id=name) if name and self._affinity else self._replicas
+        named = model_of(method, data)
+        affine = bool(named.name) and self._affinity
+        handle = self._replicas.options(multiplexed_model_id=named.name) if affine else self._replicas
         metadata = [(k, v) for k, v in (grpc_context.invocation_metadata() if grpc_context is not None else ())]
+        routing = {SEQUENCE_KWARG: named.sequence} if named.sequence and affine else {}
         try:
-            answer: GrpcAnswer = await handle.grpc_call.remote(method, data, metadata, name if loads else None)
+            answer: GrpcAnswer = await handle.grpc_call.remote(method, data, metadata,
+                                                               named.name if named.loads else None, **routing)
         except Exception as exc:
             message = ray_failure(exc)
             if message is None:

@@ -14,6 +14,7 @@ import orjson
 from modelhost.protocols.sagemaker.runtime_errors import RUNTIME_PREFIX, runtime_error_for
 from modelhost.ray_serve.forwarded import ForwardedRequest, ForwardedResponse
 from modelhost.ray_serve.request_model import named_model
+from modelhost.ray_serve.request_sequence import SEQUENCE_KWARG, http_sequence
 
 log = logging.getLogger("modelhost.ray")
 
@@ -55,7 +56,9 @@ class Ingress:
             if request.path.endswith(STREAMED_SUFFIX):
                 await _send_stream(send, self._handle(self._streaming, named).stream.remote(request, load))
             else:
-                await _send(send, await self._handle(self._replicas, named).remote(request, load))
+                sequence = http_sequence(path, headers, body) if named is not None and self._affinity else ""
+                routing = {SEQUENCE_KWARG: sequence} if sequence else {}
+                await _send(send, await self._handle(self._replicas, named).remote(request, load, **routing))
         except _Cut:
             return
         except Exception as exc:

@@ -10,6 +10,7 @@ from modelhost.core.worker_statistics import Statistics
 from modelhost.errors import ModelhostError, unavailable
 
 ANSWER_TIMEOUT_S = 5.0
+CHANGE_TIMEOUT_S = 300.0  # a peer applying a load reloads the model: as long as a load may take
 
 
 class ReplicaPeers:
@@ -27,7 +28,17 @@ class ReplicaPeers:
     async def gather_metrics(self) -> list[str]:
         return await self._others("local_metrics")
 
-    async def _others(self, method: str, *args: str) -> list[Any]:
+    async def ask_every(self, method: str) -> list[Any]:
+        """Every other live replica's answer to `method` (UNAVAILABLE as the statistics' are)."""
+        return await self._others(method, purpose="the application's loads and unloads")
+
+    async def tell(self, method: str, *args: Any) -> list[str]:
+        """Have every other live replica run `method`, each answering what went wrong there or ""; the failures."""
+        answers = await self._others(method, *args, timeout=CHANGE_TIMEOUT_S, purpose="a load or unload")
+        return [answer for answer in answers if answer]
+
+    async def _others(self, method: str, *args: Any, timeout: float = ANSWER_TIMEOUT_S,
+                      purpose: str = "the application's statistics") -> list[Any]:
         """Every other live replica's answer; UNAVAILABLE when a live one fails to answer (a sum that left it out
         would go backwards between two reads). A replica that died is left out: its counters died with it."""
         from ray import serve
@@ -37,15 +48,15 @@ class ReplicaPeers:
             self._handle = serve.get_deployment_handle(self._deployment, self._app_name)
         try:
             answers = await asyncio.wait_for(
-                self._handle.broadcast(method, *args).results_async(return_exceptions=True), ANSWER_TIMEOUT_S)
+                self._handle.broadcast(method, *args).results_async(return_exceptions=True), timeout)
         except Exception as exc:
-            raise _unanswered(exc) from None
+            raise _unanswered(exc, purpose) from None
         failed = [a for a in answers if isinstance(a, Exception) and not isinstance(a, RayActorError)]
         if failed:
-            raise _unanswered(failed[0])
+            raise _unanswered(failed[0], purpose)
         return [answer for replica, answer in (a for a in answers if not isinstance(a, Exception))
                 if replica != self._own]
 
 
-def _unanswered(exc: Exception) -> ModelhostError:
-    return unavailable(f"a replica did not answer for the application's statistics ({type(exc).__name__}); retry")
+def _unanswered(exc: Exception, purpose: str) -> ModelhostError:
+    return unavailable(f"a replica did not answer for {purpose} ({type(exc).__name__}); retry")

@@ -19,6 +19,7 @@ from modelhost.protocols.http.exchange import ASGIApp
 from modelhost.protocols.http.server import Lifespan
 from modelhost.ray_serve import forwarded
 from modelhost.ray_serve.affinity_router import FREE_BYTES
+from modelhost.ray_serve.control_ledger import ControlLedger, LedgerEntry
 from modelhost.ray_serve.forwarded import ForwardedRequest, ForwardedResponse
 from modelhost.ray_serve.grpc_forwarding import GrpcAnswer, ReplicaRpcs
 from modelhost.ray_serve.held_models import HeldModels
@@ -50,13 +51,17 @@ class ModelhostReplica:
         self._found = 0  # requests naming a model that was ready here when they came
         self._missed = 0  # and those that waited for it to load
         self._rpcs = ReplicaRpcs(self.server)
+        self._ledger = ControlLedger(self.replica_id, self.server.control, peers, self._holds)
+        self.server.control.on_change(self._ledger.announced)
         self._lifespan = Lifespan(self._app)
         await self._lifespan.startup()
         await self._until_started()
         self._held = HeldModels(self._held_models)
         self._held.start()
+        self._ledger.start()
 
-    async def __call__(self, request: ForwardedRequest, model: str | None) -> ForwardedResponse:
+    # `sequence` (unused here): the sequence a request continues, read by the router (request_sequence.py).
+    async def __call__(self, request: ForwardedRequest, model: str | None, sequence: str = "") -> ForwardedResponse:
         if model is not None:
             await self._load(model)
         in_flight = self.server.in_flight  # counted as the HTTP transport counts: the schedulers tell a lone request
@@ -78,7 +83,7 @@ class ModelhostReplica:
             in_flight.requests -= 1
 
     async def grpc_call(self, method: str, data: bytes, metadata: list[tuple[str, str]],
-                        model: str | None) -> GrpcAnswer:
+                        model: str | None, sequence: str = "") -> GrpcAnswer:
         if model is not None:
             await self._load(model)
         return await self._rpcs.answer(method, data, metadata)
@@ -92,6 +97,13 @@ class ModelhostReplica:
 
     async def local_metrics(self) -> tuple[str, str]:
         return self.replica_id, self.server.metrics.render().decode()
+
+    async def adopt_control(self, entry: LedgerEntry) -> tuple[str, str]:
+        """A peer's load or unload for a client (control_ledger.py); what went wrong here, or ""."""
+        return self.replica_id, await self._ledger.adopt(entry)
+
+    async def control_entries(self) -> tuple[str, list[LedgerEntry]]:
+        return self.replica_id, self._ledger.entries()
 
     def record_routing_stats(self) -> dict[str, Any]:
         """What Ray Serve passes to the routers every ROUTING_STATS_PERIOD_S: the bytes this replica's model cache
@@ -112,6 +124,7 @@ class ModelhostReplica:
 
     async def __del__(self) -> None:
         """Ray Serve's graceful shutdown: called once the requests this replica accepted are answered."""
+        await self._ledger.stop()
         await self._held.stop()
         await self._lifespan.shutdown()
 
@@ -123,10 +136,14 @@ class ModelhostReplica:
         return self._app
 
     async def _load(self, name: str) -> None:
-        """Load `name` unless it is ready here; concurrent requests for it wait for the same load. A model that
-        fails to load, or does not exist, is left to the protocol to answer for in its own words."""
+        """Load `name` unless it is ready here, or a client unloaded it; concurrent requests for it wait for the same
+        load. A model that fails to load, does not exist or was unloaded is left to the protocol to answer for in
+        its own words."""
         if self._is_ready(name):
             self._found += 1
+            return
+        await self._ledger.joined()
+        if self._ledger.refuses(name):
             return
         self._missed += 1
         load = self._loads.get(name)
@@ -138,7 +155,7 @@ class ModelhostReplica:
     async def _load_once(self, name: str) -> None:
         try:
             started = time.monotonic()
-            await self.server.manager.load(name)
+            await self.server.manager.load(name, self._ledger.override(name))
             log.info("model %s loaded on first use in %.2f s", name, time.monotonic() - started)
         except ModelhostError as exc:
             log.info("model %s not loaded: %s", name, exc.message)
@@ -150,6 +167,9 @@ class ModelhostReplica:
             return any(entry.state == ModelState.READY.value for entry in self.server.manager.index_of(name))
         except ModelhostError:
             return False
+
+    def _holds(self, name: str) -> bool:
+        return name in self._loads or name in self._held_models()
 
     def _held_models(self) -> set[str]:
         held = {entry.name for entry in self.server.manager.index() if entry.state in HELD_STATES}

@@ -35,7 +35,10 @@ from tritonclient.utils import InferenceServerException
 from modelhost.client import Client, RetryPolicy
 from modelhost.ray_serve.application import REPLICA_DEPLOYMENT
 from modelhost.ray_serve.command import APP_NAME, deploy, parse_flags, serve_config
+from modelhost.ray_serve.forwarded import ForwardedRequest
 from tests.archives import weighted_model, write_archive, write_archives
+from tests.core.test_sequences_e2e import ACCUMULATOR_CONFIG
+from tests.onnx_models import ACCUMULATOR_CONTROLS, accumulator_model
 from tests.server import ServerProcess, free_port
 
 WIDTH = 256 * 1024  # float32 weights: 1 MiB per model
@@ -51,6 +54,9 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("archives")
     write_archives(root, COUNT, WIDTH)
     write_archive(root / "narrow.tar.gz", {"model.onnx": weighted_model(3.0, NARROW).SerializeToString()})
+    write_archive(root / "accumulator.tar.gz", {  # a sequence model: 16 sequences at once, idle after 30 s
+        "config.pbtxt": (ACCUMULATOR_CONFIG % (16, 30_000_000, ACCUMULATOR_CONTROLS)).encode(),
+        "model.onnx": accumulator_model().SerializeToString()})
     return root
 
 
@@ -99,6 +105,18 @@ class RayApp:
         handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, APP_NAME)
         answers = handle.broadcast("describe").results(timeout_s=30, return_exceptions=True)
         return sorted((a for a in answers if not isinstance(a, Exception)), key=lambda r: r["replica"])
+
+    def on_every_replica(self, method: str, path: str, model: str) -> list[Any]:
+        """`method path` run by every replica itself (each loads `model` first, if it may): their answers."""
+        handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, APP_NAME)
+        request = ForwardedRequest(method, path, b"", [], b"")
+        return handle.broadcast("__call__", request, model).results(timeout_s=60)
+
+    def max_batch_sizes(self, model: str) -> list[int]:
+        """`model`'s max_batch_size in each replica's config (loading it where it is not loaded)."""
+        answers = self.on_every_replica("GET", f"/v2/models/{model}/config", model)
+        assert all(answer.status == 200 for answer in answers), answers
+        return [json.loads(answer.body)["max_batch_size"] for answer in answers]
 
     def resize(self, replicas: dict[str, Any]) -> None:
         """Deploy the same application's config with other replica options, as `serve deploy` of an edited config
@@ -241,6 +259,58 @@ def test_bad_requests_get_what_a_single_server_answers(app: RayApp, archives: Pa
     assert "limit" in refused.value.response["Error"]["Message"]
 
 
+OVERRIDE = json.dumps({"backend": "onnxruntime", "max_batch_size": 2})  # the archives' models have 4
+
+
+def test_a_load_with_a_config_and_an_unload_reach_every_replica(app: RayApp) -> None:
+    """A load with a config (as `modelhost tune` and model_analyzer send) reloads the model on every replica that
+    holds it, and the others load it with that config on first use; an unload unloads it everywhere, and no
+    replica loads it on first use until a client loads it again."""
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{app.port}")
+    assert app.max_batch_sizes("model-40") == [4, 4]  # held by both replicas
+    client.load_model("model-40", config=OVERRIDE)
+    assert app.max_batch_sizes("model-40") == [2, 2]
+    client.load_model("model-41", config=OVERRIDE)  # held by one replica at most
+    assert app.max_batch_sizes("model-41") == [2, 2]
+    client.unload_model("model-40")
+    assert [answer.status for answer in app.on_every_replica("GET", "/v2/models/model-40/ready", "model-40")] \
+        == [400, 400]
+    with pytest.raises(InferenceServerException) as unloaded:
+        v2_infer(app, 40, row(3))
+    assert unloaded.value.status() == "404"
+    assert [replica["models"].count("model-40") for replica in app.replicas()] == [0, 0]
+    client.load_model("model-40")
+    np.testing.assert_array_equal(v2_infer(app, 40, row(3)), row(3) + 40)
+    assert app.max_batch_sizes("model-40") == [4, 4], "loaded again from the repository's files"
+
+
+def sequence_steps(app: RayApp, sequence: int) -> list[int]:
+    """One sequence of six steps adding 1..6, alternately over HTTP and gRPC: the running sums it was answered."""
+    http = triton_http.InferenceServerClient(f"127.0.0.1:{app.port}")
+    rpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{app.grpc_port}")
+    sums = []
+    for step in range(1, 7):
+        module, client = (triton_http, http) if step % 2 else (triton_grpc, rpc)
+        given = module.InferInput("INPUT", [1, 1], "INT32")
+        given.set_data_from_numpy(np.array([[step]], np.int32))
+        result = client.infer("accumulator", [given], sequence_id=sequence, sequence_start=step == 1,
+                              sequence_end=step == 6)
+        sums.append(int(result.as_numpy("OUTPUT")[0, 0]))
+    rpc.close()
+    return sums
+
+
+def test_a_sequence_stays_on_one_replica_when_its_model_is_on_both(app: RayApp) -> None:
+    """With the sequence model on both replicas, Ray would send each request to the less busy one; a sequence's
+    state is on one, so its requests all go there."""
+    app.on_every_replica("GET", "/v2/models/accumulator/ready", "accumulator")
+    until(lambda: all("accumulator" in replica["models"] for replica in app.replicas()), "both replicas to hold it")
+    time.sleep(1.0)  # their reports reach the router
+    with ThreadPoolExecutor(8) as pool:
+        answered = list(pool.map(lambda sequence: sequence_steps(app, sequence), range(1, 17)))
+    assert answered == [[1, 3, 6, 10, 15, 21]] * 16
+
+
 class Load:
     """Clients sending requests for ten models until stopped, with retries, each answer checked."""
 
@@ -312,8 +382,10 @@ def test_autoscaling_1_3_1_under_load_loses_no_request(app: RayApp) -> None:
     load = Load(app, clients=1)
     try:
         until(lambda: len(app.replicas()) == 1, "1 replica")
+        triton_http.InferenceServerClient(f"127.0.0.1:{app.port}").load_model("model-44", config=OVERRIDE)
         load.resize(6)
         until(lambda: len(app.replicas()) == 3, "3 replicas under load")
+        assert app.max_batch_sizes("model-44") == [2, 2, 2], "the new replicas learnt the load from the first"
         answered = load.answered
         until(lambda: load.answered > answered + 20, "requests with 3 replicas")
         load.resize(1)

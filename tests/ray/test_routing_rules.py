@@ -3,13 +3,20 @@ ranks for it (tests/ray/test_ray_serve.py checks both against a running cluster)
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from ray.serve._private.common import RequestMetadata
+from ray.serve.request_router import PendingRequest
 
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
-from modelhost.ray_serve.affinity_router import affinity_ranks
-from modelhost.ray_serve.grpc_forwarding import model_of
+from modelhost.ray_serve.affinity_router import ModelAffinityRouter, affinity_ranks
+from modelhost.ray_serve.grpc_forwarding import RpcModel, model_of
 from modelhost.ray_serve.request_model import NamedModel, named_model
+from modelhost.ray_serve.request_sequence import http_sequence
 
 TARGET = {b"x-amzn-sagemaker-target-model": b"model-3.tar.gz"}
 
@@ -36,10 +43,72 @@ def test_requests_about_the_server_name_no_model() -> None:
 
 def test_grpc_requests_name_their_model_and_garbage_names_none() -> None:
     request = pb.ModelInferRequest(model_name="m", raw_input_contents=[b"\0" * 64])
-    assert model_of("ModelInfer", request.SerializeToString()) == ("m", True)
-    assert model_of("ModelStatistics", pb.ModelStatisticsRequest(name="m").SerializeToString()) == ("m", False)
-    assert model_of("ServerLive", b"") == ("", False)
-    assert model_of("ModelInfer", b"\xff\xff\xff") == ("", False)
+    assert model_of("ModelInfer", request.SerializeToString()) == RpcModel("m", True)
+    assert model_of("ModelStatistics", pb.ModelStatisticsRequest(name="m").SerializeToString()) == RpcModel("m")
+    assert model_of("ServerLive", b"") == RpcModel()
+    assert model_of("ModelInfer", b"\xff\xff\xff") == RpcModel()
+
+
+def test_grpc_inferences_name_the_sequence_they_continue() -> None:
+    request = pb.ModelInferRequest(model_name="m")
+    request.parameters["sequence_id"].int64_param = 42
+    assert model_of("ModelInfer", request.SerializeToString()) == RpcModel("m", True, "42")
+    request.parameters["sequence_id"].string_param = "42"
+    assert model_of("ModelInfer", request.SerializeToString()).sequence == "'42", "a string id is not the number"
+    request.parameters["sequence_id"].uint64_param = 0
+    assert model_of("ModelInfer", request.SerializeToString()).sequence == ""
+
+
+def v2_body(parameters: dict[str, Any], binary: bool = False) -> tuple[dict[bytes, bytes], bytes]:
+    head = orjson.dumps({"inputs": [{"name": "sequence_id", "shape": [1], "datatype": "INT32", "data": [1]}],
+                         "parameters": parameters})
+    if not binary:
+        return {}, head
+    return {b"inference-header-content-length": str(len(head)).encode()}, head + b'"sequence_id": 9' * 10
+
+
+def test_http_inferences_name_the_sequence_they_continue_in_json_and_binary() -> None:
+    for binary in (False, True):
+        headers, body = v2_body({"sequence_id": 7, "sequence_start": True}, binary)
+        assert http_sequence("/v2/models/m/infer", headers, body) == "7"
+        assert http_sequence("/v2/models/m/versions/2/infer", headers, body) == "7"
+        assert http_sequence("/v2/models/m/ready", headers, body) == ""
+        headers, body = v2_body({"sequence_id": "7"}, binary)
+        assert http_sequence("/v2/models/m/infer", headers, body) == "'7"
+        for none in ({}, {"sequence_id": 0}, {"sequence_id": ""}, {"sequence_id": True}, {"sequence_id": [1]}):
+            headers, body = v2_body(none, binary)  # the name also in an input's and in the binary tail
+            assert http_sequence("/v2/models/m/infer", headers, body) == "", none
+    for headers, body in (({}, b'{"parameters": {"sequence_id": 7'), ({}, b'["sequence_id"]'),
+                          ({b"inference-header-content-length": b"x"}, b'{"parameters": {"sequence_id": 7}}')):
+        assert http_sequence("/v2/models/m/infer", headers, body) == ""
+
+
+async def routed(router: ModelAffinityRouter, replicas: list[Any], model: str, sequence: str) -> Any:
+    """Where the router sends the request: the first replica of its first rank, told back as Ray does."""
+    request = PendingRequest(args=[], kwargs={"sequence": sequence} if sequence else {},
+                             metadata=RequestMetadata("r", "i", multiplexed_model_id=model))
+    chosen = (await router.choose_replicas(replicas, request))[0][0]
+    router.on_request_routed(request, chosen.replica_id, None)
+    return chosen
+
+
+def test_a_sequence_stays_on_its_first_replica_while_its_model_spreads() -> None:
+    router = ModelAffinityRouter.__new__(ModelAffinityRouter)  # its state only; Ray's router machinery unused
+    router.initialize_state()
+    replicas = [Replica(f"r{i}") for i in range(4)]
+
+    async def scenario() -> None:
+        first = await routed(router, replicas, "m", "7")
+        for replica in replicas:
+            if replica is not first:
+                replica.multiplexed_model_ids.add("m")  # the model spilled: every other replica holds it
+        assert await routed(router, replicas, "m", "") is not first, "its holders take the model's traffic"
+        assert await routed(router, replicas, "m", "8") is not first, "and its new sequences"
+        assert [await routed(router, replicas, "m", "7") for _ in range(3)] == [first] * 3
+        survivors = [replica for replica in replicas if replica is not first]
+        assert await routed(router, survivors, "m", "7") in survivors, "a sequence whose replica died is placed again"
+
+    asyncio.run(scenario())
 
 
 @dataclass(eq=False)
