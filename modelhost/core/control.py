@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
+from modelhost.core.lifecycle import ModelState
 from modelhost.core.load_request import LoadOverride, LoadRequest, check_load_request
 from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.core.model_record import for_clients
@@ -23,6 +25,15 @@ class ControlChange:
 
 
 ControlListener = Callable[[ControlChange], Awaitable[None]]
+# An index entry's states, from the least to the most a server can say of a version.
+_STATE_RANK = {"": 0, ModelState.UNAVAILABLE.value: 1, ModelState.UNLOADING.value: 2, ModelState.LOADING.value: 3,
+               ModelState.READY.value: 4}
+
+
+class IndexPeers(Protocol):
+    """The other servers of one application (Ray Serve's replicas), whose indexes the index merges."""
+
+    async def gather_index(self, ready_only: bool) -> list[list[IndexEntry]]: ...
 
 
 class Control:
@@ -31,13 +42,25 @@ class Control:
         self._mode = mode
         self._store = store
         self._listeners: list[ControlListener] = []
+        self._peers: IndexPeers | None = None
 
     def on_change(self, listener: ControlListener) -> None:
         """`listener` is awaited after each load or unload a client asked for succeeded, before it is answered
         (Ray Serve's replicas tell their peers)."""
         self._listeners.append(listener)
 
+    def merge_index_with(self, peers: IndexPeers) -> None:
+        self._peers = peers
+
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """This server's index, merged with its peers' where it has any: each version in the state of the server
+        that says most of it (READY on one of them is READY)."""
+        own = await self.local_index(ready_only)
+        if self._peers is None:
+            return own
+        return merged_index([own, *await self._peers.gather_index(ready_only)])
+
+    async def local_index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Every model the manager knows; in explicit mode also the repository's models never loaded
         (name only, as Triton lists them). Reasons are for clients: no server paths (the log has them)."""
         entries = [for_clients(e) for e in self._manager.index(ready_only)]
@@ -83,3 +106,17 @@ def load_override(name: str, request: LoadRequest | None) -> LoadOverride | None
     """What the manager loads `name` with for a client's load request: None for the repository's own files."""
     override = check_load_request(name, request) if request is not None else None
     return override if override and (override.config or override.files) else None
+
+
+def merged_index(indexes: Iterable[list[IndexEntry]]) -> list[IndexEntry]:
+    """Several servers' indexes as one: per model version the entry of the highest state; a model's name-only
+    entry (never loaded there) only where no server has a version of it."""
+    best: dict[tuple[str, str], IndexEntry] = {}
+    for entries in indexes:
+        for entry in entries:
+            held = best.get((entry.name, entry.version))
+            if held is None or _STATE_RANK.get(entry.state, 0) > _STATE_RANK.get(held.state, 0):
+                best[(entry.name, entry.version)] = entry
+    versioned = {name for name, version in best if version}
+    return sorted((entry for (name, version), entry in best.items() if version or name not in versioned),
+                  key=lambda entry: (entry.name, int(entry.version) if entry.version.isdigit() else -1))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from modelhost.core.model_record import IndexEntry
 from modelhost.core.worker_statistics import Statistics
 from modelhost.errors import ModelhostError, unavailable
 
@@ -27,6 +28,9 @@ class ReplicaPeers:
 
     async def gather_metrics(self) -> list[str]:
         return await self._others("local_metrics")
+
+    async def gather_index(self, ready_only: bool) -> list[list[IndexEntry]]:
+        return await self._others("local_index", ready_only, purpose="the application's index")
 
     async def ask_every(self, method: str) -> list[Any]:
         """Every other live replica's answer to `method` (UNAVAILABLE as the statistics' are)."""

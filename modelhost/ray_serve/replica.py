@@ -12,6 +12,7 @@ from typing import Any
 
 from modelhost.app import Server
 from modelhost.core.lifecycle import ModelState
+from modelhost.core.model_record import IndexEntry
 from modelhost.errors import ModelhostError
 from modelhost.protocols import prometheus
 from modelhost.protocols.http.app import HttpApp
@@ -53,6 +54,7 @@ class ModelhostReplica:
         self._rpcs = ReplicaRpcs(self.server)
         self._ledger = ControlLedger(self.replica_id, self.server.control, peers, self._holds)
         self.server.control.on_change(self._ledger.announced)
+        self.server.control.merge_index_with(peers)
         self._lifespan = Lifespan(self._app)
         await self._lifespan.startup()
         await self._until_started()
@@ -97,6 +99,9 @@ class ModelhostReplica:
 
     async def local_metrics(self) -> tuple[str, str]:
         return self.replica_id, self.server.metrics.render().decode()
+
+    async def local_index(self, ready_only: bool) -> tuple[str, list[IndexEntry]]:
+        return self.replica_id, await self.server.control.local_index(ready_only)
 
     async def adopt_control(self, entry: LedgerEntry) -> tuple[str, str]:
         """A peer's load or unload for a client (control_ledger.py); what went wrong here, or ""."""

@@ -173,6 +173,8 @@ def test_each_model_loads_on_one_replica_and_its_requests_follow_it(app: RayApp)
     assert min(len(models) for models in held) >= COUNT // 5, "one replica took almost every model"
     assert all(replica["cache_bytes"] <= replica["cache_budget_bytes"] for replica in replicas)
     assert sum(replica["missed"] for replica in replicas) >= COUNT
+    index = requests.post(app.base + "/v2/repository/index", json={"ready": True}, timeout=30).json()
+    assert {f"model-{i}" for i in range(COUNT)} <= {entry["name"] for entry in index}, "the index is every replica's"
 
 
 def test_statistics_and_metrics_answer_for_every_replica(app: RayApp) -> None:
@@ -279,6 +281,8 @@ def test_a_load_with_a_config_and_an_unload_reach_every_replica(app: RayApp) -> 
         v2_infer(app, 40, row(3))
     assert unloaded.value.status() == "404"
     assert [replica["models"].count("model-40") for replica in app.replicas()] == [0, 0]
+    index = requests.post(app.base + "/v2/repository/index", json={}, timeout=30).json()
+    assert [entry.get("state") for entry in index if entry["name"] == "model-40"] == ["UNAVAILABLE"]
     client.load_model("model-40")
     np.testing.assert_array_equal(v2_infer(app, 40, row(3)), row(3) + 40)
     assert app.max_batch_sizes("model-40") == [4, 4], "loaded again from the repository's files"
