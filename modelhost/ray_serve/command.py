@@ -24,7 +24,7 @@ import orjson
 
 from modelhost.cli import add_serve_flags
 from modelhost.ray_serve.application import REPLICA_DEPLOYMENT, RayOptions
-from modelhost.ray_serve.grpc_forwarding import SERVICER_FUNCTION
+from modelhost.ray_serve.grpc_forwarding import SERVICER_FUNCTIONS
 from modelhost.settings import ServerSettings, SettingsError, resolve_settings, unused_variables
 
 log = logging.getLogger("modelhost.ray")
@@ -107,7 +107,7 @@ def serve_config(flags: Sequence[str], settings: ServerSettings, app_name: str =
     config: dict[str, Any] = {"http_options": {"host": settings.host, "port": settings.http_port},
                               "applications": [application]}
     if settings.grpc_port:
-        config["grpc_options"] = {"port": settings.grpc_port, "grpc_servicer_functions": [SERVICER_FUNCTION]}
+        config["grpc_options"] = {"port": settings.grpc_port, "grpc_servicer_functions": list(SERVICER_FUNCTIONS)}
     return config
 
 

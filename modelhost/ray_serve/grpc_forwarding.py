@@ -1,15 +1,17 @@
-"""KServe V2 / Triton gRPC through Ray Serve's gRPC proxy: its unary RPCs.
+"""KServe V2 / Triton gRPC and TF Serving gRPC through Ray Serve's gRPC proxy: their unary RPCs.
 
 Ray's gRPC proxy serves the services whose `add_..._to_server` functions its config names
-(`add_inference_service_to_server` here), and calls the ingress deployment's method of each RPC's name with the
-request. The request stays bytes (no deserializer: Ray passes what the client sent); the ingress reads the model
-it names, forwards the bytes to a replica holding that model, and the replica runs the RPC as modelhost's own
-gRPC server does (grpc_server.unary_behavior: access control, parsing, the call, its status). The status and
-trailers come back through Ray's gRPC context. Streaming RPCs (ModelStreamInfer) are not forwarded.
+(`add_inference_service_to_server` and `add_tfserving_services_to_server` here), and calls the ingress
+deployment's method of each RPC's name with the request. The request stays bytes (no deserializer: Ray passes
+what the client sent); the ingress reads the model it names, forwards the bytes to a replica holding that model,
+and the replica runs the RPC as modelhost's own gRPC server does (grpc_server.unary_behavior: access control,
+parsing, the call, its status). The status and trailers come back through Ray's gRPC context. Streaming RPCs
+(ModelStreamInfer) are not forwarded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,30 +20,80 @@ import grpc
 from modelhost.protocols.grpc_server import Unary, unary_behavior
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
+from modelhost.protocols.tfserving import apis_pb2, predict_pb2
+from modelhost.protocols.tfserving import grpc as tfserving_grpc
 from modelhost.ray_serve.request_sequence import SEQUENCE_KWARG, grpc_sequence
 
-SERVICE = kserve_v2_grpc.SERVICE_NAME
-SERVICER_FUNCTION = "modelhost.ray_serve.grpc_forwarding.add_inference_service_to_server"
-# RPC -> (its request, the field naming its model, whether the model must be loaded first).
-RPCS: dict[str, tuple[Any, str, bool]] = {
-    "ServerLive": (pb.ServerLiveRequest, "", False),
-    "ServerReady": (pb.ServerReadyRequest, "", False),
-    "ServerMetadata": (pb.ServerMetadataRequest, "", False),
-    "RepositoryIndex": (pb.RepositoryIndexRequest, "", False),
-    "ModelReady": (pb.ModelReadyRequest, "name", True),
-    "ModelMetadata": (pb.ModelMetadataRequest, "name", True),
-    "ModelConfig": (pb.ModelConfigRequest, "name", True),
-    "ModelInfer": (pb.ModelInferRequest, "model_name", True),
-    "ModelStatistics": (pb.ModelStatisticsRequest, "name", False),
-    "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, "model_name", False),
-    "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, "model_name", False),
+
+@dataclass(frozen=True, slots=True)
+class _Rpc:
+    """An RPC's request, where it names its model (None: it names none), and whether the model must be loaded
+    before the call."""
+
+    request: Any
+    model: Callable[[Any], str] | None = None
+    loads: bool = False
+
+
+def _named(field: str) -> Callable[[Any], str]:
+    return lambda request: str(getattr(request, field))
+
+
+def _spec(request: Any) -> str:
+    return str(request.model_spec.name)
+
+
+def _first_task(request: Any) -> str:
+    return str(request.tasks[0].model_spec.name) if request.tasks else ""
+
+
+# Each service's RPCs by name; the names are unique across services (Ray's proxy calls the ingress's method of
+# the RPC's name).
+SERVICES: dict[str, dict[str, _Rpc]] = {
+    kserve_v2_grpc.SERVICE_NAME: {
+        "ServerLive": _Rpc(pb.ServerLiveRequest),
+        "ServerReady": _Rpc(pb.ServerReadyRequest),
+        "ServerMetadata": _Rpc(pb.ServerMetadataRequest),
+        "RepositoryIndex": _Rpc(pb.RepositoryIndexRequest),
+        "ModelReady": _Rpc(pb.ModelReadyRequest, _named("name"), True),
+        "ModelMetadata": _Rpc(pb.ModelMetadataRequest, _named("name"), True),
+        "ModelConfig": _Rpc(pb.ModelConfigRequest, _named("name"), True),
+        "ModelInfer": _Rpc(pb.ModelInferRequest, _named("model_name"), True),
+        "ModelStatistics": _Rpc(pb.ModelStatisticsRequest, _named("name")),
+        "RepositoryModelLoad": _Rpc(pb.RepositoryModelLoadRequest, _named("model_name")),
+        "RepositoryModelUnload": _Rpc(pb.RepositoryModelUnloadRequest, _named("model_name")),
+    },
+    tfserving_grpc.PREDICTION_SERVICE: {
+        "Predict": _Rpc(predict_pb2.PredictRequest, _spec, True),
+        "Classify": _Rpc(apis_pb2.ClassificationRequest, _spec, True),
+        "Regress": _Rpc(apis_pb2.RegressionRequest, _spec, True),
+        "MultiInference": _Rpc(apis_pb2.MultiInferenceRequest, _first_task, True),
+        "GetModelMetadata": _Rpc(apis_pb2.GetModelMetadataRequest, _spec, True),
+    },
+    tfserving_grpc.MODEL_SERVICE: {
+        "GetModelStatus": _Rpc(apis_pb2.GetModelStatusRequest, _spec, True),
+        "HandleReloadConfigRequest": _Rpc(apis_pb2.ReloadConfigRequest),  # refused by the replica, as by `serve`
+    },
 }
+RPCS: dict[str, _Rpc] = {name: rpc for rpcs in SERVICES.values() for name, rpc in rpcs.items()}
+SERVICER_FUNCTIONS = ("modelhost.ray_serve.grpc_forwarding.add_inference_service_to_server",
+                      "modelhost.ray_serve.grpc_forwarding.add_tfserving_services_to_server")
 
 
 def add_inference_service_to_server(servicer: Any, server: Any) -> None:
     """What Ray's gRPC proxy calls to learn the service (as generated `add_*Servicer_to_server` functions do)."""
-    handlers = {name: grpc.unary_unary_rpc_method_handler(getattr(servicer, name)) for name in RPCS}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    _add_services(servicer, server, kserve_v2_grpc.SERVICE_NAME)
+
+
+def add_tfserving_services_to_server(servicer: Any, server: Any) -> None:
+    """TF Serving's PredictionService and ModelService, as the function above."""
+    _add_services(servicer, server, tfserving_grpc.PREDICTION_SERVICE, tfserving_grpc.MODEL_SERVICE)
+
+
+def _add_services(servicer: Any, server: Any, *names: str) -> None:
+    for name in names:
+        handlers = {rpc: grpc.unary_unary_rpc_method_handler(getattr(servicer, rpc)) for rpc in SERVICES[name]}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,15 +107,16 @@ class RpcModel:
 
 
 def model_of(method: str, data: bytes) -> RpcModel:
-    request_type, name_field, loads = RPCS[method]
-    if not name_field:
+    rpc = RPCS[method]
+    if rpc.model is None:
         return RpcModel()
     try:
-        request = request_type.FromString(data)
+        request = rpc.request.FromString(data)
     except Exception:
         return RpcModel()
+    name = rpc.model(request)
     sequence = grpc_sequence(request) if isinstance(request, pb.ModelInferRequest) else ""
-    return RpcModel(getattr(request, name_field), loads, sequence)
+    return RpcModel(name, rpc.loads and bool(name), sequence)
 
 
 class RawMessage(bytes):
@@ -103,10 +156,11 @@ class ReplicaRpcs:
     """A replica's side: the V2 service's unary RPCs, run on forwarded bytes."""
 
     def __init__(self, server: Any) -> None:
-        service = kserve_v2_grpc.service(server.dataplane, server.control)
+        services = [kserve_v2_grpc.service(server.dataplane, server.control),
+                    *tfserving_grpc.services(server.tfserving)]
         limit = server.settings.grpc_max_message_bytes
         self._calls = {rpc.name: unary_behavior(rpc, server.in_flight, limit, server.grpc_access)
-                       for rpc in service.rpcs if isinstance(rpc, Unary) and rpc.name in RPCS}
+                       for service in services for rpc in service.rpcs if isinstance(rpc, Unary) and rpc.name in RPCS}
 
     async def answer(self, method: str, data: bytes, metadata: list[tuple[str, str]]) -> GrpcAnswer:
         call = self._calls.get(method)

@@ -206,6 +206,7 @@ def test_every_protocol_answers_as_onnxruntime(app: RayApp) -> None:
     predicted = requests.post(app.base + "/v1/models/narrow:predict", json={"instances": small.tolist()}, timeout=60)
     assert predicted.status_code == 200, predicted.text
     np.testing.assert_allclose(np.array(predicted.json()["predictions"], np.float32), expected)
+    tfserving_grpc_predict(app, small, expected)
     runtime = boto3.client("sagemaker-runtime", endpoint_url=app.base, region_name="us-east-1",
                            aws_access_key_id="local", aws_secret_access_key="local",
                            config=Config(retries={"max_attempts": 0}))
@@ -220,6 +221,32 @@ def test_every_protocol_answers_as_onnxruntime(app: RayApp) -> None:
     assert streamed.headers["content-type"].startswith("text/event-stream") and len(events) == 1
     np.testing.assert_allclose(np.array(json.loads(events[0][5:])["OUTPUT0"], np.float32).reshape(small.shape),
                                expected)
+
+
+def tfserving_grpc_predict(app: RayApp, x: np.ndarray, expected: np.ndarray) -> None:
+    """TF Serving's gRPC Predict and GetModelStatus, with its own stubs and make_tensor_proto."""
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import (
+        get_model_status_pb2,
+        model_service_pb2_grpc,
+        predict_pb2,
+        prediction_service_pb2_grpc,
+    )
+
+    with grpc.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "narrow"
+        request.inputs["INPUT0"].CopyFrom(tf.make_tensor_proto(x))
+        answer = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
+        np.testing.assert_allclose(tf.make_ndarray(answer.outputs["OUTPUT0"]), expected)
+        status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+            get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "narrow"}), timeout=30)
+        assert [version.state for version in status.model_version_status] == [30]  # AVAILABLE
+        request.model_spec.name = "no-such-model"
+        with pytest.raises(grpc.RpcError) as unknown:
+            prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=60)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND, unknown.value.details()
 
 
 BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [

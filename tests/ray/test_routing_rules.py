@@ -13,6 +13,7 @@ from ray.serve._private.common import RequestMetadata
 from ray.serve.request_router import PendingRequest
 
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
+from modelhost.protocols.tfserving import apis_pb2, predict_pb2
 from modelhost.ray_serve.affinity_router import ModelAffinityRouter, affinity_ranks
 from modelhost.ray_serve.grpc_forwarding import RpcModel, model_of
 from modelhost.ray_serve.request_model import NamedModel, named_model
@@ -47,6 +48,14 @@ def test_grpc_requests_name_their_model_and_garbage_names_none() -> None:
     assert model_of("ModelStatistics", pb.ModelStatisticsRequest(name="m").SerializeToString()) == RpcModel("m")
     assert model_of("ServerLive", b"") == RpcModel()
     assert model_of("ModelInfer", b"\xff\xff\xff") == RpcModel()
+    predict = predict_pb2.PredictRequest()
+    predict.model_spec.name = "m"
+    assert model_of("Predict", predict.SerializeToString()) == RpcModel("m", True)
+    multi = apis_pb2.MultiInferenceRequest()
+    assert model_of("MultiInference", multi.SerializeToString()) == RpcModel(), "names none: nothing to load"
+    multi.tasks.add().model_spec.name = "m"
+    assert model_of("MultiInference", multi.SerializeToString()) == RpcModel("m", True)
+    assert model_of("HandleReloadConfigRequest", b"") == RpcModel()
 
 
 def test_grpc_inferences_name_the_sequence_they_continue() -> None:
