@@ -43,6 +43,7 @@ class Control:
         self._store = store
         self._listeners: list[ControlListener] = []
         self._peers: IndexPeers | None = None
+        self._refusal: tuple[str, str] | None = None
 
     def on_change(self, listener: ControlListener) -> None:
         """`listener` is awaited after each load or unload a client asked for succeeded, before it is answered
@@ -89,15 +90,21 @@ class Control:
         for listener in self._listeners:
             await listener(change)
 
+    def refuse_changes(self, mode: str, how: str) -> None:
+        """Clients may not load or unload whatever mode the manager runs in: the operator chose `mode`, in which
+        models load `how` (Ray Serve's replicas, which load models on first use)."""
+        self._refusal = (mode, how)
+
     def _check_mode(self, action: str, name: str) -> None:
-        if self._mode != "explicit":
+        if self._refusal is not None or self._mode != "explicit":
             how = "every model loads at start" if self._mode == "none" else "the repository's changes are polled"
+            mode, how = self._refusal or (self._mode, how)
             # Triton's status and words, which its clients match (model_analyzer: "polling is enabled"), in every
             # mode but explicit; then what it means here.
             raise ModelhostError(
                 ErrorKind.UNAVAILABLE,
                 f"explicit model load / unload is not allowed if polling is enabled: cannot {action} model "
-                f"'{name}': model control mode is '{self._mode}' ({how}); load and unload need "
+                f"'{name}': model control mode is '{mode}' ({how}); load and unload need "
                 "--model-control-mode explicit",
             )
 

@@ -52,18 +52,20 @@ class RayOptions:
 
 def replica_settings(settings: ServerSettings) -> ServerSettings:
     """What each replica's modelhost runs with: no ports of its own (Ray's proxy has them), every model loaded
-    when a request first names it, within --model-cache-bytes (per replica). A repository of archives is a
-    multi-model endpoint's, as SageMaker's; any other directory a model repository in any layout."""
+    when a request first names it (and the --load-model ones at its start), within --model-cache-bytes (per
+    replica); whether clients may load and unload is the operator's --model-control-mode, apart. A repository of
+    archives is a multi-model endpoint's, as SageMaker's; any other directory a model repository in any layout."""
     location = settings.model_repository or ""
     archives = location.startswith("s3://") or (bool(location) and holds_only_archives(Path(location)))
     return replace(settings, multi_model=archives, models_on_demand=not archives, model_control_mode="explicit",
-                   load_models=(), grpc_port=0, metrics_port=0, workers=1, host="127.0.0.1",
+                   grpc_port=0, metrics_port=0, workers=1, host="127.0.0.1",
                    sagemaker_port=settings.sagemaker_port or 8080)
 
 
 def build_application(settings: ServerSettings, options: RayOptions) -> Any:
     from ray import serve
 
+    client_control = settings.model_control_mode == "explicit"
     settings = replica_settings(settings)
     replica = serve.deployment(
         name=REPLICA_DEPLOYMENT, max_ongoing_requests=options.max_ongoing_requests,
@@ -76,7 +78,8 @@ def build_application(settings: ServerSettings, options: RayOptions) -> Any:
         name=INGRESS_DEPLOYMENT, num_replicas=options.ingress_replicas,
         max_ongoing_requests=max(1000, options.max_ongoing_requests * 16), ray_actor_options={"num_cpus": 0},
     )(serve.ingress()(IngressDeployment))
-    return ingress.bind(replica.bind(settings), settings.http_max_body_bytes, options.routing == "affinity")
+    return ingress.bind(replica.bind(settings, client_control), settings.http_max_body_bytes,
+                        options.routing == "affinity")
 
 
 class IngressDeployment(IngressRpcs):

@@ -89,6 +89,10 @@ def settings_and_options(args: Mapping[str, Any], environ: Mapping[str, str]) ->
         raise SettingsError("--max-replicas must be at least --min-replicas and 1")
     if options.min_replicas and not options.max_replicas:
         raise SettingsError("--min-replicas needs --max-replicas (autoscaling between the two)")
+    if settings.model_control_mode == "poll":
+        raise SettingsError("--model-control-mode poll: replicas load models when a request first names them and "
+                            "do not poll the repository; use none (the default) or explicit (clients may load and "
+                            "unload models)")
     return settings, options
 
 

@@ -37,7 +37,10 @@ HELD_STATES = (ModelState.READY.value, ModelState.LOADING.value)
 
 
 class ModelhostReplica:
-    async def __init__(self, settings: ServerSettings) -> None:  # type: ignore[misc]  # Ray Serve awaits it
+    """`client_control`: clients may load and unload models (`--model-control-mode explicit`)."""
+
+    async def __init__(self, settings: ServerSettings,  # type: ignore[misc]  # Ray Serve awaits it
+                       client_control: bool = True) -> None:
         from ray import serve
 
         context = serve.get_replica_context()
@@ -54,6 +57,8 @@ class ModelhostReplica:
         self._rpcs = ReplicaRpcs(self.server)
         self._ledger = ControlLedger(self.replica_id, self.server.control, peers, self._holds)
         self.server.control.on_change(self._ledger.announced)
+        if not client_control:
+            self.server.control.refuse_changes("none", "models load when a request first names them")
         self.server.control.merge_index_with(peers)
         self._lifespan = Lifespan(self._app)
         await self._lifespan.startup()

@@ -84,7 +84,7 @@ class RayApp:
         self.base = f"http://127.0.0.1:{self.port}"
         self.argv = ["--model-repository", str(archives), "--replicas", "2", "--replica-cpus", "1",
                      "--host", "127.0.0.1", "--http-port", str(self.port), "--grpc-port", str(self.grpc_port),
-                     "--model-cache-bytes", str(BUDGET)]
+                     "--model-cache-bytes", str(BUDGET), "--model-control-mode", "explicit"]
         self.process = subprocess.Popen([sys.executable, "-m", "modelhost", "ray", "--address", cluster.address,
                                          *self.argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -46,6 +46,8 @@ def test_replicas_serve_without_ports_and_load_on_demand() -> None:
     assert (replica.models_on_demand, replica.multi_model, replica.model_control_mode) == (True, False, "explicit")
     assert (replica.grpc_port, replica.metrics_port, replica.workers) == (0, 0, 1)
     assert replica_settings(parse_flags(["--model-repository", "s3://b/p"], environ={})[0]).multi_model
+    settings, _ = parse_flags(["--model-control-mode", "explicit", "--load-model", "m"], environ={})
+    assert replica_settings(settings).load_models == ("m",), "loaded by every replica at its start"
 
 
 def test_driver_flags_stay_out_of_the_applications_flags() -> None:
@@ -61,6 +63,9 @@ def test_bad_flags_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
         parse_flags(["--max-replicas", "2", "--min-replicas", "3"], environ={})
     with pytest.raises(SystemExit):
         parse_flags(["--min-replicas", "2"], environ={})
+    with pytest.raises(SystemExit):
+        parse_flags(["--model-control-mode", "poll"], environ={})
+    assert "do not poll the repository" in capsys.readouterr().err
 
 
 def test_variables_without_effect_are_named_at_start_as_serve_names_them(
