@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,9 @@ SAVED_MODEL_FILE = "saved_model.pb"
 @dataclass(frozen=True, slots=True)
 class ListedModel:
     """One model of the list. `policy` is "latest" (the newest `latest_count` versions), "all" or "specific";
-    `config` is more of its config.pbtxt (scheduling, parameters), as text."""
+    `config` is more of its config.pbtxt (scheduling, parameters), as text; `version_config` reads more of it
+    from its newest version's directory (TF Serving's per-model batching_params.pbtxt), raising
+    VersionConfigError for a file that cannot be used."""
 
     name: str
     base_path: Path
@@ -36,6 +38,7 @@ class ListedModel:
     latest_count: int = 1
     specific: tuple[int, ...] = ()
     config: str = ""
+    version_config: Callable[[Path], str] | None = None
 
     def config_text(self) -> str:
         if self.policy == "all":
@@ -48,6 +51,10 @@ class ListedModel:
                 + self.config)
 
 
+class VersionConfigError(Exception):
+    """A version's own configuration file that cannot be used; the message names it."""
+
+
 class ModelListStore(LocalStore):
     """A LocalStore over the layout of `models` written under `root` (an empty directory of the server's own)."""
 
@@ -55,6 +62,7 @@ class ModelListStore(LocalStore):
         super().__init__(root)
         self._lock = threading.Lock()
         self._models: dict[str, ListedModel] = {}
+        self._problems: dict[str, str] = {}  # model -> what is wrong with its version's config (logged once)
         self.set_models(models)
 
     def set_models(self, models: Sequence[ListedModel]) -> None:
@@ -80,18 +88,35 @@ class ModelListStore(LocalStore):
                 if directory.name not in models:
                     _remove_tree(directory)
             for model in models.values():
-                _write_model(self.root / model.name, model)
+                self._write_model(self.root / model.name, model)
+
+    def _write_model(self, directory: Path, model: ListedModel) -> None:
+        """The model's layout; none of its versions while its newest version's own config cannot be used (as TF
+        Serving refuses to load that version), which is logged when it changes."""
+        wanted = _versions(model.base_path)
+        text = model.config_text()
+        problem = ""
+        if model.version_config is not None and wanted:
+            try:
+                text += model.version_config(wanted[max(wanted, key=int)])
+            except VersionConfigError as exc:
+                problem, wanted = str(exc), {}
+        if problem != self._problems.get(model.name, ""):
+            if problem:
+                log.error("model %s is not served: %s", model.name, problem)
+            else:
+                log.info("model %s: its version's configuration is usable again", model.name)
+            self._problems[model.name] = problem
+        _write_layout(directory, text, wanted)
 
 
-def _write_model(directory: Path, model: ListedModel) -> None:
+def _write_layout(directory: Path, text: str, wanted: dict[str, Path]) -> None:
     directory.mkdir(exist_ok=True)
     config = directory / CONFIG_FILENAME
-    text = model.config_text()
     if not config.exists() or config.read_text() != text:  # rewritten only when it changes: a reload
         temporary = directory / f".{CONFIG_FILENAME}.new"
         temporary.write_text(text)
         os.replace(temporary, config)
-    wanted = _versions(model.base_path)
     for link in directory.iterdir():
         if link.is_symlink() and (link.name not in wanted or os.readlink(link) != str(wanted[link.name])):
             link.unlink()

@@ -218,3 +218,51 @@ def test_model_list_layout_links_versions_and_writes_the_policy(tmp_path: Path) 
 def test_model_list_refuses_names_that_are_not_model_names(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="model name"):
         ModelListStore(tmp_path, [ListedModel("../x", tmp_path)])
+
+
+def test_per_model_batching_reads_each_models_newest_version_and_batches_only_those_that_have_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    common = write(tmp_path / "batching.config", "max_batch_size { value: 16 }")
+    batched, plain = tmp_path / "batched", tmp_path / "plain"
+    saved_model_version(batched, "1")
+    write(saved_model_version(batched, "2") / "batching_params.pbtxt",
+          BATCHING + "enable_large_batch_splitting { value: true }\nmax_execution_batch_size { value: 64 }\n")
+    saved_model_version(plain, "1")
+    models = write(tmp_path / "models.config", "model_config_list { config { name: 'batched' base_path: 'batched' } "
+                                               "config { name: 'plain' base_path: 'plain' } }")
+    flags = parse_flags([f"--model_config_file={models}", "--enable_batching",
+                         "--enable_per_model_batching_parameters", f"--batching_parameters_file={common}"])
+    assert flags.overrides.dynamic_batching is None and flags.overrides.max_batch_size is None, "not every model's"
+    assert "--batching_parameters_file is checked but not applied" in " ".join(flags.setup.notes)
+    root = tmp_path / "layout"
+    root.mkdir()
+    store = ModelListStore(root, flags.setup.listed())
+    assert store.list() == ["batched", "plain"]
+    config = parse_config((root / "batched" / "config.pbtxt").read_text())
+    assert config.max_batch_size == 128 and config.instance_group[0].count == 8
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 128_000_000
+    policy = SchedulingPolicy.from_config(config)
+    assert (policy.pad_sizes, policy.split_size, policy.batching) == ((32, 128), 64, True)
+    plain_config = parse_config((root / "plain" / "config.pbtxt").read_text())
+    assert plain_config.max_batch_size == 0 and not plain_config.HasField("dynamic_batching")
+
+    saved_model_version(batched, "3")  # a newer version without a file: the model is no longer batched
+    store.list()
+    assert not parse_config((root / "batched" / "config.pbtxt").read_text()).HasField("dynamic_batching")
+    write(batched / "3" / "batching_params.pbtxt", "max_batch_size { value: 0 }")
+    with caplog.at_level("ERROR", logger="modelhost.store"):
+        store.list()
+        store.list()
+    assert [record.getMessage() for record in caplog.records] == [
+        "model batched is not served: batching_params.pbtxt of version 3: max_batch_size must be positive, got 0"]
+    assert store.fetch("batched").versions == (), "TF Serving would refuse to load the version: none served"
+    write(batched / "3" / "batching_params.pbtxt", "max_batch_size { value: 4 }")
+    store.list()
+    assert store.fetch("batched").versions == (1, 2, 3)
+    assert parse_config((root / "batched" / "config.pbtxt").read_text()).max_batch_size == 4
+
+
+def test_per_model_batching_needs_batching_on(tmp_path: Path) -> None:
+    flags = parse_flags([f"--model_base_path={tmp_path}", "--enable_per_model_batching_parameters"])
+    assert not flags.setup.per_model_batching and flags.setup.listed()[0].version_config is None
+    assert "read only with --enable_batching" in flags.setup.notes[0]

@@ -1,6 +1,7 @@
 """`tensorflow_model_server`'s configuration files (tsfs §B3.2, §B3.3, §B3.5): a `--model_config_file`
-(`ModelServerConfig`), a `--batching_parameters_file` (`BatchingParameters`) and a `--monitoring_config_file`
-(`MonitoringConfig`), in protobuf text format, read into what modelhost serves.
+(`ModelServerConfig`), a `--batching_parameters_file` (`BatchingParameters`), a version's own
+`batching_params.pbtxt` and a `--monitoring_config_file` (`MonitoringConfig`), in protobuf text format, read into
+what modelhost serves.
 
 Every error is a ConfigFileError naming the file and what is wrong with it (the line, for a syntax error).
 """
@@ -16,6 +17,7 @@ from google.protobuf.message import Message
 
 from modelhost.config.overrides import ModelOverrides
 from modelhost.protocols.tfserving import apis_pb2 as pb
+from modelhost.store.model_list import VersionConfigError
 from modelhost.store.paths import name_problem
 
 M = TypeVar("M", bound=Message)
@@ -24,6 +26,7 @@ DEFAULT_METRICS_PATH = "/monitoring/prometheus/metrics"
 # TF's SharedBatchScheduler defaults for what a batching parameters file leaves out (tsfs §B3.3).
 DEFAULT_MAX_BATCH_SIZE = 1000
 DEFAULT_MAX_ENQUEUED_BATCHES = 10
+PER_MODEL_BATCHING_FILE = "batching_params.pbtxt"  # in a SavedModel's directory, as TF Serving names it
 
 
 class ConfigFileError(Exception):
@@ -160,6 +163,47 @@ def batching_from(parameters: pb.BatchingParameters, where: str) -> Batching:
         instance_count=threads or None,
     )
     return Batching(overrides, allowed, execution)
+
+
+def version_batching_config(version: Path) -> str:
+    """config.pbtxt lines for a version directory's own batching_params.pbtxt (TF Serving's
+    --enable_per_model_batching_parameters); "" without one: the model is not batched, as in TF Serving."""
+    path = version / PER_MODEL_BATCHING_FILE
+    if not path.is_file():
+        return ""
+    try:
+        parameters = read_text_proto(path, pb.BatchingParameters(), "per-model batching parameters")
+        batching = batching_from(parameters, f"{PER_MODEL_BATCHING_FILE} of version {version.name}")
+    except ConfigFileError as exc:
+        raise VersionConfigError(str(exc)) from None
+    return batching_config(batching)
+
+
+def batching_config(batching: Batching) -> str:
+    """`batching` as config.pbtxt lines of one model (what `overrides` and the served config lines give every
+    model under a --batching_parameters_file)."""
+    overrides = batching.overrides
+    queue = f" default_queue_policy {{ max_queue_size: {overrides.max_queue_size} }}" if overrides.max_queue_size \
+        else ""
+    preferred = (f" preferred_batch_size: [ {', '.join(str(size) for size in batching.allowed_batch_sizes)} ]"
+                 if batching.allowed_batch_sizes else "")
+    lines = [f"max_batch_size: {overrides.max_batch_size}",
+             f"dynamic_batching {{ max_queue_delay_microseconds: {overrides.max_queue_delay_microseconds}"
+             f"{preferred}{queue} }}"]
+    if overrides.instance_count:
+        lines.append(f"instance_group [ {{ count: {overrides.instance_count} kind: KIND_CPU }} ]")
+    return "".join(line + "\n" for line in lines + batching_parameters(batching))
+
+
+def batching_parameters(batching: Batching) -> list[str]:
+    """The config.pbtxt parameters `batching` sets: padding to the allowed sizes, splitting large requests."""
+    lines = []
+    if batching.allowed_batch_sizes:
+        lines.append('parameters { key: "pad_to_preferred_batch_size" value { string_value: "true" } }')
+    if batching.max_execution_batch_size:
+        lines.append(f'parameters {{ key: "request_split_size" value {{ string_value: '
+                     f'"{batching.max_execution_batch_size}" }} }}')
+    return lines
 
 
 def read_monitoring_path(path: Path) -> str | None:

@@ -21,9 +21,11 @@ from modelhost.protocols.tfserving.config_files import (
     ConfigFileError,
     ServedModelEntry,
     batching_from,
+    batching_parameters,
     read_batching_parameters,
     read_model_config,
     read_monitoring_path,
+    version_batching_config,
 )
 from modelhost.store.model_list import ListedModel
 from modelhost.store.paths import name_problem
@@ -40,14 +42,16 @@ class TfServingSetup:
     model_config_file: Path | None = None
     model_config_poll_seconds: float = 0.0
     model_config: str = ""  # config.pbtxt lines for every model (scheduling, graph tag)
+    per_model_batching: bool = False  # each model batched by its newest version's batching_params.pbtxt
     typed_outputs: bool = True
     model_warmup: bool = True  # replay assets.extra/tf_serving_warmup_requests
     metrics_path: str | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)  # flags accepted and not used, for the log
 
     def listed(self, models: Sequence[ServedModelEntry] | None = None) -> list[ListedModel]:
-        return [ListedModel(m.name, m.base_path, m.policy, m.latest_count, m.specific, self.model_config)
-                for m in (self.models if models is None else models)]
+        version_config = version_batching_config if self.per_model_batching else None
+        return [ListedModel(m.name, m.base_path, m.policy, m.latest_count, m.specific, self.model_config,
+                            version_config) for m in (self.models if models is None else models)]
 
 
 class TfServingFlagError(Exception):
@@ -99,8 +103,6 @@ _NOTED: dict[str, tuple[Callable[[str], object], str]] = {
     "allow_version_labels_for_unavailable_models": (_boolean, "a label may name any version of the config"),
     "grpc_channel_arguments": (str, "gRPC keepalive and message size follow modelhost's own settings"),
     "num_request_iterations_for_warmup": (_natural, "each warmup record is replayed once"),
-    "enable_per_model_batching_parameters": (_boolean, "per-model batching_params.pbtxt files are not read: "
-                                                      "--batching_parameters_file applies to every model"),
 }
 # Flags TF Serving has for what modelhost does not do; refused rather than silently changed.
 _REFUSED = {
@@ -129,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="look for new and removed versions this often (default 1; 0: once, at start)")
     add("--enable_batching", type=_boolean, nargs="?", const=True, default=False, help="batch requests")
     add("--batching_parameters_file", type=Path, help="BatchingParameters in text format")
+    add("--enable_per_model_batching_parameters", type=_boolean, nargs="?", const=True, default=False,
+        help="with --enable_batching: each model is batched by its newest version's batching_params.pbtxt "
+             "(a model without one is not batched) instead of --batching_parameters_file")
     add("--tensorflow_intra_op_parallelism", type=_natural, default=0, help="threads within an op (0: automatic)")
     add("--tensorflow_inter_op_parallelism", type=_natural, default=0, help="ops at once (0: automatic)")
     add("--tensorflow_session_parallelism", type=_natural, default=0,
@@ -179,6 +184,12 @@ def parse_flags(argv: Sequence[str]) -> TfServingFlags:
         raise TfServingFlagError(f"--rest_api_port {args.rest_api_port} must differ from --port")
     if args.batching_parameters_file is not None and not args.enable_batching:
         notes += ("--batching_parameters_file is read only with --enable_batching, as in TF Serving",)
+    per_model = args.enable_per_model_batching_parameters and args.enable_batching
+    if args.enable_per_model_batching_parameters and not args.enable_batching:
+        notes += ("--enable_per_model_batching_parameters is read only with --enable_batching, as in TF Serving",)
+    if per_model and args.batching_parameters_file is not None:
+        notes += ("--batching_parameters_file is checked but not applied: with --enable_per_model_batching_"
+                  "parameters each model's own batching_params.pbtxt is, as in TF Serving",)
     try:
         models, config_file = _models(args)
         batching = _batching(args)
@@ -188,6 +199,8 @@ def parse_flags(argv: Sequence[str]) -> TfServingFlags:
         raise TfServingFlagError(str(exc)) from None
     intra = args.tensorflow_intra_op_parallelism or args.tensorflow_session_parallelism
     inter = args.tensorflow_inter_op_parallelism or args.tensorflow_session_parallelism
+    if per_model:
+        batching = None  # each model's own, read with its versions (model_list.ListedModel.version_config)
     overrides = replace(batching.overrides if batching else ModelOverrides(),
                         intra_op_threads=intra or None, inter_op_threads=inter or None)
     setup = TfServingSetup(
@@ -195,6 +208,7 @@ def parse_flags(argv: Sequence[str]) -> TfServingFlags:
         model_config_file=config_file,
         model_config_poll_seconds=args.model_config_file_poll_wait_seconds if config_file else 0.0,
         model_config=_model_config(args.saved_model_tags, batching),
+        per_model_batching=per_model,
         typed_outputs=not args.enable_serialization_as_tensor_content,
         model_warmup=args.enable_model_warmup,
         metrics_path=metrics_path,
@@ -233,10 +247,8 @@ def _model_config(tags: str, batching: Batching | None) -> str:
     if batching is not None and batching.allowed_batch_sizes:
         sizes = ", ".join(str(size) for size in batching.allowed_batch_sizes)
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {sizes} ] }}")
-        lines.append('parameters { key: "pad_to_preferred_batch_size" value { string_value: "true" } }')
-    if batching is not None and batching.max_execution_batch_size:
-        lines.append(f'parameters {{ key: "request_split_size" value {{ string_value: '
-                     f'"{batching.max_execution_batch_size}" }} }}')
+    if batching is not None:
+        lines += batching_parameters(batching)
     return "".join(line + "\n" for line in lines)
 
 
