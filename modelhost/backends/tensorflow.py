@@ -1,4 +1,5 @@
-"""TensorFlow SavedModel backend on CPU: one `tf.saved_model.load` per instance, run through one signature.
+"""TensorFlow SavedModel backend on CPU: one `tf.saved_model.load` per model version, whose instances share it
+(`TensorflowModel.sibling`), run through one signature.
 
 Layout: `<version>/model.savedmodel/` holding `saved_model.pb` and `variables/`, as `tf.saved_model.save` (TF2)
 or `SavedModelBuilder` (TF1) writes it. Config `parameters` use Triton's names:
@@ -155,6 +156,13 @@ class TensorflowModel(Model):
 
     def signatures(self) -> dict[str, ModelSignature]:
         return {name: signature for name, signature in self._signatures.items() if name != self._served}
+
+    def sibling(self) -> TensorflowModel | None:
+        """Instances share one loaded SavedModel: its functions may run at once on several threads, as TF Serving's
+        batch threads share one session, and a copy per instance would hold the weights once more each."""
+        if self._functions is None:
+            return None
+        return TensorflowModel(self._loaded, self._functions, self._signatures, self._served)
 
     def unload(self) -> None:
         self._functions = None

@@ -205,8 +205,12 @@ def load_version(
         config = complete_config(
             plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", max_batch_size
         )
-        instances += _load_instances(backend, path, config, range(1, count), threads, lender,
-                                     parallel=instances[0].runs_async)
+        siblings = [instances[0].sibling() for _ in range(1, count)]
+        if all(sibling is not None for sibling in siblings):
+            instances += [sibling for sibling in siblings if sibling is not None]
+        else:
+            instances += _load_instances(backend, path, config, range(1, count), threads, lender,
+                                         parallel=instances[0].runs_async)
         policy = SchedulingPolicy.from_config(config)
         labels = read_labels(config, source.path)
         target = LatencyTarget.from_config(config, count)

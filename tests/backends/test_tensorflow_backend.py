@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,9 @@ from modelhost.backends.tensorflow import TensorflowBackend  # noqa: E402
 from modelhost.config.completion import complete_config  # noqa: E402
 from modelhost.config.model_config_pb2 import ModelConfig  # noqa: E402
 from modelhost.config.pbtxt import ConfigError  # noqa: E402
+from modelhost.core.model_loading import load_version, plan_model  # noqa: E402
 from modelhost.errors import ErrorKind, ModelhostError  # noqa: E402
+from modelhost.store.local import LocalStore  # noqa: E402
 from modelhost.types import TensorSpec  # noqa: E402
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -252,6 +256,33 @@ def test_non_string_objects_in_a_string_input_are_invalid_input(models: dict[str
     with pytest.raises(ModelhostError, match="input 's': tensorflow needs bytes or str") as caught:
         model.infer({"s": np.array([b"a", 3], dtype=object)}, ["upper"])
     assert caught.value.kind is ErrorKind.INVALID_INPUT
+
+
+def test_a_versions_instances_share_one_loaded_saved_model_and_run_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three instances (TF Serving's num_batch_threads) load the SavedModel once, as TF Serving's batch threads share
+    one session, and run at once on their threads with each answer its own."""
+    save_dense_model(tmp_path / "m" / "1" / "model.savedmodel")
+    (tmp_path / "m" / "config.pbtxt").write_text('platform: "tensorflow_savedmodel"\nmax_batch_size: 8\n'
+                                                 "instance_group [ { count: 3 kind: KIND_CPU } ]\n")
+    loads: list[str] = []
+    load = tf.saved_model.load
+    monkeypatch.setattr(tf.saved_model, "load", lambda path, **kw: loads.append(path) or load(path, **kw))
+    source = LocalStore(tmp_path).fetch("m")
+    served = load_version(source, 1, plan_model(source), cpu_count=3, default_max_batch_size=4)
+    try:
+        instances = [instance for instance, _ in served.scheduler._instances]  # type: ignore[attr-defined]
+        assert len(instances) == 3 and len(loads) == 1
+        inputs = [np.full((2, 3), float(i), np.float32) for i in range(30)]
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda item: instances[item[0] % 3].infer({"x": item[1]}, ["y"])["y"],
+                                    enumerate(inputs)))
+        for x, y in zip(inputs, answers, strict=True):
+            np.testing.assert_allclose(y, x @ WEIGHTS, rtol=1e-6)
+        instances[0].unload()
+        np.testing.assert_allclose(instances[1].infer({"x": inputs[1]}, ["y"])["y"], inputs[1] @ WEIGHTS, rtol=1e-6)
+    finally:
+        asyncio.run(served.scheduler.stop())
 
 
 def test_unload_drops_the_instance(models: dict[str, Path]) -> None:
