@@ -100,10 +100,10 @@ class Model(abc.ABC):
     def unload(self) -> None:  # noqa: B027 - optional hook: most models free memory when dropped
         """Free the instance's memory; it is never used again."""
 
-    def sibling(self) -> Model | None:
-        """Another instance that runs on this one's loaded weights, for a model whose runs may go on at once on one
-        copy (TensorFlow's signature functions, as TF Serving's batch threads share a session); None: the core
-        loads each instance from the model file."""
+    def sibling(self, instance: InstanceSettings) -> Model | None:
+        """Another instance, `instance`, that runs on this one's loaded weights, for a model whose runs may go on at
+        once on one copy (TensorFlow's signature functions, as TF Serving's batch threads share a session; an ONNX
+        session its config shares); None: the core loads that instance from the model file."""
         return None
 
     def signature(self) -> ModelSignature | None:

@@ -157,7 +157,7 @@ class TensorflowModel(Model):
     def signatures(self) -> dict[str, ModelSignature]:
         return {name: signature for name, signature in self._signatures.items() if name != self._served}
 
-    def sibling(self) -> TensorflowModel | None:
+    def sibling(self, instance: InstanceSettings) -> TensorflowModel | None:
         """Instances share one loaded SavedModel: its functions may run at once on several threads, as TF Serving's
         batch threads share one session, and a copy per instance would hold the weights once more each."""
         if self._functions is None:

@@ -205,12 +205,11 @@ def load_version(
         config = complete_config(
             plan.config, signature.inputs, signature.outputs, f"{version}/{filename}", max_batch_size
         )
-        siblings = [instances[0].sibling() for _ in range(1, count)]
-        if all(sibling is not None for sibling in siblings):
-            instances += [sibling for sibling in siblings if sibling is not None]
-        else:
-            instances += _load_instances(backend, path, config, range(1, count), threads, lender,
-                                         parallel=instances[0].runs_async)
+        others = [_instance(config, index, threads, lender) for index in range(1, count)]
+        siblings = [instances[0].sibling(settings) for settings in others]
+        instances += [sibling for sibling in siblings if sibling is not None]
+        instances += _load_instances(backend, path, config, [settings for settings, sibling in zip(others, siblings)
+                                                             if sibling is None], parallel=instances[0].runs_async)
         policy = SchedulingPolicy.from_config(config)
         labels = read_labels(config, source.path)
         target = LatencyTarget.from_config(config, count)
@@ -235,23 +234,23 @@ def _instance(config: ModelConfig, index: int, threads: int, lender: spare_cores
     return InstanceSettings(index, threads, lender, instance_gpu(config, index))
 
 
-def _load_instances(backend: Backend, path: Path, config: ModelConfig, indexes: range, threads: int,
-                    lender: spare_cores.SpareCores | None, parallel: bool) -> list[Model]:
-    """Instances `indexes` of the model; `parallel` (instances that are processes of their own, which start
-    side by side as TorchServe starts its workers) loads them at once. On a failure, the ones loaded unload."""
-    if not parallel or len(indexes) < 2:
+def _load_instances(backend: Backend, path: Path, config: ModelConfig, instances: list[InstanceSettings],
+                    parallel: bool) -> list[Model]:
+    """The instances `instances` describe, loaded from the model file; `parallel` (instances that are processes of
+    their own, which start side by side as TorchServe starts its workers) loads them at once. On a failure, the ones
+    loaded unload."""
+    if not parallel or len(instances) < 2:
         loaded: list[Model] = []
         try:
-            for index in indexes:
-                loaded.append(backend.load(path, config, _instance(config, index, threads, lender)))
+            for settings in instances:
+                loaded.append(backend.load(path, config, settings))
         except BaseException:
             for instance in loaded:
                 instance.unload()
             raise
         return loaded
-    with ThreadPoolExecutor(len(indexes), thread_name_prefix="instance-load") as pool:
-        futures = [pool.submit(backend.load, path, config, _instance(config, index, threads, lender))
-                   for index in indexes]
+    with ThreadPoolExecutor(len(instances), thread_name_prefix="instance-load") as pool:
+        futures = [pool.submit(backend.load, path, config, settings) for settings in instances]
         wait(futures)
     failed = next((future.exception() for future in futures if future.exception() is not None), None)
     if failed is not None:
