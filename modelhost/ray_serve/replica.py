@@ -40,7 +40,7 @@ class ModelhostReplica:
     """`client_control`: clients may load and unload models (`--model-control-mode explicit`)."""
 
     async def __init__(self, settings: ServerSettings,  # type: ignore[misc]  # Ray Serve awaits it
-                       client_control: bool = True) -> None:
+                       client_control: bool = False) -> None:
         from ray import serve
 
         context = serve.get_replica_context()
