@@ -36,6 +36,7 @@ from modelhost.core.spare_cores import FILE_NAME as SPARE_CORES_FILE
 from modelhost.core.spare_cores import SpareCores
 from modelhost.core.trace import Tracer
 from modelhost.core.trace_setup import make_tracer
+from modelhost.core.worker_control import WorkerControl
 from modelhost.core.worker_statistics import StatisticsPeers, WorkerStatistics
 from modelhost.embeddings.store import StoreSettings, configure_store, shared_store
 from modelhost.embeddings.watcher import TableWatcher
@@ -325,7 +326,9 @@ class Server:
     async def _start(self) -> None:
         triton_bls.connect(self.dataplane, self.control)  # Triton Python models' BLS calls and model loading API
         if self.worker_statistics is not None:  # before the models load: the other workers may ask any time
-            await self.worker_statistics.serve(self.dataplane.local_statistics, self.metrics.render)
+            control = WorkerControl(self.control, self.worker_statistics)
+            self.control.on_change(control.announced)
+            await self.worker_statistics.serve(self.dataplane.local_statistics, self.metrics.render, control.adopt)
         if self.settings.workers > 1:
             # Workers share the port: one that binds before its models load would take connections
             # it can only answer 503, so it loads first and binds after.

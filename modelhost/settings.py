@@ -354,9 +354,6 @@ def check_settings(settings: ServerSettings) -> None:
                             "unknown to the others")
     if settings.client_shm_max_regions < 1 or settings.client_shm_max_bytes < 1:
         raise SettingsError("--client-shm-max-regions and --client-shm-max-bytes must be positive")
-    if settings.model_control_mode == "explicit" and settings.workers > 1:
-        raise SettingsError(f"--model-control-mode explicit cannot be combined with --workers {settings.workers}: "
-                            f"a load or unload request would reach one process of the {settings.workers}")
     if settings.model_control_mode == "poll" and settings.repository_poll_seconds <= 0:
         raise SettingsError(f"--repository-poll-secs must be positive, got {settings.repository_poll_seconds:g}")
     if settings.model_control_mode == "poll" and settings.multi_model:

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
 from tests.server import ServerProcess, free_port
 
@@ -70,7 +72,9 @@ class TwoWorkers:
         self.metrics = free_port()
         self.workers_tmp = tmp_path / "tmp"
         self.workers_tmp.mkdir()
-        self.server = ServerProcess(None, "--workers", "2", "--metrics-port", str(self.metrics), cache_dir=tmp_path,
+        # Explicit mode with every model loaded at start: what the default mode serves, and loads and unloads too.
+        self.server = ServerProcess(None, "--workers", "2", "--metrics-port", str(self.metrics),
+                                    "--model-control-mode", "explicit", "--load-model", "*", cache_dir=tmp_path,
                                     env={"TMPDIR": str(self.workers_tmp)}).wait_ready()
         self.sent = 0
 
@@ -113,6 +117,28 @@ def test_statistics_answer_for_every_worker_whichever_answers(two_workers: TwoWo
     assert all(count > 0 for count in own_counts(two_workers.workers_tmp))  # so each answer was a sum
     everything = requests.get(f"{server.base}/v2/models/stats", timeout=10).json()["model_stats"]
     assert [s["name"] for s in everything] == sorted({s["name"] for s in everything})  # one entry each
+
+
+def on_fresh_connections(server: ServerProcess, path: str) -> list[requests.Response]:
+    """GET `path` on twelve new connections, which the kernel spreads over the workers."""
+    return [requests.get(f"{server.base}{path}", headers={"Connection": "close"}, timeout=10) for _ in range(12)]
+
+
+def test_a_load_with_a_config_and_an_unload_reach_every_worker(two_workers: TwoWorkers) -> None:
+    server = two_workers.server
+    two_workers.send_until_both_served()  # both workers listen
+    client = httpclient.InferenceServerClient(server.url)
+    config = {"name": "tiny", "platform": "onnxruntime_onnx", "max_batch_size": 8}
+    client.load_model("tiny", config=json.dumps(config))
+    assert {r.json()["max_batch_size"] for r in on_fresh_connections(server, "/v2/models/tiny/config")} == {8}
+    client.unload_model("tiny")
+    assert {r.status_code for r in on_fresh_connections(server, "/v2/models/tiny/ready")} == {400}
+    client.load_model("tiny")  # the repository's own config again
+    assert {r.json()["max_batch_size"] for r in on_fresh_connections(server, "/v2/models/tiny/config")} == {1024}
+    with pytest.raises(InferenceServerException) as refused:  # a bad load fails where it lands, changes nothing
+        client.load_model("tiny", config='{"max_batch_size": "many"}')
+    assert refused.value.status() == "400"
+    assert {r.status_code for r in on_fresh_connections(server, "/v2/models/tiny/ready")} == {200}
 
 
 def test_two_workers_stop_cleanly(two_workers: TwoWorkers) -> None:

@@ -1,5 +1,6 @@
 """Statistics and metrics for the whole server under --workers N: each worker answers for its own on a Unix
-socket, and a statistics request or a scrape to any worker sums every worker's.
+socket, and a statistics request or a scrape to any worker sums every worker's. The same sockets carry the
+repository changes a worker made for a client to the others (worker_control.py).
 
 Each worker process keeps its own counters (it batches and runs its own requests); a client's statistics
 request or Prometheus scrape lands on whichever worker accepted its connection. Summed, the answer is the
@@ -9,15 +10,16 @@ worker index.
 
 The exchange: the asking worker sends one line, `stats\\t<model>\\t<version>\\n` (empty for all) or
 `metrics\\n`, and reads until EOF a JSON list of Triton `model_stat` objects or a Prometheus text
-exposition. A worker that does not answer within ANSWER_TIMEOUT_S makes the request fail (UNAVAILABLE)
-rather than return a sum that would go backwards.
+exposition; or `control\\t<length>\\n` and that many bytes of a repository change it made
+(worker_control.py), and reads what went wrong applying it ("" for nothing). A worker that does not answer
+within ANSWER_TIMEOUT_S makes the request fail (UNAVAILABLE) rather than return a sum that would go backwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +28,7 @@ import orjson
 from modelhost.errors import ModelhostError, unavailable
 
 ANSWER_TIMEOUT_S = 5.0
+CHANGE_TIMEOUT_S = 300.0  # another worker applying a load loads the model: as long as a load may take
 MAX_QUERY_BYTES = 1024
 Statistics = list[dict[str, Any]]
 DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
@@ -53,8 +56,10 @@ class WorkerStatistics:
     def socket_path(self, index: int) -> Path:
         return self._directory / f"{index}.sock"
 
-    async def serve(self, local: Callable[[str, str], Statistics], metrics: Callable[[], bytes]) -> None:
-        """Answer the other workers with this worker's own: `local(model, version)`, and `metrics()`."""
+    async def serve(self, local: Callable[[str, str], Statistics], metrics: Callable[[], bytes],
+                    adopt: Callable[[bytes], Awaitable[str]] | None = None) -> None:
+        """Answer the other workers with this worker's own: `local(model, version)`, and `metrics()`; and apply
+        the repository changes they made (`adopt(change)`, worker_control.py: what went wrong, or "")."""
 
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
@@ -63,6 +68,9 @@ class WorkerStatistics:
                 name, _, version = query.partition("\t")
                 if kind == "metrics":
                     body = metrics()
+                elif kind == "control" and adopt is not None:
+                    change = await asyncio.wait_for(reader.readexactly(int(query)), ANSWER_TIMEOUT_S)
+                    body = (await adopt(change)).encode()
                 else:
                     try:
                         body = orjson.dumps(local(name, version))
@@ -70,8 +78,8 @@ class WorkerStatistics:
                         body = b"[]"
                 writer.write(body)
                 await writer.drain()
-            except (OSError, ValueError, asyncio.TimeoutError):  # ValueError: undecodable or over-long lines
-                pass
+            except (OSError, ValueError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                pass  # ValueError: undecodable or over-long lines
             finally:
                 writer.close()
 
@@ -99,17 +107,24 @@ class WorkerStatistics:
         answers = await asyncio.gather(*(self._ask(i, "metrics") for i in self._others))
         return [answer.decode() for answer in answers]
 
-    async def _ask(self, index: int, query: str) -> bytes:
-        try:
-            return await asyncio.wait_for(self._exchange(index, query), ANSWER_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError) as exc:
-            raise unavailable(f"worker {index} did not answer for the server's statistics ({type(exc).__name__}); "
-                              "retry") from None
+    async def tell(self, change: bytes) -> list[str]:
+        """Have every other worker apply a repository change this one made (worker_control.py), and wait for them
+        (a load takes as long as it takes, up to CHANGE_TIMEOUT_S): what went wrong in each, "" where nothing."""
+        answers = await asyncio.gather(*(self._ask(i, f"control\t{len(change)}", change, CHANGE_TIMEOUT_S,
+                                                   "a load or unload") for i in self._others))
+        return [answer.decode() for answer in answers]
 
-    async def _exchange(self, index: int, query: str) -> bytes:
+    async def _ask(self, index: int, query: str, body: bytes = b"", timeout: float = ANSWER_TIMEOUT_S,
+                   purpose: str = "the server's statistics") -> bytes:
+        try:
+            return await asyncio.wait_for(self._exchange(index, query, body), timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise unavailable(f"worker {index} did not answer for {purpose} ({type(exc).__name__}); retry") from None
+
+    async def _exchange(self, index: int, query: str, body: bytes) -> bytes:
         reader, writer = await asyncio.open_unix_connection(self.socket_path(index))
         try:
-            writer.write(f"{query}\n".encode())
+            writer.write(f"{query}\n".encode() + body)
             await writer.drain()
             return await reader.read()
         finally:
