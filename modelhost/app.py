@@ -326,7 +326,7 @@ class Server:
     async def _start(self) -> None:
         triton_bls.connect(self.dataplane, self.control)  # Triton Python models' BLS calls and model loading API
         if self.worker_statistics is not None:  # before the models load: the other workers may ask any time
-            control = WorkerControl(self.control, self.worker_statistics)
+            control = WorkerControl(self.control, self.worker_statistics, self.settings.worker_index)
             self.control.on_change(control.announced)
             await self.worker_statistics.serve(self.dataplane.local_statistics, self.metrics.render, control.adopt)
         if self.settings.workers > 1:
