@@ -12,6 +12,7 @@ unpacking run in threads; an evicted archive's files are kept on disk for its ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import shutil
@@ -23,7 +24,8 @@ from functools import partial
 from pathlib import Path
 
 from modelhost.backends import backend_is_warm
-from modelhost.core.manager import ModelManager
+from modelhost.core import compute_threads
+from modelhost.core.manager import Loaded, ModelManager, discard_loaded
 from modelhost.core.model_cache import CacheEntry, ModelCache
 from modelhost.core.model_loading import LoadPlan, warm_up_backend_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
@@ -33,6 +35,8 @@ from modelhost.store.layout import TOOLKIT_PROGRAM, ModelLayout
 from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.paths import check_model_name, within
 from modelhost.store.unpacked_copies import UnpackedCopies
+
+REMEMBERED_KEYS = 10_000  # keys whose files' size is kept, for loading them in one hop
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,7 @@ class TargetModels:
         self._on_unload = on_unload
         self._models: dict[str, TargetModel] = {}  # what this loaded; the cache's entries say what is loaded
         self._loading: dict[str, asyncio.Task[TargetModel]] = {}
+        self._disk_bytes: dict[str, int] = {}  # key -> its files' size at its last load (first used), oldest first
         self._slots = itertools.count()
         self._removals: set[asyncio.Task[None]] = set()
 
@@ -186,21 +191,17 @@ class TargetModels:
     async def _load(self, key: str, url: str, fetch: Callable[[Path], FetchedModels], first_use: bool) -> TargetModel:
         # Each load gets its own directory: an evicted copy may still be being removed.
         work = self._work_dir / "models" / self._slot(key)
+        expected = self._disk_bytes.get(key) if first_use and self._fetch.local else None
         try:
-            fetched, prepared = await asyncio.to_thread(self._fetch_and_prepare, key, fetch, work)
+            if expected is not None:
+                fetched, entry = await self._fetch_and_load(key, fetch, work, expected)
+            else:
+                fetched, entry = await self._fetch_then_load(key, fetch, work, first_use)
         except BaseException:
-            self._remove_files(work)
+            self._disk_bytes.pop(key, None)  # its next load fetches before it makes room
             raise
-        if fetched.fetch_seconds is not None:
-            self._cache.statistics.download.observe(fetched.fetch_seconds)
-        cold = [p.source for p in prepared
-                if p.plan is None or p.plan.backend is None or not backend_is_warm(p.plan.backend.name)]
-        try:
-            entry = await self._cache.load(key, fetched.disk_bytes, partial(_warm_up_backends, cold) if cold else None,
-                                           partial(self._add_models, prepared), first_use)
-        except BaseException:
-            self._remove_files(fetched.directory)
-            raise
+        if first_use:
+            self._remember(key, fetched.disk_bytes)
         served = dict(zip(fetched.layout.models, entry.names, strict=True))
         model = TargetModel(key, url, served, entry, fetched)
         entry.release = partial(self._release, model)
@@ -216,6 +217,84 @@ class TargetModels:
         self._models[key] = model
         await self._cache.keep(entry, first_use)
         return model
+
+    async def _fetch_then_load(self, key: str, fetch: Callable[[Path], FetchedModels], work: Path,
+                               first_use: bool) -> tuple[FetchedModels, CacheEntry]:
+        """The archive fetched and planned in a thread; then room made for it, and its models loaded."""
+        try:
+            fetched, prepared = await asyncio.to_thread(self._fetch_and_prepare, key, fetch, work)
+        except BaseException:
+            self._remove_files(work)
+            raise
+        self._observe_download(fetched)
+        return fetched, await self._load_prepared(key, fetched, prepared, first_use)
+
+    async def _fetch_and_load(self, key: str, fetch: Callable[[Path], FetchedModels], work: Path,
+                              expected: int) -> tuple[FetchedModels, CacheEntry]:
+        """A key loaded before from a local archive, whose files took `expected` bytes: room made for it first, then
+        fetched, planned and loaded in one job of a loading thread (one hop off the loop, not two). Files found
+        otherwise, or a backend not warmed up, are loaded as `_fetch_then_load` loads them."""
+        found: list[tuple[FetchedModels, list[_Prepared]]] = []
+
+        async def add() -> list[str] | None:
+            fetched, prepared, loaded = await self._in_loading_thread(
+                partial(self._fetch_prepare_load, key, fetch, work, expected))
+            found.append((fetched, prepared))
+            self._observe_download(fetched)
+            return None if loaded is None else await self._add_models(prepared, loaded)
+
+        try:
+            entry = await self._cache.load_expected(key, expected, add)
+        except BaseException:
+            self._remove_files(found[0][0].directory if found else work)
+            raise
+        fetched, prepared = found[0]
+        if entry is None:
+            entry = await self._load_prepared(key, fetched, prepared, first_use=True)
+        return fetched, entry
+
+    async def _load_prepared(self, key: str, fetched: FetchedModels, prepared: list[_Prepared],
+                             first_use: bool) -> CacheEntry:
+        cold = [p.source for p in prepared
+                if p.plan is None or p.plan.backend is None or not backend_is_warm(p.plan.backend.name)]
+        try:
+            return await self._cache.load(key, fetched.disk_bytes, partial(_warm_up_backends, cold) if cold else None,
+                                          partial(self._add_models, prepared), first_use)
+        except BaseException:
+            self._remove_files(fetched.directory)
+            raise
+
+    async def _in_loading_thread(self, job: Callable[[], _Job]) -> _Job:
+        """`job` on a loading thread; a cancelled caller waits for it to end and undoes what it loaded."""
+        done = asyncio.ensure_future(compute_threads.run_loading(job))
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                fetched, _, loaded = await done
+                self._remove_files(fetched.directory)
+                for versions in loaded or ():
+                    await discard_loaded(versions)
+            raise
+
+    def _fetch_prepare_load(self, key: str, fetch: Callable[[Path], FetchedModels], work: Path,
+                            expected: int) -> _Job:
+        """Blocking: `_fetch_and_prepare`, then each model's versions loaded, when the files take `expected` bytes
+        (what room was made for) and every backend is warm (a warm-up is measured apart); else nothing loaded."""
+        fetched, prepared = self._fetch_and_prepare(key, fetch, work)
+        if fetched.disk_bytes != expected or not all(_loads_now(p) for p in prepared):
+            return fetched, prepared, None
+        return fetched, prepared, [self._manager.load_now(p.source, p.plan) for p in prepared if p.plan]
+
+    def _observe_download(self, fetched: FetchedModels) -> None:
+        if fetched.fetch_seconds is not None:
+            self._cache.statistics.download.observe(fetched.fetch_seconds)
+
+    def _remember(self, key: str, disk_bytes: int) -> None:
+        self._disk_bytes.pop(key, None)
+        self._disk_bytes[key] = disk_bytes
+        if len(self._disk_bytes) > REMEMBERED_KEYS:
+            del self._disk_bytes[next(iter(self._disk_bytes))]
 
     def _fetch_and_prepare(self, key: str, fetch: Callable[[Path], FetchedModels],
                            work: Path) -> tuple[FetchedModels, list[_Prepared]]:
@@ -242,13 +321,16 @@ class TargetModels:
             raise
         return fetched, prepared
 
-    async def _add_models(self, prepared: list[_Prepared]) -> list[str]:
+    async def _add_models(self, prepared: list[_Prepared], loaded: list[Loaded] | None = None) -> list[str]:
+        """The manager loads each model (or takes in what `loaded` has of it, in `prepared`'s order)."""
         served: list[str] = []
         try:
-            for model in prepared:
-                await self._manager.add(model.source, model.plan)
+            for index, model in enumerate(prepared):
+                await self._manager.add(model.source, model.plan, loaded[index] if loaded else None)
                 served.append(model.source.name)
         except BaseException:
+            for versions in loaded or ():  # those `add` never reached
+                await discard_loaded(versions)
             await asyncio.gather(*(self._manager.evict(n) for n in served), return_exceptions=True)
             raise
         return served
@@ -283,6 +365,14 @@ class TargetModels:
 class _Prepared:
     source: ModelSource  # under the name the manager serves it by
     plan: LoadPlan | None  # None: planning failed, and the manager's load reports why
+
+
+def _loads_now(prepared: _Prepared) -> bool:
+    plan = prepared.plan
+    return plan is not None and plan.backend is not None and backend_is_warm(plan.backend.name)
+
+
+_Job = tuple[FetchedModels, list[_Prepared], list[Loaded] | None]
 
 
 def _warm_up_backends(sources: list[ModelSource]) -> bool:
