@@ -15,9 +15,12 @@ import pytest
 from modelhost.core.manager import ModelManager
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetModels
+from modelhost.store.archive_models import FetchedModels
 from modelhost.store.archive_store import LocalArchiveStore
 from modelhost.store.local import ModelSource
+from modelhost.store.unpacked_copies import UnpackedCopies
 from tests.archives import WIDTH, weighted_model
+from tests.helpers import until
 from tests.protocols.test_sagemaker_target_models import Harness
 
 LOADING_THREAD = "modelhost-load"
@@ -33,6 +36,18 @@ class ThreadsSeen(LocalArchiveStore):
     def local_path(self, target: str) -> Path:
         self.threads.append(threading.current_thread().name)
         return super().local_path(target)
+
+
+class CopiesSeen(UnpackedCopies[FetchedModels]):
+    """Unpacked copies that note the thread each copy was kept on."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        super().__init__(budget_bytes)
+        self.threads: list[str] = []
+
+    def keep(self, target: str, copy: FetchedModels) -> None:
+        self.threads.append(threading.current_thread().name)
+        super().keep(target, copy)
 
 
 def store_seen(h: Harness, tmp_path: Path) -> ThreadsSeen:
@@ -150,5 +165,27 @@ def test_a_version_that_failed_in_the_callers_thread_fails_the_load(tmp_path: Pa
         assert raised.value.kind is ErrorKind.UNAVAILABLE and "failed to load 'm'" in raised.value.message
         assert not manager.knows("m")
         await manager.stop()
+
+    asyncio.run(scenario())
+
+
+def test_the_load_that_evicts_a_model_releases_its_files_in_its_own_job(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        h = Harness(tmp_path, count=3, unpacked_cache_bytes=1 << 30)
+        copies = h.models.copies = h.models._fetch._copies = CopiesSeen(1 << 30)  # noqa: SLF001 - to see threads
+        await h.infer("model-0.tar.gz")
+        per_model = h.cache.used_bytes
+        h.cache.budget_bytes = per_model * 2 + per_model // 2  # two models, and not three
+        await h.infer("model-1.tar.gz")
+        await h.infer("model-2.tar.gz")  # model-0 goes; its files are kept in the background
+        await until(lambda: h.models.copies.kept_bytes > 0, "model-0's files kept")
+        kept = h.models.copies.kept_bytes
+        assert await h.infer("model-0.tar.gz") == 0.0  # from its kept copy; model-1 goes
+        assert h.cache.entry("model-1.tar.gz") is None
+        assert h.models.copies.kept_bytes == kept  # model-1's files kept by model-0's load, before it answered
+        assert not copies.threads[0].startswith(LOADING_THREAD)  # no load followed: a thread of its own
+        assert copies.threads[1].startswith(LOADING_THREAD) and len(copies.threads) == 2
+        assert sum(h.cache.statistics.download.counts) == 3
+        await h.stop()
 
     asyncio.run(scenario())

@@ -29,6 +29,7 @@ from modelhost.core.manager import Loaded, ModelManager, discard_loaded
 from modelhost.core.model_cache import CacheEntry, ModelCache
 from modelhost.core.model_loading import LoadPlan, warm_up_backend_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
+from modelhost.protocols.sagemaker.file_releases import FileReleases
 from modelhost.store.archive_models import ArchiveModels, FetchedModels
 from modelhost.store.archive_store import ArchiveStore, check_target
 from modelhost.store.layout import TOOLKIT_PROGRAM, ModelLayout
@@ -90,6 +91,7 @@ class TargetModels:
         self._disk_bytes: dict[str, int] = {}  # key -> its files' size at its last load (first used), oldest first
         self._slots = itertools.count()
         self._removals: set[asyncio.Task[None]] = set()
+        self._releases = FileReleases(self._fetch.release)
 
     def set_hooks(self, on_load: Hook | None, on_unload: Hook | None) -> None:
         """What the front-end makes of each model as it loads (its inference.py), and undoes as it unloads."""
@@ -175,6 +177,7 @@ class TargetModels:
         await asyncio.gather(*(self._cache.evict(m.entry) for m in list(self._models.values())),
                              return_exceptions=True)
         await asyncio.gather(*self._removals, return_exceptions=True)
+        await self._releases.stop()
 
     async def _load_once(self, key: str, url: str, fetch: Callable[[Path], FetchedModels],
                          first_use: bool = False) -> TargetModel:
@@ -200,6 +203,8 @@ class TargetModels:
         except BaseException:
             self._disk_bytes.pop(key, None)  # its next load fetches before it makes room
             raise
+        finally:
+            self._releases.load_ended()
         if first_use:
             self._remember(key, fetched.disk_bytes)
         served = dict(zip(fetched.layout.models, entry.names, strict=True))
@@ -299,7 +304,8 @@ class TargetModels:
     def _fetch_and_prepare(self, key: str, fetch: Callable[[Path], FetchedModels],
                            work: Path) -> tuple[FetchedModels, list[_Prepared]]:
         """In one thread: the archive fetched, and each of its models found and planned as the manager will load it
-        (a model that cannot be planned is left for the manager's load to report)."""
+        (a model that cannot be planned is left for the manager's load to report). Files released meanwhile go first."""
+        self._releases.run()
         fetched = fetch(work)
         try:
             store = LocalStore(fetched.layout.repository)
@@ -345,7 +351,7 @@ class TargetModels:
                 await self._on_unload(model)
         finally:
             assert model.fetched is not None
-            self._in_background(partial(self._fetch.release, model.key, model.fetched))
+            self._releases.add(model.key, model.fetched, load_follows=bool(self._loading))
 
     def _remove_files(self, directory: Path) -> None:
         self._in_background(partial(shutil.rmtree, directory, True))
