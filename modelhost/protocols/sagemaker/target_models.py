@@ -192,19 +192,22 @@ class TargetModels:
         return await asyncio.shield(task)
 
     async def _load(self, key: str, url: str, fetch: Callable[[Path], FetchedModels], first_use: bool) -> TargetModel:
-        # Each load gets its own directory: an evicted copy may still be being removed.
-        work = self._work_dir / "models" / self._slot(key)
+        try:
+            return await self._load_and_keep(key, url, fetch, first_use)
+        finally:
+            self._releases.load_ended()  # files of models this load evicted, left by its job
+
+    async def _load_and_keep(self, key: str, url: str, fetch: Callable[[Path], FetchedModels],
+                             first_use: bool) -> TargetModel:
         expected = self._disk_bytes.get(key) if first_use and self._fetch.local else None
         try:
             if expected is not None:
-                fetched, entry = await self._fetch_and_load(key, fetch, work, expected)
+                fetched, entry = await self._fetch_and_load(key, fetch, expected)
             else:
-                fetched, entry = await self._fetch_then_load(key, fetch, work, first_use)
+                fetched, entry = await self._fetch_then_load(key, fetch, first_use)
         except BaseException:
             self._disk_bytes.pop(key, None)  # its next load fetches before it makes room
             raise
-        finally:
-            self._releases.load_ended()
         if first_use:
             self._remember(key, fetched.disk_bytes)
         served = dict(zip(fetched.layout.models, entry.names, strict=True))
@@ -223,18 +226,14 @@ class TargetModels:
         await self._cache.keep(entry, first_use)
         return model
 
-    async def _fetch_then_load(self, key: str, fetch: Callable[[Path], FetchedModels], work: Path,
+    async def _fetch_then_load(self, key: str, fetch: Callable[[Path], FetchedModels],
                                first_use: bool) -> tuple[FetchedModels, CacheEntry]:
         """The archive fetched and planned in a thread; then room made for it, and its models loaded."""
-        try:
-            fetched, prepared = await asyncio.to_thread(self._fetch_and_prepare, key, fetch, work)
-        except BaseException:
-            self._remove_files(work)
-            raise
+        fetched, prepared, _ = await self._in_loading_thread(partial(self._fetch_prepare_load, key, fetch, None))
         self._observe_download(fetched)
         return fetched, await self._load_prepared(key, fetched, prepared, first_use)
 
-    async def _fetch_and_load(self, key: str, fetch: Callable[[Path], FetchedModels], work: Path,
+    async def _fetch_and_load(self, key: str, fetch: Callable[[Path], FetchedModels],
                               expected: int) -> tuple[FetchedModels, CacheEntry]:
         """A key loaded before from a local archive, whose files took `expected` bytes: room made for it first, then
         fetched, planned and loaded in one job of a loading thread (one hop off the loop, not two). Files found
@@ -243,7 +242,7 @@ class TargetModels:
 
         async def add() -> list[str] | None:
             fetched, prepared, loaded = await self._in_loading_thread(
-                partial(self._fetch_prepare_load, key, fetch, work, expected))
+                partial(self._fetch_prepare_load, key, fetch, expected))
             found.append((fetched, prepared))
             self._observe_download(fetched)
             return None if loaded is None else await self._add_models(prepared, loaded)
@@ -251,7 +250,8 @@ class TargetModels:
         try:
             entry = await self._cache.load_expected(key, expected, add)
         except BaseException:
-            self._remove_files(found[0][0].directory if found else work)
+            if found:  # (a job that failed removed its files)
+                self._remove_files(found[0][0].directory)
             raise
         fetched, prepared = found[0]
         if entry is None:
@@ -282,12 +282,12 @@ class TargetModels:
                     await discard_loaded(versions)
             raise
 
-    def _fetch_prepare_load(self, key: str, fetch: Callable[[Path], FetchedModels], work: Path,
-                            expected: int) -> _Job:
+    def _fetch_prepare_load(self, key: str, fetch: Callable[[Path], FetchedModels], expected: int | None) -> _Job:
         """Blocking: `_fetch_and_prepare`, then each model's versions loaded, when the files take `expected` bytes
-        (what room was made for) and every backend is warm (a warm-up is measured apart); else nothing loaded."""
-        fetched, prepared = self._fetch_and_prepare(key, fetch, work)
-        if fetched.disk_bytes != expected or not all(_loads_now(p) for p in prepared):
+        (what room was made for) and every backend is warm (a warm-up is measured apart); else (or with `expected`
+        None) nothing loaded."""
+        fetched, prepared = self._fetch_and_prepare(key, fetch)
+        if expected is None or fetched.disk_bytes != expected or not all(_loads_now(p) for p in prepared):
             return fetched, prepared, None
         return fetched, prepared, [self._manager.load_now(p.source, p.plan) for p in prepared if p.plan]
 
@@ -301,12 +301,18 @@ class TargetModels:
         if len(self._disk_bytes) > REMEMBERED_KEYS:
             del self._disk_bytes[next(iter(self._disk_bytes))]
 
-    def _fetch_and_prepare(self, key: str, fetch: Callable[[Path], FetchedModels],
-                           work: Path) -> tuple[FetchedModels, list[_Prepared]]:
+    def _fetch_and_prepare(self, key: str,
+                           fetch: Callable[[Path], FetchedModels]) -> tuple[FetchedModels, list[_Prepared]]:
         """In one thread: the archive fetched, and each of its models found and planned as the manager will load it
         (a model that cannot be planned is left for the manager's load to report). Files released meanwhile go first."""
         self._releases.run()
-        fetched = fetch(work)
+        # Each load gets its own directory: an evicted copy may still be being removed.
+        work = self._work_dir / "models" / self._slot(key)
+        try:
+            fetched = fetch(work)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
         try:
             store = LocalStore(fetched.layout.repository)
             prepared = []
