@@ -271,7 +271,7 @@ class TargetModels:
 
     async def _in_loading_thread(self, job: Callable[[], _Job]) -> _Job:
         """`job` on a loading thread; a cancelled caller waits for it to end and undoes what it loaded."""
-        done = asyncio.ensure_future(compute_threads.run_loading(job))
+        done = compute_threads.start_loading(job)
         try:
             return await asyncio.shield(done)
         except asyncio.CancelledError:
