@@ -228,8 +228,9 @@ class TargetModels:
 
     async def _fetch_then_load(self, key: str, fetch: Callable[[Path], FetchedModels],
                                first_use: bool) -> tuple[FetchedModels, CacheEntry]:
-        """The archive fetched and planned in a thread; then room made for it, and its models loaded."""
-        fetched, prepared, _ = await self._in_loading_thread(partial(self._fetch_prepare_load, key, fetch, None))
+        """The archive fetched and planned in a thread (the default executor's, at normal priority: a download may take
+        long, and must not hold a loading thread); then room made for it, and its models loaded."""
+        fetched, prepared, _ = await self._in_thread(partial(self._fetch_prepare_load, key, fetch, None), loading=False)
         self._observe_download(fetched)
         return fetched, await self._load_prepared(key, fetched, prepared, first_use)
 
@@ -241,8 +242,8 @@ class TargetModels:
         found: list[tuple[FetchedModels, list[_Prepared]]] = []
 
         async def add() -> list[str] | None:
-            fetched, prepared, loaded = await self._in_loading_thread(
-                partial(self._fetch_prepare_load, key, fetch, expected))
+            fetched, prepared, loaded = await self._in_thread(
+                partial(self._fetch_prepare_load, key, fetch, expected), loading=True)
             found.append((fetched, prepared))
             self._observe_download(fetched)
             return None if loaded is None else await self._add_models(prepared, loaded)
@@ -269,9 +270,10 @@ class TargetModels:
             self._remove_files(fetched.directory)
             raise
 
-    async def _in_loading_thread(self, job: Callable[[], _Job]) -> _Job:
-        """`job` on a loading thread; a cancelled caller waits for it to end and undoes what it loaded."""
-        done = compute_threads.start_loading(job)
+    async def _in_thread(self, job: Callable[[], _Job], loading: bool) -> _Job:
+        """`job` on a loading thread (`loading`: it loads models, at the compute priority) or the default executor's;
+        a cancelled caller waits for it to end and undoes what it fetched and loaded."""
+        done = compute_threads.start_loading(job) if loading else asyncio.get_running_loop().run_in_executor(None, job)
         try:
             return await asyncio.shield(done)
         except asyncio.CancelledError:
