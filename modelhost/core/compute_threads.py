@@ -125,8 +125,13 @@ def _lower(priority: Literal["low", "nice"]) -> None:
 
 async def run_loading(function: Callable[..., T], *args: object) -> T:
     """`function(*args)` on a model-loading thread, at the compute priority."""
+    return await start_loading(lambda: function(*args))
+
+
+def start_loading(job: Callable[[], T]) -> asyncio.Future[T]:
+    """`job()` started on a model-loading thread, at the compute priority: its future (no task to await it in)."""
     global _loading
     with _lock:
         if _loading is None:
             _loading = ThreadPoolExecutor(thread_name_prefix="modelhost-load", initializer=enter)
-    return await asyncio.get_running_loop().run_in_executor(_loading, lambda: function(*args))
+    return asyncio.get_running_loop().run_in_executor(_loading, job)

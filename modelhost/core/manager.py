@@ -39,7 +39,9 @@ from modelhost.store.paths import check_model_name
 
 log = logging.getLogger("modelhost.manager")
 
-__all__ = ["IndexEntry", "ModelManager"]
+Loaded = dict[int, ServedModel | Exception]  # versions loaded before `ModelManager.add` (load_now), or their failures
+
+__all__ = ["IndexEntry", "Loaded", "ModelManager", "discard_loaded"]
 
 
 class LoadBudget(Protocol):
@@ -220,19 +222,22 @@ class ModelManager:
         return []
 
     async def _load_versions(
-        self, record: ModelRecord, source: ModelSource, plan: LoadPlan, reload: Collection[int] | None
+        self, record: ModelRecord, source: ModelSource, plan: LoadPlan, reload: Collection[int] | None,
+        loaded: Loaded | None = None,
     ) -> None:
         record.failure = ""
         wanted = [v for v in plan.versions if reload is None or v in reload or not record.has_served(v)]
-        failures = await asyncio.gather(*(self._load_version(record, source, plan, v) for v in wanted))
+        failures = await asyncio.gather(*(self._load_version(record, source, plan, v, loaded) for v in wanted))
         for version in [v for v in record.versions if v not in plan.versions]:
             self._retire(record, version, "no longer selected by the version policy", finish_sequences=True)
         errors = [f"version {v}: {f}" for v, f in zip(wanted, failures) if f]
         if errors:
             raise unavailable(f"failed to load '{record.name}': {'; '.join(errors)}")
 
-    async def _load_version(self, record: ModelRecord, source: ModelSource, plan: LoadPlan, version: int) -> str:
-        """Load one version beside what serves now and swap it in; returns the failure, or ""."""
+    async def _load_version(self, record: ModelRecord, source: ModelSource, plan: LoadPlan, version: int,
+                            loaded: Loaded | None = None) -> str:
+        """Load one version beside what serves now (or take it from `loaded`) and swap it in; returns the failure,
+        or ""."""
         status = record.versions.get(version)
         if status is None or status.served is None:
             status = record.versions[version] = VersionStatus(ModelState.LOADING)
@@ -241,6 +246,8 @@ class ModelManager:
             if plan.ensemble is not None:
                 labels = await asyncio.to_thread(read_labels, plan.config, source.path)
                 served = load_ensemble_version(record.name, version, plan, self.acquire, labels, self._in_flight)
+            elif loaded is not None and version in loaded:
+                served = taken(loaded.pop(version))
             else:
                 served = await compute_threads.run_loading(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size,
@@ -330,12 +337,14 @@ class ModelManager:
         that prepares a load in a thread of its own."""
         return plan_model(source, self._overrides, check_code=self._code_check(source.name, uploaded=False))
 
-    async def add(self, source: ModelSource, plan: LoadPlan | None = None) -> None:
-        """Load a model the store does not list under `source.name`, as `plan` says (by default, `plan(source)`).
+    async def add(self, source: ModelSource, plan: LoadPlan | None = None, loaded: Loaded | None = None) -> None:
+        """Load a model the store does not list under `source.name`, as `plan` says (by default, `plan(source)`);
+        `loaded`: its versions `load_now` loaded already (in the caller's thread), taken in as they are.
 
         Raises ALREADY_EXISTS for a name in use, and UNAVAILABLE (dropping the model's record) when no version loads.
         """
         if source.name in self._records:
+            await discard_loaded(loaded)
             raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"model '{source.name}' is already loaded")
         record = self._records[source.name] = ModelRecord(source.name, from_store=False)
         try:
@@ -343,12 +352,27 @@ class ModelManager:
                 plan = await asyncio.to_thread(self.plan, source)
             elif plan.backend is not None:  # a plan made elsewhere: the policy still decides
                 self._code_check(source.name, uploaded=False)(plan.backend, plan.config)
-            await self._load_versions(record, source, plan, None)
+            await self._load_versions(record, source, plan, None, loaded)
         except BaseException as exc:
+            await discard_loaded(loaded)  # what it did not take in
             await self._evict_record(record)
             if isinstance(exc, ModelhostError) or not isinstance(exc, Exception):
                 raise
             raise unavailable(f"failed to load '{source.name}': {reason_of(exc)}") from exc
+
+    def load_now(self, source: ModelSource, plan: LoadPlan) -> Loaded:
+        """Blocking, for a caller's own thread (one that fetched the model's files and planned it with `plan`): the
+        versions `plan` selects, each loaded as `add` loads it, or what failed. Give them to `add` (`loaded`), or to
+        `discard_loaded`."""
+        assert plan.backend is not None, "an ensemble loads on the event loop"
+        loaded: Loaded = {}
+        for version in plan.versions:
+            try:
+                loaded[version] = load_version(source, version, plan, self._cpu_count, self._default_max_batch_size,
+                                               self._in_flight, self._warmup_reader)
+            except Exception as exc:  # noqa: BLE001 - `add` reports it as its own load's failure
+                loaded[version] = exc
+        return loaded
 
     async def evict(self, name: str) -> None:
         """Stop routing to a model at once, then let its in-flight requests finish, unload it and drop its record
@@ -482,6 +506,21 @@ class ModelManager:
             assert served.sequences is not None
             served.sequences.close_all()
         await asyncio.gather(*(served.scheduler.stop() for served in self.served()), *self._retiring)
+
+
+def taken(version: ServedModel | Exception) -> ServedModel:
+    """A version `load_now` loaded, or its failure raised."""
+    if isinstance(version, Exception):
+        raise version
+    return version
+
+
+async def discard_loaded(loaded: Loaded | None) -> None:
+    """Stop the versions `load_now` loaded that no model took in."""
+    if loaded:
+        versions = list(loaded.values())
+        loaded.clear()
+        await asyncio.gather(*(v.scheduler.stop() for v in versions if isinstance(v, ServedModel)))
 
 
 def _unknown(name: str) -> ModelhostError:

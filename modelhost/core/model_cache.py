@@ -164,11 +164,31 @@ class ModelCache:
         """One measured load of models the store does not list: `add` loads them into the manager and returns
         their names (unloading any it loaded when it fails). The entry is charged by `keep`, or undone by `discard`.
         `first_use`: a request follows at once (as `keep`'s), and the load runs alone while the key is measured."""
-        while (evicting := self._evicting.get(key)) is not None:
-            await asyncio.shield(evicting)  # its models still hold their names in the manager
+        await self._evicted(key)
         async with self._measured(key, on_disk, warm, first_use) as entry:
             entry.names = tuple(await add())
         return entry
+
+    async def load_expected(self, key: str, on_disk: int,
+                            add: Callable[[], Awaitable[Sequence[str] | None]]) -> CacheEntry | None:
+        """`load` with `first_use`, for models whose files are expected to take `on_disk` bytes (as at the key's last
+        load) and whose backends are warm: room is made before `add` fetches the files, so that it fetches and loads
+        in one go. When they turn out otherwise, `add` loads nothing and returns None, and so does this (the caller
+        then `load`s them as they are)."""
+        await self._evicted(key)
+        try:
+            async with self._measured(key, on_disk, None, first_use=True) as entry:
+                names = await add()
+                if names is None:
+                    raise _NotLoaded
+                entry.names = tuple(names)
+        except _NotLoaded:
+            return None
+        return entry
+
+    async def _evicted(self, key: str) -> None:
+        while (evicting := self._evicting.get(key)) is not None:
+            await asyncio.shield(evicting)  # its models still hold their names in the manager
 
     async def keep(self, entry: CacheEntry, first_use: bool = False) -> None:
         """Charge a loaded entry: others are evicted until it fits, or it is (NO_MEMORY). `first_use`: a request
@@ -427,6 +447,10 @@ class ModelCache:
     async def stop(self) -> None:
         await asyncio.gather(*(self.evict(e) for e in list(self._entries.values())), return_exceptions=True)
         await asyncio.gather(*self._removals, return_exceptions=True)
+
+
+class _NotLoaded(Exception):
+    """`load_expected`'s load found its files other than expected, and loaded nothing."""
 
 
 def _inspect(source: ModelSource) -> tuple[int, str | None]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from modelhost.errors import not_found
-from modelhost.store.archive_store import ArchiveStore
+from modelhost.store.archive_store import ArchiveStore, LocalArchiveStore
 from modelhost.store.layout import TOOLKIT_PROGRAM, ModelLayout, find_layout
 from modelhost.store.unpack import unpack_archive
 from modelhost.store.unpacked_copies import UnpackedCopies
@@ -44,6 +44,11 @@ class ArchiveModels:
         self._max_archive_members = max_archive_members
         self._single_model_name = single_model_name
         self._in_place = in_place
+
+    @property
+    def local(self) -> bool:
+        """Whether its archives are on a local file system (a fetch reads and unpacks; it downloads nothing)."""
+        return isinstance(self._archives, LocalArchiveStore)
 
     def fetch(self, target: str, work: Path) -> FetchedModels:
         """The archive `target` unpacked as `work`: read in place when local, else downloaded first; or the copy

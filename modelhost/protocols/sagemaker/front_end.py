@@ -153,6 +153,8 @@ class UserCode:
 
     async def on_target_load(self, model: TargetModel) -> None:
         assert model.layout is not None and model.root is not None and model.work_dir is not None  # an archive's
+        if model.layout.code_dir is None:  # no inference.py (the usual archive): nothing to do on the loop
+            return
         handler = await self.load(model.layout, model.root, model.served, f"mme_{model.work_dir.name}",
                                   model.work_dir / "packages")
         if handler is not None:

@@ -12,6 +12,7 @@ unpacking run in threads; an evicted archive's files are kept on disk for its ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 import shutil
@@ -23,16 +24,20 @@ from functools import partial
 from pathlib import Path
 
 from modelhost.backends import backend_is_warm
-from modelhost.core.manager import ModelManager
+from modelhost.core import compute_threads
+from modelhost.core.manager import Loaded, ModelManager, discard_loaded
 from modelhost.core.model_cache import CacheEntry, ModelCache
 from modelhost.core.model_loading import LoadPlan, warm_up_backend_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
+from modelhost.protocols.sagemaker.file_releases import FileReleases
 from modelhost.store.archive_models import ArchiveModels, FetchedModels
 from modelhost.store.archive_store import ArchiveStore, check_target
 from modelhost.store.layout import TOOLKIT_PROGRAM, ModelLayout
 from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.paths import check_model_name, within
 from modelhost.store.unpacked_copies import UnpackedCopies
+
+REMEMBERED_KEYS = 10_000  # keys whose files' size is kept, for loading them in one hop
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +88,10 @@ class TargetModels:
         self._on_unload = on_unload
         self._models: dict[str, TargetModel] = {}  # what this loaded; the cache's entries say what is loaded
         self._loading: dict[str, asyncio.Task[TargetModel]] = {}
+        self._disk_bytes: dict[str, int] = {}  # key -> its files' size at its last load (first used), oldest first
         self._slots = itertools.count()
         self._removals: set[asyncio.Task[None]] = set()
+        self._releases = FileReleases(self._fetch.release)
 
     def set_hooks(self, on_load: Hook | None, on_unload: Hook | None) -> None:
         """What the front-end makes of each model as it loads (its inference.py), and undoes as it unloads."""
@@ -170,6 +177,7 @@ class TargetModels:
         await asyncio.gather(*(self._cache.evict(m.entry) for m in list(self._models.values())),
                              return_exceptions=True)
         await asyncio.gather(*self._removals, return_exceptions=True)
+        await self._releases.stop()
 
     async def _load_once(self, key: str, url: str, fetch: Callable[[Path], FetchedModels],
                          first_use: bool = False) -> TargetModel:
@@ -184,23 +192,24 @@ class TargetModels:
         return await asyncio.shield(task)
 
     async def _load(self, key: str, url: str, fetch: Callable[[Path], FetchedModels], first_use: bool) -> TargetModel:
-        # Each load gets its own directory: an evicted copy may still be being removed.
-        work = self._work_dir / "models" / self._slot(key)
         try:
-            fetched, prepared = await asyncio.to_thread(self._fetch_and_prepare, key, fetch, work)
-        except BaseException:
-            self._remove_files(work)
-            raise
-        if fetched.fetch_seconds is not None:
-            self._cache.statistics.download.observe(fetched.fetch_seconds)
-        cold = [p.source for p in prepared
-                if p.plan is None or p.plan.backend is None or not backend_is_warm(p.plan.backend.name)]
+            return await self._load_and_keep(key, url, fetch, first_use)
+        finally:
+            self._releases.load_ended()  # files of models this load evicted, left by its job
+
+    async def _load_and_keep(self, key: str, url: str, fetch: Callable[[Path], FetchedModels],
+                             first_use: bool) -> TargetModel:
+        expected = self._disk_bytes.get(key) if first_use and self._fetch.local else None
         try:
-            entry = await self._cache.load(key, fetched.disk_bytes, partial(_warm_up_backends, cold) if cold else None,
-                                           partial(self._add_models, prepared), first_use)
+            if expected is not None:
+                fetched, entry = await self._fetch_and_load(key, fetch, expected)
+            else:
+                fetched, entry = await self._fetch_then_load(key, fetch, first_use)
         except BaseException:
-            self._remove_files(fetched.directory)
+            self._disk_bytes.pop(key, None)  # its next load fetches before it makes room
             raise
+        if first_use:
+            self._remember(key, fetched.disk_bytes)
         served = dict(zip(fetched.layout.models, entry.names, strict=True))
         model = TargetModel(key, url, served, entry, fetched)
         entry.release = partial(self._release, model)
@@ -217,11 +226,95 @@ class TargetModels:
         await self._cache.keep(entry, first_use)
         return model
 
-    def _fetch_and_prepare(self, key: str, fetch: Callable[[Path], FetchedModels],
-                           work: Path) -> tuple[FetchedModels, list[_Prepared]]:
+    async def _fetch_then_load(self, key: str, fetch: Callable[[Path], FetchedModels],
+                               first_use: bool) -> tuple[FetchedModels, CacheEntry]:
+        """The archive fetched and planned in a thread (the default executor's, at normal priority: a download may take
+        long, and must not hold a loading thread); then room made for it, and its models loaded."""
+        fetched, prepared, _ = await self._in_thread(partial(self._fetch_prepare_load, key, fetch, None), loading=False)
+        self._observe_download(fetched)
+        return fetched, await self._load_prepared(key, fetched, prepared, first_use)
+
+    async def _fetch_and_load(self, key: str, fetch: Callable[[Path], FetchedModels],
+                              expected: int) -> tuple[FetchedModels, CacheEntry]:
+        """A key loaded before from a local archive, whose files took `expected` bytes: room made for it first, then
+        fetched, planned and loaded in one job of a loading thread (one hop off the loop, not two). Files found
+        otherwise, or a backend not warmed up, are loaded as `_fetch_then_load` loads them."""
+        found: list[tuple[FetchedModels, list[_Prepared]]] = []
+
+        async def add() -> list[str] | None:
+            fetched, prepared, loaded = await self._in_thread(
+                partial(self._fetch_prepare_load, key, fetch, expected), loading=True)
+            found.append((fetched, prepared))
+            self._observe_download(fetched)
+            return None if loaded is None else await self._add_models(prepared, loaded)
+
+        try:
+            entry = await self._cache.load_expected(key, expected, add)
+        except BaseException:
+            if found:  # (a job that failed removed its files)
+                self._remove_files(found[0][0].directory)
+            raise
+        fetched, prepared = found[0]
+        if entry is None:
+            entry = await self._load_prepared(key, fetched, prepared, first_use=True)
+        return fetched, entry
+
+    async def _load_prepared(self, key: str, fetched: FetchedModels, prepared: list[_Prepared],
+                             first_use: bool) -> CacheEntry:
+        cold = [p.source for p in prepared
+                if p.plan is None or p.plan.backend is None or not backend_is_warm(p.plan.backend.name)]
+        try:
+            return await self._cache.load(key, fetched.disk_bytes, partial(_warm_up_backends, cold) if cold else None,
+                                          partial(self._add_models, prepared), first_use)
+        except BaseException:
+            self._remove_files(fetched.directory)
+            raise
+
+    async def _in_thread(self, job: Callable[[], _Job], loading: bool) -> _Job:
+        """`job` on a loading thread (`loading`: it loads models, at the compute priority) or the default executor's;
+        a cancelled caller waits for it to end and undoes what it fetched and loaded."""
+        done = compute_threads.start_loading(job) if loading else asyncio.get_running_loop().run_in_executor(None, job)
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                fetched, _, loaded = await done
+                self._remove_files(fetched.directory)
+                for versions in loaded or ():
+                    await discard_loaded(versions)
+            raise
+
+    def _fetch_prepare_load(self, key: str, fetch: Callable[[Path], FetchedModels], expected: int | None) -> _Job:
+        """Blocking: `_fetch_and_prepare`, then each model's versions loaded, when the files take `expected` bytes
+        (what room was made for) and every backend is warm (a warm-up is measured apart); else (or with `expected`
+        None) nothing loaded."""
+        fetched, prepared = self._fetch_and_prepare(key, fetch)
+        if expected is None or fetched.disk_bytes != expected or not all(_loads_now(p) for p in prepared):
+            return fetched, prepared, None
+        return fetched, prepared, [self._manager.load_now(p.source, p.plan) for p in prepared if p.plan]
+
+    def _observe_download(self, fetched: FetchedModels) -> None:
+        if fetched.fetch_seconds is not None:
+            self._cache.statistics.download.observe(fetched.fetch_seconds)
+
+    def _remember(self, key: str, disk_bytes: int) -> None:
+        self._disk_bytes.pop(key, None)
+        self._disk_bytes[key] = disk_bytes
+        if len(self._disk_bytes) > REMEMBERED_KEYS:
+            del self._disk_bytes[next(iter(self._disk_bytes))]
+
+    def _fetch_and_prepare(self, key: str,
+                           fetch: Callable[[Path], FetchedModels]) -> tuple[FetchedModels, list[_Prepared]]:
         """In one thread: the archive fetched, and each of its models found and planned as the manager will load it
-        (a model that cannot be planned is left for the manager's load to report)."""
-        fetched = fetch(work)
+        (a model that cannot be planned is left for the manager's load to report). Files released meanwhile go first."""
+        self._releases.run()
+        # Each load gets its own directory: an evicted copy may still be being removed.
+        work = self._work_dir / "models" / self._slot(key)
+        try:
+            fetched = fetch(work)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
         try:
             store = LocalStore(fetched.layout.repository)
             prepared = []
@@ -242,13 +335,16 @@ class TargetModels:
             raise
         return fetched, prepared
 
-    async def _add_models(self, prepared: list[_Prepared]) -> list[str]:
+    async def _add_models(self, prepared: list[_Prepared], loaded: list[Loaded] | None = None) -> list[str]:
+        """The manager loads each model (or takes in what `loaded` has of it, in `prepared`'s order)."""
         served: list[str] = []
         try:
-            for model in prepared:
-                await self._manager.add(model.source, model.plan)
+            for index, model in enumerate(prepared):
+                await self._manager.add(model.source, model.plan, loaded[index] if loaded else None)
                 served.append(model.source.name)
         except BaseException:
+            for versions in loaded or ():  # those `add` never reached
+                await discard_loaded(versions)
             await asyncio.gather(*(self._manager.evict(n) for n in served), return_exceptions=True)
             raise
         return served
@@ -263,7 +359,7 @@ class TargetModels:
                 await self._on_unload(model)
         finally:
             assert model.fetched is not None
-            self._in_background(partial(self._fetch.release, model.key, model.fetched))
+            self._releases.add(model.key, model.fetched, load_follows=bool(self._loading))
 
     def _remove_files(self, directory: Path) -> None:
         self._in_background(partial(shutil.rmtree, directory, True))
@@ -283,6 +379,14 @@ class TargetModels:
 class _Prepared:
     source: ModelSource  # under the name the manager serves it by
     plan: LoadPlan | None  # None: planning failed, and the manager's load reports why
+
+
+def _loads_now(prepared: _Prepared) -> bool:
+    plan = prepared.plan
+    return plan is not None and plan.backend is not None and backend_is_warm(plan.backend.name)
+
+
+_Job = tuple[FetchedModels, list[_Prepared], list[Loaded] | None]
 
 
 def _warm_up_backends(sources: list[ModelSource]) -> bool:
