@@ -228,9 +228,9 @@ class InProcess(ServerUnderTest):
 class Modelhost(ServerUnderTest):
     label = "modelhost"
 
-    def __init__(self, root: Path, workdir: Path, budget: int) -> None:
+    def __init__(self, root: Path, workdir: Path, budget: int, priority: str = "auto") -> None:
         self.server = ServerProcess(root, "--multi-model", "--model-cache-bytes", str(budget),
-                                    cache_dir=Path(tempfile.mkdtemp(dir=workdir)))
+                                    "--compute-priority", priority, cache_dir=Path(tempfile.mkdtemp(dir=workdir)))
         self.server.wait_ready(path=self.server.sagemaker + "/ping")
         self.pid = self.server.process.pid
         # ServerProcess pipes the server's log and reads it only at stop: a full pipe (64 KiB, a few
@@ -433,7 +433,8 @@ def run(root: Path, workdir: Path, args: argparse.Namespace, traffic: dict[float
     print(f"memory: {memories}", flush=True)
     budget = int(CACHE_MODELS * memories["modelhost"]["charged_per_model"] * 1.05)
     results: dict[str, Any] = {"memory": memories, "budget": budget, MATCHED: {"label": MATCHED}}
-    for make in (lambda: InProcess(root, args.width, CACHE_MODELS), lambda: Modelhost(root, workdir, budget),
+    for make in (lambda: InProcess(root, args.width, CACHE_MODELS),
+                 lambda: Modelhost(root, workdir, budget, args.compute_priority),
                  lambda: NaivePeer(root, CACHE_MODELS)):
         subject = make()
         results[subject.label] = asyncio.run(measure(subject, args, traffic))
@@ -456,6 +457,10 @@ def main() -> None:
     parser.add_argument("--hits", type=int, default=500, help="requests to one loaded model for the hit latency")
     parser.add_argument("--memory-models", type=int, default=40, help="loads after the first for memory per model")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--compute-priority", default="auto", choices=("auto", "low", "nice", "normal"),
+                        help="modelhost's; normal on a machine other processes share without a cgroup between them, "
+                             "where `auto`'s SCHED_IDLE loads wait behind all of them while the peer's run at normal "
+                             "priority (default auto, the server's default)")
     args = parser.parse_args()
     zipfs = [float(s) for s in args.zipf.split(",")]
     started = time.monotonic()
