@@ -3,9 +3,9 @@ have one size, under one byte budget, replaced by CLOCK (LRU's one-bit approxima
 updates in one vectorized write) with an optional frequency filter on admission (TinyLFU: a missed row replaces a
 victim only if it was asked for more often lately, so one-off ids in a skewed stream do not wash out hot rows).
 
-A cached row is found by its table's dense map of row number -> slot (4 bytes a row), which makes a batch's
-lookup one gather. Rows are cached in the table's encoding (rows.py), so an int8 table caches four times the rows
-of a float32 one in the same bytes.
+A cached row is found through the pool's index of the rows it holds (slot_index.py: 16 bytes a slot, nothing for
+rows not cached), which makes a batch's lookup one gather of hash buckets. Rows are cached in the table's encoding
+(rows.py), so an int8 table caches four times the rows of a float32 one in the same bytes.
 
 Thread-safe: one lock per pool, held while slots are read, admitted or refreshed, never while the disk is read.
 """
@@ -16,6 +16,8 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
+
+from modelhost.embeddings.slot_index import SlotIndex
 
 POLICIES = ("clock", "tinylfu")
 _SKETCH_DEPTH = 4
@@ -49,7 +51,7 @@ class SlotPool:
         self._referenced = np.zeros(capacity, dtype=bool)
         self._hand = 0
         self._used = 0
-        self._maps: dict[int, np.ndarray] = {}  # table id -> slot of each row (-1: not cached)
+        self._index = SlotIndex(capacity)
         self.counts: dict[int, CacheCounts] = {}
         # 2 counters a slot in each of 4 rows (8 MB for 1M slots): 4 would keep 0.7 % more hits under Zipf 1.0 for
         # twice the memory (benchmarks/embedding_cache_policy.py)
@@ -62,18 +64,17 @@ class SlotPool:
     def register(self, table: int, rows: int) -> None:
         if rows >= 1 << 32:
             raise ValueError(f"a table of {rows} rows cannot be cached (at most 2^32 - 1)")
-        with self.lock:  # a pool of no slots needs no map (4 bytes a row)
-            self._maps[table] = np.full(rows if self.capacity else 0, -1, dtype=np.int32)
+        with self.lock:
             self.counts[table] = CacheCounts()
 
     def forget(self, table: int) -> None:
         """Drop a table and free its slots (a table closed, or replaced by a new version)."""
         with self.lock:
-            freed = self._owner == table
+            freed = np.flatnonzero(self._owner == table)
+            self._index.remove(table, self._row[freed], freed)
             self._owner[freed] = -1
             self._referenced[freed] = False
-            self._used -= int(freed.sum())
-            self._maps.pop(table, None)
+            self._used -= len(freed)
             self.counts.pop(table, None)
 
     def cached_rows(self, table: int) -> int:
@@ -88,14 +89,14 @@ class SlotPool:
                 self.counts[table].misses += len(rows)
             return np.ones(len(rows), dtype=bool)
         with self.lock:
-            slots = self._maps[table][rows]
+            counts = self.counts[table]
+            slots = self._index.find(table, rows, self._owner)
             hit = slots >= 0
             found = slots[hit]
             out[hit] = self._data[found]
             self._referenced[found] = True
             if self._sketch is not None:
                 self._sketch.add(table, rows)
-            counts = self.counts[table]
             counts.hits += len(found)
             counts.misses += len(rows) - len(found)
         missed: np.ndarray = ~hit
@@ -107,10 +108,10 @@ class SlotPool:
         if not len(rows) or not self.capacity:
             return
         with self.lock:
-            slot_map = self._maps.get(table)
-            if slot_map is None:  # the table was replaced while its rows were read
+            counts = self.counts.get(table)
+            if counts is None:  # the table was replaced while its rows were read
                 return
-            fresh = slot_map[rows] < 0
+            fresh = self._index.find(table, rows, self._owner) < 0
             if unless_changed is not None and len(unless_changed):
                 fresh &= ~np.isin(rows, unless_changed)
             rows, data = rows[fresh], data[fresh]
@@ -122,31 +123,23 @@ class SlotPool:
                 rows, data, victims = self._filter(table, rows, data, slots, victims)
             self._evict(victims)
             slots = np.concatenate((slots, victims))[: len(rows)]
+            entered = self._index.insert(table, rows, slots)  # a row whose bucket is full is not cached
+            slots, rows, data = slots[entered], rows[entered], data[entered]
             self._data[slots] = data
             self._owner[slots] = table
             self._row[slots] = rows
             self._referenced[slots] = False
-            slot_map[rows] = slots
             self._used += len(slots)
-            self.counts[table].admitted += len(slots)
+            counts.admitted += len(slots)
 
     def refresh(self, table: int, rows: np.ndarray, data: np.ndarray) -> None:
         """Replace the cached copies of updated rows (those not cached stay uncached)."""
         with self.lock:
-            slot_map = self._maps.get(table)
-            if slot_map is None:
+            if table not in self.counts or not self.capacity:
                 return
-            inside = rows < len(slot_map)
-            slots = slot_map[rows[inside]]
+            slots = self._index.find(table, rows, self._owner)
             cached = slots >= 0
-            self._data[slots[cached]] = data[inside][cached]
-
-    def grow(self, table: int, rows: int) -> None:
-        """The table now has `rows` rows (new ids were added)."""
-        with self.lock:
-            slot_map = self._maps.get(table)
-            if slot_map is not None and self.capacity and rows > len(slot_map):
-                self._maps[table] = np.concatenate((slot_map, np.full(rows - len(slot_map), -1, dtype=np.int32)))
+            self._data[slots[cached]] = data[cached]
 
     def _free_slots(self, wanted: int) -> np.ndarray:
         if self._used >= self.capacity or not wanted:
@@ -202,7 +195,7 @@ class SlotPool:
         owners = self._owner[victims]
         for owner in np.unique(owners[owners >= 0]).tolist():
             same = victims[owners == owner]
-            self._maps[owner][self._row[same]] = -1
+            self._index.remove(owner, self._row[same], same)
             self.counts[owner].evictions += len(same)
         self._owner[victims] = -1
         self._used -= int((owners >= 0).sum())

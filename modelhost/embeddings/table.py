@@ -214,7 +214,6 @@ class EmbeddingTable:
                     # A new id is found by lookups only once its record is in.
                     self._added.update((int(unique[i]), int(rows[i])) for i in np.flatnonzero(new[start:end]) + start)
                     if self._pool is not None:
-                        self._pool.grow(self.table_id, self.rows)
                         self._pool.refresh(self.table_id, rows[start:end], encoded[start:end])
             if self._records.full:  # merged off the publish lock: lookups wait for the swap only
                 merged = self._records.compacted()
@@ -226,14 +225,9 @@ class EmbeddingTable:
 
     def _rows_of(self, unique: np.ndarray) -> np.ndarray:
         """Rows of ids (sorted, unique); -1 for an id the table does not hold."""
-        ids = self._ids
-        places = np.searchsorted(ids, unique)
-        inside = places < len(ids)
-        found = np.zeros(len(unique), dtype=bool)
-        found[inside] = ids[places[inside]] == unique[inside]
-        rows: np.ndarray = np.where(found, places, -1)
-        if self._added and not found.all():
-            for index in np.flatnonzero(~found).tolist():
+        rows = self._ids.rows_of(unique)
+        if self._added:
+            for index in np.flatnonzero(rows < 0).tolist():
                 rows[index] = self._added.get(int(unique[index]), -1)
         return rows
 
