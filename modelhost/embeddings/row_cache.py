@@ -141,6 +141,31 @@ class SlotPool:
             cached = slots >= 0
             self._data[slots[cached]] = data[cached]
 
+    def held(self, table: int) -> tuple[np.ndarray, np.ndarray]:
+        """The slots `table` holds now and their rows."""
+        with self.lock:
+            slots = np.flatnonzero(self._owner == table)
+            return slots, self._row[slots].astype(np.int64)
+
+    def move(self, old: int, new: int, slots: np.ndarray, rows: np.ndarray, new_rows: np.ndarray) -> None:
+        """Give table `new` the slots of `old` that still hold `rows` (from `held`), as its `new_rows` (a compacted
+        version's row numbers for the same ids); `new` takes `old`'s counts. Slots evicted meanwhile stay as they
+        are; a slot whose new key finds its bucket full is freed."""
+        with self.lock:
+            if new not in self.counts or old not in self.counts:
+                return
+            still = (self._owner[slots] == old) & (self._row[slots] == rows)
+            slots, rows, new_rows = slots[still], rows[still], new_rows[still]
+            self._index.remove(old, rows, slots)
+            entered = self._index.insert(new, new_rows, slots)
+            self._owner[slots[entered]] = new
+            self._row[slots[entered]] = new_rows[entered]
+            refused = slots[~entered]
+            self._owner[refused] = -1
+            self._referenced[refused] = False
+            self._used -= len(refused)
+            self.counts[new] = self.counts[old]
+
     def _free_slots(self, wanted: int) -> np.ndarray:
         if self._used >= self.capacity or not wanted:
             return np.empty(0, dtype=np.int64)

@@ -175,14 +175,14 @@ def write_version(table: Path, ids: np.ndarray, vectors: np.ndarray, dtype: str,
                 rows = codec.encode(_gather(vectors, chunk))
             except ValueError as exc:
                 raise TableError(f"{table}: rows {start}..{start + len(chunk) - 1} (in id order): {exc}") from None
-            _write_rows(out, meta, start, rows)
+            write_rows(out, meta, start, rows)
         out.truncate(meta.file_bytes())
         out.flush()
         os.fsync(out.fileno())
     np.save(version / IDS, sorted_ids)
     (version / META).write_text(json.dumps(meta.to_json()))
     for name in (IDS, META):
-        _fsync(version / name)
+        fsync_path(version / name)
     make_current(table, version)
     return version
 
@@ -192,9 +192,9 @@ def make_current(table: Path, version: Path) -> None:
     previous = (table / CURRENT).read_text().strip() if (table / CURRENT).exists() else None
     staged = table / f".{CURRENT}.{os.getpid()}"
     staged.write_text(version.name + "\n")
-    _fsync(staged)
+    fsync_path(staged)
     os.replace(staged, table / CURRENT)
-    _fsync(table)
+    fsync_path(table)
     for entry in table.iterdir():
         if _VERSION.fullmatch(entry.name) and entry.name not in (version.name, previous) and entry.is_dir():
             for child in entry.iterdir():
@@ -202,7 +202,7 @@ def make_current(table: Path, version: Path) -> None:
             entry.rmdir()
 
 
-def _write_rows(out: BinaryIO, meta: TableMeta, first: int, rows: np.ndarray) -> None:
+def write_rows(out: BinaryIO, meta: TableMeta, first: int, rows: np.ndarray) -> None:
     """Rows `first`.. at their places in rows.bin (written in order: each block is written whole)."""
     per_block = meta.rows_per_block
     row_bytes = meta.codec.row_bytes
@@ -228,12 +228,17 @@ def _gather(vectors: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return gathered
 
 
+def next_version_name(table: Path) -> str:
+    """The name the table's next version gets."""
+    return f"v{_next_number(table)}"
+
+
 def _next_number(table: Path) -> int:
     numbers = [int(match.group(1)) for entry in table.iterdir() if (match := _VERSION.fullmatch(entry.name))]
     return max(numbers, default=0) + 1
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
