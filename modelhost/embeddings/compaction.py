@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("modelhost.embeddings")
 
 DEFAULT_COMPACT_LOG_BYTES = 1 << 30
-_HAND_OVER_SLOTS = 65_536  # cached rows handed over under the cache lock at a time (lookups wait for one slice)
+_HAND_OVER_SLOTS = 16_384  # cached rows handed over under the cache lock at a time (lookups wait for one slice)
 
 # Called with each step's name as it is reached ("frozen", "written", "opened", "switching", "current",
 # "served"): a test's crash point (a process that exits there, as a crash would).
@@ -112,11 +112,11 @@ def compact(store: EmbeddingStore, key: Path) -> EmbeddingTable | None:
             _hand_over(old, new)
             make_current(key, version)
             switched = True
+            old.retire()  # from here on an update to the old version would be lost at a restart
             _reached("current")
             if not store.install(key, old, new):
-                new.close()  # the table was closed meanwhile; its files are whole
+                new.close()  # the table was closed (or the watcher swapped CURRENT in itself); its files are whole
                 return None
-            old.retire()
         _reached("served")
     except BaseException:
         if not switched:

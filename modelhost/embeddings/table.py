@@ -224,8 +224,10 @@ class EmbeddingTable:
         """The log as it is now, for a compaction (updates wait for this copy, lookups do not)."""
         with self._update_lock:
             rows, records = self._records.entries()
-            added = np.array(sorted(self._added.items()), dtype=np.int64).reshape(-1, 2)
-            return FrozenLog(self._log.count, rows, records, added[:, 0].copy(), added[:, 1].copy())
+            added_ids = np.fromiter(self._added.keys(), np.int64, len(self._added))
+            added_rows = np.fromiter(self._added.values(), np.int64, len(self._added))
+            order = np.argsort(added_ids)
+            return FrozenLog(self._log.count, rows, records, added_ids[order], added_rows[order])
 
     @contextmanager
     def updates_held(self) -> Iterator[None]:
