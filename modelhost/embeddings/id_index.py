@@ -1,15 +1,15 @@
-"""A version's sorted ids in RAM, compressed (Elias-Fano): id -> row for a batch of ids in one vectorized pass.
+"""A version's sorted ids in RAM, compressed: id -> row for a batch of ids in one vectorized pass.
 
-Each id is split, after subtracting the smallest, into its low L bits and its high bits, with L chosen from the
-ids' spread (log2(range / rows)). The low bits are kept per row (4 bytes a row when L <= 32, as for this
-project's 10,000,000-row benchmark table; 5 when L <= 40, as for 64-bit hashes of 10^7 ids), the high bits as a
-bit vector holding, for each bucket of high bits in order, a 1 per row in it and then a 0 (rows + buckets bits,
-about 2 bits a row). The row where bucket h starts is the position of its (h-1)-th 0 less h-1; those positions
-are found with a count of 0s before each 64-bit word (a binary search over those counts, then the bit within the
-word through byte tables). The rows of a bucket (about one on average) are then searched for the low bits, a
-vectorized binary search whose steps are as many as the largest bucket's size needs.
+Each id, less the smallest, is split into its high bits (its bucket) and its low L bits. The low bits are kept
+per row (as a uint32 and, beyond 32 bits, a uint8/16/32 more), and each bucket's first row in an array of
+(buckets + 1) row numbers. L is chosen per table, the fewest bytes with at most MEAN_ROWS rows a bucket on
+average: the benchmark's 10,000,000 ids spread over 2^54.6 take 34 low bits (5 bytes a row) and 1.55 M buckets
+(0.6 bytes a row), 56 MB instead of a plain int64 array's 80; 64-bit hashes 6.5 bytes a row; ids packed into a
+small range 1-2 bytes; the worst case (a far outlier among dense ids) ~8.4.
 
-8 bytes a row as a plain sorted int64 array; ~4.4-5.4 here.
+A lookup reads its bucket's bounds (two adjacent numbers) and compares its low bits with the bucket's first
+WINDOW rows at once, two random memory accesses an id where a binary search over the sorted ids makes ~23; an id
+whose bucket holds more rows (rare: buckets hold ~8 on average) is found by a binary search within its bucket.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-_POPCOUNT = np.array([bin(byte).count("1") for byte in range(256)], dtype=np.uint8)
-# _SELECT[byte, r]: the position of the byte's r-th set bit
-_SELECT = np.array([[[i for i in range(8) if byte >> i & 1][r] if r < _POPCOUNT[byte] else 0 for r in range(8)]
-                    for byte in range(256)], dtype=np.uint8)
+MEAN_ROWS = 10  # rows a bucket holds on average, at most
+WINDOW = 16  # a bucket's rows compared at once
 _LOW_TYPES = ((8, np.uint8), (16, np.uint16), (32, np.uint32))
 
 
@@ -32,13 +30,13 @@ class IdIndex:
             raise ValueError("the ids are not sorted and unique")
         self.rows = rows
         self.first = first
-        spread = last - first if rows else 0
-        self.low_bits = max(0, (spread // max(rows, 1)).bit_length() - 1) if spread else 0
+        spread = last - first
+        self.low_bits = _low_bits(rows, spread)
+        self._mask = np.uint64((1 << self.low_bits) - 1)
         self._buckets = (spread >> self.low_bits) + 1
-        self.last = min(first + ((self._buckets - 1) << self.low_bits) + (1 << self.low_bits) - 1, 2**63 - 1)
-        size = rows + self._buckets
-        self._bits = np.zeros(-(-size // 64), dtype=np.uint64)
-        self._zeros_before = np.zeros(1, dtype=np.int64)
+        self.last = min(first + (self._buckets << self.low_bits) - 1, 2**63 - 1)
+        self._counts = np.zeros(self._buckets + 1, dtype=np.int64)  # until `seal`: rows per bucket
+        self._starts = self._counts
         low32, extra = min(self.low_bits, 32), self.low_bits - min(self.low_bits, 32)
         self._low = np.zeros(rows, dtype=_low_type(low32))
         self._high_low = np.zeros(rows, dtype=_low_type(extra)) if extra else None
@@ -61,7 +59,7 @@ class IdIndex:
     @property
     def nbytes(self) -> int:
         extra = self._high_low.nbytes if self._high_low is not None else 0
-        return self._bits.nbytes + self._zeros_before.nbytes + self._low.nbytes + extra
+        return self._starts.nbytes + self._low.nbytes + extra
 
     def __len__(self) -> int:
         return self.rows
@@ -78,24 +76,21 @@ class IdIndex:
             raise ValueError("the ids are outside the range given")
         offsets = self._offsets(ids)
         where = slice(self._filled, self._filled + len(ids))
-        low = offsets & np.uint64((1 << self.low_bits) - 1)
+        low = offsets & self._mask
         self._low[where] = low.astype(self._low.dtype)  # the low 32 bits (or fewer): astype keeps them
         if self._high_low is not None:
             self._high_low[where] = (low >> np.uint64(32)).astype(self._high_low.dtype)
-        high = offsets >> np.uint64(self.low_bits)
-        places = high.astype(np.int64) + np.arange(self._filled, self._filled + len(ids))
-        words = places >> 6
-        starts = np.flatnonzero(np.concatenate(([True], words[1:] != words[:-1])))
-        ones = np.left_shift(np.uint64(1), (places & 63).astype(np.uint64))
-        self._bits[words[starts]] |= np.bitwise_or.reduceat(ones, starts)
+        buckets, counts = np.unique((offsets >> np.uint64(self.low_bits)).astype(np.int64), return_counts=True)
+        self._counts[buckets + 1] += counts
         self._filled += len(ids)
         self._previous = int(ids[-1])
 
     def seal(self) -> None:
         if self._filled != self.rows:
             raise ValueError(f"{self._filled} ids given, {self.rows} expected")
-        ones = _POPCOUNT[self._bits.view(np.uint8)].reshape(-1, 8).sum(axis=1, dtype=np.int64)
-        self._zeros_before = np.concatenate(([0], np.cumsum(64 - ones)))
+        starts = np.cumsum(self._counts)
+        self._starts = starts.astype(np.uint32) if self.rows < 1 << 32 else starts
+        del self._counts
 
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The row of each id (int64), -1 for an id not held."""
@@ -103,27 +98,33 @@ class IdIndex:
         if not self.rows:
             return found
         inside = np.flatnonzero((ids >= self.first) & (ids <= self.last))
-        if not len(inside):
-            return found
         offsets = self._offsets(ids[inside])
-        buckets = (offsets >> np.uint64(self.low_bits)).astype(np.int64)
-        lows = offsets & np.uint64((1 << self.low_bits) - 1)
-        previous = np.maximum(buckets - 1, 0)
-        both = self._select_zero(np.concatenate((buckets, previous))) - np.concatenate((buckets, previous))
-        ends = both[: len(buckets)]  # rows in the buckets up to this one
-        starts = np.where(buckets > 0, both[len(buckets):], 0)
-        places = self._lower_bound(starts, ends, lows)
-        hit = places < ends
-        hit[hit] = self._low_of(places[hit]) == lows[hit]
-        found[inside[hit]] = places[hit]
+        buckets = (offsets >> np.uint64(self.low_bits)).astype(np.intp)
+        lows = offsets & self._mask
+        starts = self._starts[buckets].astype(np.int64)
+        sizes = self._starts[buckets + 1].astype(np.int64) - starts
+        places = np.minimum(starts[:, None] + np.arange(WINDOW), self.rows - 1)
+        same = (self._low[places] == lows.astype(self._low.dtype)[:, None]) & (np.arange(WINDOW) < sizes[:, None])
+        matches = np.flatnonzero(same)
+        which, rows = matches // WINDOW, starts[matches // WINDOW] + matches % WINDOW
+        if self._high_low is not None:  # the low 32 bits matched; the rest must too
+            whole = self._high_low[rows] == (lows[which] >> np.uint64(32)).astype(self._high_low.dtype)
+            which, rows = which[whole], rows[whole]
+        found[inside[which]] = rows
+        large = np.flatnonzero(sizes > WINDOW)
+        if len(large):  # buckets beyond the window: a binary search within each
+            ends = starts[large] + sizes[large]
+            places_large = self._lower_bound(starts[large] + WINDOW, ends, lows[large])
+            hit = places_large < ends
+            hit[hit] = self._low_of(places_large[hit]) == lows[large][hit]
+            found[inside[large[hit]]] = places_large[hit]
         return found
 
     def ids_of(self, rows: np.ndarray) -> np.ndarray:
         """The id of each row (0 <= row < rows)."""
         rows = rows.astype(np.int64)
-        ones_before = np.arange(len(self._zeros_before), dtype=np.int64) * 64 - self._zeros_before
-        high = _select(self._bits, ones_before, rows, invert=False) - rows
-        offsets = (high.astype(np.uint64) << np.uint64(self.low_bits)) | self._low_of(rows)
+        buckets = np.searchsorted(self._starts, rows, side="right") - 1
+        offsets = (buckets.astype(np.uint64) << np.uint64(self.low_bits)) | self._low_of(rows)
         with np.errstate(over="ignore"):
             ids: np.ndarray = (offsets + np.uint64(self.first & (2**64 - 1))).view(np.int64)
         return ids
@@ -139,9 +140,6 @@ class IdIndex:
             low |= self._high_low[rows].astype(np.uint64) << np.uint64(32)
         return low
 
-    def _select_zero(self, ranks: np.ndarray) -> np.ndarray:
-        return _select(self._bits, self._zeros_before, ranks, invert=True)
-
     def _lower_bound(self, starts: np.ndarray, ends: np.ndarray, lows: np.ndarray) -> np.ndarray:
         """For each query, the first row in [start, end) whose low bits are not below its low bits."""
         low, high = starts.copy(), ends.copy()
@@ -156,21 +154,21 @@ class IdIndex:
         return found
 
 
-def _select(bits: np.ndarray, before: np.ndarray, ranks: np.ndarray, invert: bool) -> np.ndarray:
-    """The position of each rank-th (0-based) 1 of `bits` (0 with `invert`); `before`: the count before each
-    word."""
-    words = np.searchsorted(before, ranks, side="right") - 1
-    remaining = ranks - before[words]
-    chosen = bits[words]
-    if invert:
-        chosen = ~chosen
-    as_bytes = chosen.astype("<u8").view(np.uint8).reshape(-1, 8)
-    counted = np.cumsum(_POPCOUNT[as_bytes], axis=1, dtype=np.int64)
-    byte = (counted <= remaining[:, None]).sum(axis=1)
-    before_byte = np.where(byte > 0, counted[np.arange(len(byte)), np.maximum(byte - 1, 0)], 0)
-    bit = _SELECT[as_bytes[np.arange(len(byte)), byte], remaining - before_byte]
-    positions: np.ndarray = words * 64 + byte * 8 + bit
-    return positions
+def _low_bits(rows: int, spread: int) -> int:
+    """The low bits that make the index smallest with at most MEAN_ROWS rows a bucket on average."""
+    best, best_bytes = 0, None
+    for bits in range(64):
+        buckets = (spread >> bits) + 1
+        if rows > MEAN_ROWS * buckets:
+            break
+        size = rows * _low_bytes(bits) + 4 * (buckets + 1)
+        if best_bytes is None or size < best_bytes:
+            best, best_bytes = bits, size
+    return best
+
+
+def _low_bytes(bits: int) -> int:
+    return 1 if bits <= 8 else 2 if bits <= 16 else 4 if bits <= 32 else 5 if bits <= 40 else 6 if bits <= 48 else 8
 
 
 def _low_type(bits: int) -> type[np.unsignedinteger]:

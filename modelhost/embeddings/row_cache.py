@@ -90,7 +90,7 @@ class SlotPool:
             return np.ones(len(rows), dtype=bool)
         with self.lock:
             counts = self.counts[table]
-            slots = self._index.find(table, rows, self._owner)
+            slots = self._index.find(table, rows, self._owner, len(self.counts) > 1)
             hit = slots >= 0
             found = slots[hit]
             out[hit] = self._data[found]
@@ -111,7 +111,7 @@ class SlotPool:
             counts = self.counts.get(table)
             if counts is None:  # the table was replaced while its rows were read
                 return
-            fresh = self._index.find(table, rows, self._owner) < 0
+            fresh = self._index.find(table, rows, self._owner, len(self.counts) > 1) < 0
             if unless_changed is not None and len(unless_changed):
                 fresh &= ~np.isin(rows, unless_changed)
             rows, data = rows[fresh], data[fresh]
@@ -137,7 +137,7 @@ class SlotPool:
         with self.lock:
             if table not in self.counts or not self.capacity:
                 return
-            slots = self._index.find(table, rows, self._owner)
+            slots = self._index.find(table, rows, self._owner, len(self.counts) > 1)
             cached = slots >= 0
             self._data[slots[cached]] = data[cached]
 

@@ -23,20 +23,29 @@ class SlotIndex:
     def __init__(self, slots: int) -> None:
         buckets = 1 << max(1, (max(slots, 1) * 2 // WAYS - 1).bit_length())
         self._shift = np.uint64(64 - (buckets.bit_length() - 1))
-        self._rows = np.zeros((buckets, WAYS), dtype=np.uint32)
-        self._slots = np.full((buckets, WAYS), _FREE, dtype=np.int32)
+        # A bucket's rows, then its slots: the two cache lines a lookup reads are adjacent.
+        self._entries = np.zeros((buckets, 2 * WAYS), dtype=np.uint32)
+        self._rows = self._entries[:, :WAYS]
+        self._slots = self._entries[:, WAYS:].view(np.int32)
+        self._slots[:] = _FREE
 
     @property
     def nbytes(self) -> int:
-        return self._rows.nbytes + self._slots.nbytes
+        return self._entries.nbytes
 
-    def find(self, table: int, rows: np.ndarray, owners: np.ndarray) -> np.ndarray:
-        """The slot of each of `rows` of `table`, -1 for a row not cached. `owners`: each slot's table."""
-        buckets = self._bucket(table, rows)
-        slots = self._slots[buckets]
-        match = (self._rows[buckets] == rows.astype(np.uint32)[:, None]) & (slots >= 0)
-        match[match] = owners[slots[match]] == table
-        found: np.ndarray = np.where(match.any(axis=1), slots[np.arange(len(rows)), match.argmax(axis=1)], -1)
+    def find(self, table: int, rows: np.ndarray, owners: np.ndarray, shared: bool = True) -> np.ndarray:
+        """The slot of each of `rows` of `table`, -1 for a row not cached. `owners`: each slot's table; `shared`:
+        whether other tables have entries (else a slot's owner need not be checked: entries are removed with
+        their rows, so every entry that holds a slot is a cached row's)."""
+        entries = self._entries[self._bucket(table, rows)]  # one gather: each bucket's rows and slots
+        matches = np.flatnonzero(entries[:, :WAYS] == rows.astype(np.uint32)[:, None])  # in [len(rows), WAYS]
+        which = matches // WAYS
+        slots = entries[which, WAYS + matches % WAYS].view(np.int32)
+        mine = slots >= 0  # not a freed entry
+        if shared:
+            mine[mine] = owners[slots[mine]] == table  # not the same row of another table
+        found = np.full(len(rows), -1, dtype=np.int64)
+        found[which[mine]] = slots[mine]
         return found
 
     def insert(self, table: int, rows: np.ndarray, slots: np.ndarray) -> np.ndarray:
@@ -51,12 +60,13 @@ class SlotIndex:
         starts = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
         rank = np.empty(len(order), dtype=np.int64)
         rank[order] = np.arange(len(order)) - starts  # the key's place among the batch's keys for its bucket
-        free = self._slots[buckets] == _FREE
-        free_before = np.cumsum(free, axis=1)
-        way = (free & (free_before == rank[:, None] + 1)).argmax(axis=1)
-        entered: np.ndarray = free_before[:, -1] > rank
-        self._rows[buckets[entered], way[entered]] = rows[entered].astype(np.uint32)
-        self._slots[buckets[entered], way[entered]] = slots[entered]
+        free = np.flatnonzero(self._slots[buckets] == _FREE)  # in [len(rows), WAYS], by key then way
+        first = np.searchsorted(free, np.arange(len(rows)) * WAYS)  # each key's first free entry
+        count = np.diff(np.append(first, len(free)))
+        entered: np.ndarray = rank < count
+        way = free[first[entered] + rank[entered]] % WAYS
+        self._rows[buckets[entered], way] = rows[entered].astype(np.uint32)
+        self._slots[buckets[entered], way] = slots[entered]
         return entered
 
     def remove(self, table: int, rows: np.ndarray, slots: np.ndarray) -> None:
@@ -64,9 +74,8 @@ class SlotIndex:
         if not len(rows):
             return
         buckets = self._bucket(table, rows)
-        match = self._slots[buckets] == slots[:, None]
-        held = match.any(axis=1)
-        self._slots[buckets[held], match[held].argmax(axis=1)] = _FREE
+        matches = np.flatnonzero(self._slots[buckets] == slots[:, None])
+        self._slots[buckets[matches // WAYS], matches % WAYS] = _FREE
 
     def _bucket(self, table: int, rows: np.ndarray) -> np.ndarray:
         keys = rows.astype(np.uint64) ^ (np.uint64(table) << np.uint64(40))
