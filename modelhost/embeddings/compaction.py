@@ -140,7 +140,9 @@ def _hand_over(old: EmbeddingTable, new: EmbeddingTable) -> None:
     if pool is None or new.pool is not pool:
         return
     slots, rows = pool.held(old.table_id)
+    new_rows = new.rows_of(old.ids_of(rows))
+    held = new_rows >= 0  # every one (the new version holds every id the old one did); left behind otherwise
+    slots, rows, new_rows = slots[held], rows[held], new_rows[held]
     for start in range(0, len(slots), _HAND_OVER_SLOTS):
-        some_slots, some_rows = slots[start:start + _HAND_OVER_SLOTS], rows[start:start + _HAND_OVER_SLOTS]
-        new_rows = new.rows_of(old.ids_of(some_rows))
-        pool.move(old.table_id, new.table_id, some_slots, some_rows, new_rows)
+        part = slice(start, start + _HAND_OVER_SLOTS)
+        pool.move(old.table_id, new.table_id, slots[part], rows[part], new_rows[part])

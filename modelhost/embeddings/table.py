@@ -246,8 +246,10 @@ class EmbeddingTable:
         inside = rows < len(self._ids)
         ids[inside] = self._ids.ids_of(rows[inside])
         if not inside.all():
-            by_row = {row: id_ for id_, row in self._added.items()}
-            ids[~inside] = [by_row[row] for row in rows[~inside].tolist()]
+            added_ids = np.fromiter(self._added.keys(), np.int64, len(self._added))
+            added_rows = np.fromiter(self._added.values(), np.int64, len(self._added))
+            order = np.argsort(added_rows)
+            ids[~inside] = added_ids[order][np.searchsorted(added_rows[order], rows[~inside])]
         return ids
 
     def apply_records(self, ids: np.ndarray, encoded: np.ndarray) -> None:
