@@ -75,7 +75,7 @@ def main() -> int:
     ids = feature_ids(ROWS)
     hot = args.table_dir / "hot_ids_zipf.npy"
     if not hot.exists():
-        np.save(hot, ids[Popularity(ROWS, 1.0, seed=7).rows[: CACHE_BYTES // 256]])
+        np.save(hot, ids[Popularity(ROWS, 1.0, seed=7).ranked[: CACHE_BYTES // 256]])
     if not (table / "hot_ids.npy").exists():
         (table / "hot_ids.npy").symlink_to(hot)
     values = np.random.default_rng(2).random((CANDIDATES, FIELDS), dtype=np.float32)
