@@ -38,6 +38,11 @@ class Popularity:
             np.cumsum(np.arange(1, rows + 1, dtype=np.float64) ** -exponent)
         self._rows = rows
 
+    @property
+    def ranked(self) -> np.ndarray:
+        """The rows, most popular first."""
+        return self._place
+
     def draw(self, count: int) -> np.ndarray:
         if self._cumulative is None:
             return self._place[self._rng.integers(0, self._rows, count)]

@@ -107,7 +107,8 @@ class Server:
         loop_gate.configure(settings.lone_request_max_us * 1000)
         # Each process of --workers holds its own state of a table: only a lone process takes updates.
         configure_store(StoreSettings(settings.embedding_cache_bytes, settings.embedding_io_threads,
-                                      settings.embedding_cache_policy, updates=settings.workers == 1))
+                                      settings.embedding_cache_policy, updates=settings.workers == 1,
+                                      compact_log_bytes=settings.embedding_compact_log_bytes))
         self.table_watcher = TableWatcher(shared_store(), settings.embedding_poll_seconds)
         # A young-generation collection every 10,000 net container allocations, not Python's 700: a 500-row JSON
         # request holds a list per row while it decodes, which at 700 triggered a collection in every request

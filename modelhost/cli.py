@@ -149,6 +149,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
     add("--embedding-updates", action=argparse.BooleanOptionalAction,
         help="let clients update embedding rows over HTTP and gRPC (default: off; restrict the model-repository "
              "API group when on)")
+    add("--embedding-compact-log-bytes", type=_byte_size, help="compact a table's delta log into a new version "
+        f"once it is this large (default {d.embedding_compact_log_bytes // 1024**3}GiB; 0: never)")
     add("--trace-config", dest="trace_config", action="append", metavar="[MODE,]SETTING=VALUE",
         help="Triton's trace settings (repeatable), e.g. triton,file=/var/log/trace.json, level=TIMESTAMPS, "
              "rate=1000, count=-1, triton,log-frequency=100, mode=opentelemetry, opentelemetry,url=URL "

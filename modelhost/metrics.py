@@ -159,6 +159,8 @@ class EmbeddingCollector:
             ("modelhost_embedding_disk_bytes", "Bytes read from rows.bin"),
             ("modelhost_embedding_log_reads", "Rows read from the delta log (updated since the version)"),
             ("modelhost_embedding_updated_rows", "Rows added or replaced while serving"),
+            ("modelhost_embedding_compactions", "Delta logs compacted into a new version of the table"),
+            ("modelhost_embedding_compaction_seconds", "Time the compactions took, all together"),
         )}
         gauges = {name: GaugeMetricFamily(name, documentation, labels=["table"]) for name, documentation in (
             ("modelhost_embedding_cache_hit_ratio", "Cache hits over hits and misses since the table opened"),
@@ -180,6 +182,8 @@ class EmbeddingCollector:
                 ("modelhost_embedding_disk_bytes", table.disk.bytes_read),
                 ("modelhost_embedding_log_reads", counts.log_reads),
                 ("modelhost_embedding_updated_rows", counts.updated_rows),
+                ("modelhost_embedding_compactions", counts.compactions),
+                ("modelhost_embedding_compaction_seconds", counts.compaction_seconds),
             ):
                 counters[name].add_metric(label, value)
             cached = pool.cached_rows(table.table_id) * pool.row_bytes if pool is not None else 0

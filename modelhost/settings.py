@@ -103,6 +103,8 @@ class ServerSettings:
     in their `deltas/` directory (2 s); 0: never.
     embedding_updates: whether clients may update embedding rows over HTTP and gRPC (off: a client that can write
     rows can change every answer; delta files and new versions, the operator's files, are taken either way).
+    embedding_compact_log_bytes: a table's delta log this large is compacted into a new version of the table, off
+    the serving path (1 GiB); 0: never; else at least 1 MiB (each compaction rewrites the whole table).
     trace_config: Triton's `--trace-config [MODE,]SETTING=VALUE` entries (docs/tracing.md): tracing is off unless
     they give it somewhere to go (a file, or an OpenTelemetry receiver); clients change only how much is traced.
     allow_client_shm: whether clients may register system shared memory regions and send inputs and receive
@@ -218,6 +220,7 @@ class ServerSettings:
     embedding_cache_policy: str = "tinylfu"
     embedding_poll_seconds: float = 2.0
     embedding_updates: bool = False
+    embedding_compact_log_bytes: int = GIB
     trace_config: tuple[str, ...] = ()
     allow_client_shm: bool = False
     client_shm_max_regions: int = 64
@@ -339,6 +342,9 @@ def check_settings(settings: ServerSettings) -> None:
     if settings.embedding_poll_seconds < 0:
         raise SettingsError("--embedding-poll-seconds must be 0 (never) or more, "
                             f"got {settings.embedding_poll_seconds}")
+    if settings.embedding_compact_log_bytes != 0 and settings.embedding_compact_log_bytes < 1 << 20:
+        raise SettingsError("--embedding-compact-log-bytes must be 0 (never) or at least 1MiB, "
+                            f"got {settings.embedding_compact_log_bytes}")
     if settings.embedding_cache_policy not in ("tinylfu", "clock"):
         raise SettingsError(f"--embedding-cache-policy must be tinylfu or clock, got "
                             f"'{settings.embedding_cache_policy}'")

@@ -80,6 +80,28 @@ class DeltaLog:
         self._offsets[count] = offset
         self._batches = count + 1
 
+    @property
+    def size(self) -> int:
+        """The log's bytes (header and whole batches)."""
+        return self._end
+
+    def records(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """Records `start`..`end`-1 (whole batches' records, in log order): their ids and rows."""
+        count = self._batches
+        firsts, offsets = self._firsts[:count], self._offsets[:count]
+        parts = []
+        for batch in range(max(int(np.searchsorted(firsts, start, side="right")) - 1, 0), count):
+            first = int(firsts[batch])
+            last = int(firsts[batch + 1]) if batch + 1 < count else self.count
+            if first >= end:
+                break
+            skip, upto = max(start - first, 0), min(end, last) - first
+            size = self._record.itemsize
+            data = os.pread(self._fd, (upto - skip) * size, int(offsets[batch]) + skip * size)
+            parts.append(np.frombuffer(data, dtype=self._record))
+        found = np.concatenate(parts) if parts else np.empty(0, dtype=self._record)
+        return found["id"].copy(), found["row"].copy()
+
     def read(self, numbers: np.ndarray) -> np.ndarray:
         """The rows of records `numbers` (record numbers), uint8 [n, row_bytes]."""
         rows = np.empty((len(numbers), self.row_bytes), dtype=np.uint8)

@@ -3,9 +3,9 @@ have one size, under one byte budget, replaced by CLOCK (LRU's one-bit approxima
 updates in one vectorized write) with an optional frequency filter on admission (TinyLFU: a missed row replaces a
 victim only if it was asked for more often lately, so one-off ids in a skewed stream do not wash out hot rows).
 
-A cached row is found by its table's dense map of row number -> slot (4 bytes a row), which makes a batch's
-lookup one gather. Rows are cached in the table's encoding (rows.py), so an int8 table caches four times the rows
-of a float32 one in the same bytes.
+A cached row is found through the pool's index of the rows it holds (slot_index.py: 16 bytes a slot, nothing for
+rows not cached), which makes a batch's lookup one gather of hash buckets. Rows are cached in the table's encoding
+(rows.py), so an int8 table caches four times the rows of a float32 one in the same bytes.
 
 Thread-safe: one lock per pool, held while slots are read, admitted or refreshed, never while the disk is read.
 """
@@ -16,6 +16,8 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
+
+from modelhost.embeddings.slot_index import SlotIndex
 
 POLICIES = ("clock", "tinylfu")
 _SKETCH_DEPTH = 4
@@ -49,7 +51,11 @@ class SlotPool:
         self._referenced = np.zeros(capacity, dtype=bool)
         self._hand = 0
         self._used = 0
-        self._maps: dict[int, np.ndarray] = {}  # table id -> slot of each row (-1: not cached)
+        # Free slots: those never used (from `_fresh` on) and those freed since (`_spare`), so that finding free
+        # slots never scans the pool.
+        self._fresh = 0
+        self._spare = np.empty(0, dtype=np.int64)
+        self._index = SlotIndex(capacity)
         self.counts: dict[int, CacheCounts] = {}
         # 2 counters a slot in each of 4 rows (8 MB for 1M slots): 4 would keep 0.7 % more hits under Zipf 1.0 for
         # twice the memory (benchmarks/embedding_cache_policy.py)
@@ -62,18 +68,18 @@ class SlotPool:
     def register(self, table: int, rows: int) -> None:
         if rows >= 1 << 32:
             raise ValueError(f"a table of {rows} rows cannot be cached (at most 2^32 - 1)")
-        with self.lock:  # a pool of no slots needs no map (4 bytes a row)
-            self._maps[table] = np.full(rows if self.capacity else 0, -1, dtype=np.int32)
+        with self.lock:
             self.counts[table] = CacheCounts()
 
     def forget(self, table: int) -> None:
         """Drop a table and free its slots (a table closed, or replaced by a new version)."""
         with self.lock:
-            freed = self._owner == table
+            freed = np.flatnonzero(self._owner == table)
+            self._index.remove(table, self._row[freed], freed)
             self._owner[freed] = -1
             self._referenced[freed] = False
-            self._used -= int(freed.sum())
-            self._maps.pop(table, None)
+            self._used -= len(freed)
+            self._spare = np.concatenate((self._spare, freed))
             self.counts.pop(table, None)
 
     def cached_rows(self, table: int) -> int:
@@ -88,14 +94,14 @@ class SlotPool:
                 self.counts[table].misses += len(rows)
             return np.ones(len(rows), dtype=bool)
         with self.lock:
-            slots = self._maps[table][rows]
+            counts = self.counts[table]
+            slots = self._index.find(table, rows, self._owner, len(self.counts) > 1)
             hit = slots >= 0
             found = slots[hit]
             out[hit] = self._data[found]
             self._referenced[found] = True
             if self._sketch is not None:
                 self._sketch.add(table, rows)
-            counts = self.counts[table]
             counts.hits += len(found)
             counts.misses += len(rows) - len(found)
         missed: np.ndarray = ~hit
@@ -107,10 +113,10 @@ class SlotPool:
         if not len(rows) or not self.capacity:
             return
         with self.lock:
-            slot_map = self._maps.get(table)
-            if slot_map is None:  # the table was replaced while its rows were read
+            counts = self.counts.get(table)
+            if counts is None:  # the table was replaced while its rows were read
                 return
-            fresh = slot_map[rows] < 0
+            fresh = self._index.find(table, rows, self._owner, len(self.counts) > 1) < 0
             if unless_changed is not None and len(unless_changed):
                 fresh &= ~np.isin(rows, unless_changed)
             rows, data = rows[fresh], data[fresh]
@@ -122,37 +128,58 @@ class SlotPool:
                 rows, data, victims = self._filter(table, rows, data, slots, victims)
             self._evict(victims)
             slots = np.concatenate((slots, victims))[: len(rows)]
+            entered = self._index.insert(table, rows, slots)  # a row whose bucket is full is not cached
+            self._spare = np.concatenate((self._spare, slots[~entered]))
+            slots, rows, data = slots[entered], rows[entered], data[entered]
             self._data[slots] = data
             self._owner[slots] = table
             self._row[slots] = rows
             self._referenced[slots] = False
-            slot_map[rows] = slots
             self._used += len(slots)
-            self.counts[table].admitted += len(slots)
+            counts.admitted += len(slots)
 
     def refresh(self, table: int, rows: np.ndarray, data: np.ndarray) -> None:
         """Replace the cached copies of updated rows (those not cached stay uncached)."""
         with self.lock:
-            slot_map = self._maps.get(table)
-            if slot_map is None:
+            if table not in self.counts or not self.capacity:
                 return
-            inside = rows < len(slot_map)
-            slots = slot_map[rows[inside]]
+            slots = self._index.find(table, rows, self._owner, len(self.counts) > 1)
             cached = slots >= 0
-            self._data[slots[cached]] = data[inside][cached]
+            self._data[slots[cached]] = data[cached]
 
-    def grow(self, table: int, rows: int) -> None:
-        """The table now has `rows` rows (new ids were added)."""
+    def held(self, table: int) -> tuple[np.ndarray, np.ndarray]:
+        """The slots `table` holds now and their rows."""
         with self.lock:
-            slot_map = self._maps.get(table)
-            if slot_map is not None and self.capacity and rows > len(slot_map):
-                self._maps[table] = np.concatenate((slot_map, np.full(rows - len(slot_map), -1, dtype=np.int32)))
+            slots = np.flatnonzero(self._owner == table)
+            return slots, self._row[slots].astype(np.int64)
+
+    def move(self, old: int, new: int, slots: np.ndarray, rows: np.ndarray, new_rows: np.ndarray) -> None:
+        """Give table `new` the slots of `old` that still hold `rows` (from `held`), as its `new_rows` (a compacted
+        version's row numbers for the same ids); `new` takes `old`'s counts. Slots evicted meanwhile stay as they
+        are; a slot whose new key finds its bucket full is freed."""
+        with self.lock:
+            if new not in self.counts or old not in self.counts:
+                return
+            still = (self._owner[slots] == old) & (self._row[slots] == rows)
+            slots, rows, new_rows = slots[still], rows[still], new_rows[still]
+            self._index.remove(old, rows, slots)
+            entered = self._index.insert(new, new_rows, slots)
+            self._owner[slots[entered]] = new
+            self._row[slots[entered]] = new_rows[entered]
+            refused = slots[~entered]
+            self._owner[refused] = -1
+            self._referenced[refused] = False
+            self._used -= len(refused)
+            self._spare = np.concatenate((self._spare, refused))
+            self.counts[new] = self.counts[old]
 
     def _free_slots(self, wanted: int) -> np.ndarray:
         if self._used >= self.capacity or not wanted:
             return np.empty(0, dtype=np.int64)
-        free = np.flatnonzero(self._owner < 0)[:wanted]
-        return free
+        taken, self._spare = self._spare[:wanted], self._spare[wanted:]
+        fresh = np.arange(self._fresh, min(self.capacity, self._fresh + wanted - len(taken)))
+        self._fresh += len(fresh)
+        return np.concatenate((taken, fresh))
 
     def _victims(self, wanted: int) -> np.ndarray:
         """CLOCK: from the hand on, slots whose referenced bit is clear are taken; set bits are cleared as the hand
@@ -202,7 +229,7 @@ class SlotPool:
         owners = self._owner[victims]
         for owner in np.unique(owners[owners >= 0]).tolist():
             same = victims[owners == owner]
-            self._maps[owner][self._row[same]] = -1
+            self._index.remove(owner, self._row[same], same)
             self.counts[owner].evictions += len(same)
         self._owner[victims] = -1
         self._used -= int((owners >= 0).sum())

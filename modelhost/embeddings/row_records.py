@@ -81,6 +81,11 @@ class RowRecords:
             added = _Level(rows[new][order], records[new][order], np.full(int(new.sum()), generation, np.int64))
             self._levels = (base, _merge(recent, added))
 
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every updated row (sorted) and its latest record, copied (under the update lock)."""
+        merged = _merge(*self._levels)  # a copy
+        return merged.rows, merged.record
+
     @property
     def full(self) -> bool:
         return len(self._levels[1].rows) >= RECENT_ROWS

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from modelhost.embeddings.compaction import DEFAULT_COMPACT_LOG_BYTES, Compactor
 from modelhost.embeddings.heap_trim import HeapTrimmer
 from modelhost.embeddings.row_cache import SlotPool
 from modelhost.embeddings.table import EmbeddingTable, TableClosed
@@ -36,6 +37,7 @@ class StoreSettings:
     policy: str = "tinylfu"
     direct_io: bool = True
     updates: bool = True  # False where several processes serve the same tables (--workers): each has its own state
+    compact_log_bytes: int = DEFAULT_COMPACT_LOG_BYTES  # a log this large is compacted into a new version; 0: never
 
 
 class EmbeddingStore:
@@ -47,6 +49,7 @@ class EmbeddingStore:
         self._tables: dict[Path, tuple[EmbeddingTable, int]] = {}  # resolved path -> (table, holders)
         self._pools: dict[int, SlotPool] = {}  # row bytes -> pool
         self._next_id = 0
+        self.compactor = Compactor(self)
 
     def open(self, path: Path, name: str) -> TableHandle:
         """The table at `path`, opened if no model holds it yet; raises TableError. Each open is released once."""
@@ -96,11 +99,32 @@ class EmbeddingStore:
         old.close()
         return table
 
+    def open_version(self, old: EmbeddingTable, version: Path) -> EmbeddingTable:
+        """`version` of the table `old` serves, opened beside it (caching in its pool, its counts carried over),
+        for `install` to serve."""
+        with self._lock:
+            table_id, self._next_id = self._next_id, self._next_id + 1
+        table = EmbeddingTable(old.name, old.path, table_id, self._executor, self.settings.direct_io, old.pool,
+                               version)
+        table.counts = old.counts
+        return table
+
+    def install(self, key: Path, old: EmbeddingTable, new: EmbeddingTable) -> bool:
+        """Serve `new` instead of `old` at `key` (a compaction's switch); False if `old` is no longer served."""
+        with self._lock:
+            held = self._tables.get(key)
+            if held is None or held[0] is not old:
+                return False
+            self._tables[key] = (new, held[1])
+            self._split()
+            return True
+
     def tables(self) -> list[EmbeddingTable]:
         with self._lock:
             return [table for table, _ in self._tables.values()]
 
     def close(self) -> None:
+        self.compactor.wait()
         for table in self.tables():
             table.close()
         self._executor.shutdown(wait=False)
@@ -178,10 +202,15 @@ class TableHandle:
             raise ModelhostError(ErrorKind.UNSUPPORTED, "embedding updates need a server of one process (--workers "
                                  "1): each process of several holds its own state of the table")
         while True:
+            table = self.table
             try:
-                return self.table.update(ids, vectors)
+                added = table.update(ids, vectors)
             except TableClosed:
                 continue
+            limit = self._store.settings.compact_log_bytes
+            if limit and table.log.size >= limit:
+                self._store.compactor.request(self.key)
+            return added
 
 
 _shared: EmbeddingStore | None = None

@@ -15,7 +15,9 @@ before an update does not cache what it read.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Executor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import numpy as np
 
 from modelhost.embeddings.delta_log import DeltaLog
 from modelhost.embeddings.disk_rows import DiskRows, release_buffer
+from modelhost.embeddings.id_index import IdIndex
 from modelhost.embeddings.row_cache import SlotPool
 from modelhost.embeddings.row_records import RowRecords
 from modelhost.embeddings.table_files import DELTA, ROWS, TableMeta, current_version, read_ids, read_meta
@@ -44,14 +47,28 @@ class TableCounts:
     log_reads: int = 0
     updates: int = 0
     updated_rows: int = 0
+    compactions: int = 0  # of the table's delta log into a new version (compaction.py)
+    compaction_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenLog:
+    """What a compaction writes into the new version: the log's first `cut` records, as the rows they updated
+    (sorted, with each one's latest record) and the ids they added (sorted, with their rows)."""
+
+    cut: int
+    rows: np.ndarray
+    records: np.ndarray
+    added_ids: np.ndarray
+    added_rows: np.ndarray
 
 
 class EmbeddingTable:
     def __init__(self, name: str, path: Path, table_id: int, executor: Executor | None, direct_io: bool = True,
-                 pool: SlotPool | None = None) -> None:
+                 pool: SlotPool | None = None, version: Path | None = None) -> None:
         self.name = name
         self.path = path
-        self.version = current_version(path)
+        self.version = current_version(path) if version is None else version
         self.meta: TableMeta = read_meta(self.version)
         self._ids = read_ids(self.version, self.meta)
         self._codec = self.meta.codec
@@ -70,6 +87,7 @@ class EmbeddingTable:
         self._publish_lock = threading.Lock()
         self._in_flight = 0
         self._closing = False
+        self._retired = False  # replaced by a compacted version: updates go to that one
         self._idle = threading.Condition()
         self._replay(self._log.replayed_ids)
         if pool is not None:
@@ -153,7 +171,7 @@ class EmbeddingTable:
     def _lookup(self, ids: np.ndarray) -> np.ndarray:
         flat = ids.reshape(-1).astype(np.int64, copy=False)
         unique, inverse = np.unique(flat, return_inverse=True)
-        rows = self._rows_of(unique)
+        rows = self.rows_of(unique)
         known = rows >= 0
         wanted = rows[known]
         data = np.empty((len(wanted), self._codec.row_bytes), dtype=np.uint8)
@@ -193,47 +211,94 @@ class EmbeddingTable:
             changed = self._records.changed_since(rows, generation) if self._generation != generation else None
             pool.admit(self.table_id, rows, data[places], changed)
 
+    @property
+    def ids(self) -> IdIndex:
+        """The version's ids (rows 0..len-1; rows added since are not in it)."""
+        return self._ids
+
+    @property
+    def log(self) -> DeltaLog:
+        return self._log
+
+    def freeze(self) -> FrozenLog:
+        """The log as it is now, for a compaction (updates wait for this copy, lookups do not)."""
+        with self._update_lock:
+            rows, records = self._records.entries()
+            added_ids = np.fromiter(self._added.keys(), np.int64, len(self._added))
+            added_rows = np.fromiter(self._added.values(), np.int64, len(self._added))
+            order = np.argsort(added_ids)
+            return FrozenLog(self._log.count, rows, records, added_ids[order], added_rows[order])
+
+    @contextmanager
+    def updates_held(self) -> Iterator[None]:
+        """Hold updates back (a compaction's switch to the new version)."""
+        with self._update_lock:
+            yield
+
+    def retire(self) -> None:
+        """Refuse updates from now on (TableClosed: the caller retries on the version that replaced this one);
+        under `updates_held`."""
+        self._retired = True
+
+    def ids_of(self, rows: np.ndarray) -> np.ndarray:
+        """The id of each row (rows < self.rows)."""
+        ids = np.empty(len(rows), dtype=np.int64)
+        inside = rows < len(self._ids)
+        ids[inside] = self._ids.ids_of(rows[inside])
+        if not inside.all():
+            added_ids = np.fromiter(self._added.keys(), np.int64, len(self._added))
+            added_rows = np.fromiter(self._added.values(), np.int64, len(self._added))
+            order = np.argsort(added_rows)
+            ids[~inside] = added_ids[order][np.searchsorted(added_rows[order], rows[~inside])]
+        return ids
+
+    def apply_records(self, ids: np.ndarray, encoded: np.ndarray) -> None:
+        """Apply log records (ids and encoded rows, in log order) copied from the version this one replaces."""
+        if len(ids):
+            with self._update_lock:
+                self._apply(*_latest(ids, encoded))
+
     def _update(self, ids: np.ndarray, vectors: np.ndarray) -> int:
         ids = ids.reshape(-1).astype(np.int64, copy=False)
         encoded = self._codec.encode(vectors)
         if len(encoded) != len(ids):
             raise ValueError(f"{len(ids)} ids but {len(encoded)} vectors")
-        unique, last = np.unique(ids[::-1], return_index=True)  # an id given twice: its last vector
-        encoded = encoded[len(ids) - 1 - last]
+        unique, encoded = _latest(ids, encoded)
         with self._update_lock:  # updates one at a time, in log order
-            first = self._log.append(unique, encoded)
-            rows = self._rows_of(unique)
-            new = rows < 0
-            rows[new] = self.rows + np.arange(int(new.sum()))
-            records = np.arange(first, first + len(unique))
-            for start in range(0, len(rows), _PUBLISH_ROWS):  # lookups wait for one slice at most
-                end = start + _PUBLISH_ROWS
-                with self._publish_lock:
-                    self._generation += 1
-                    self._records.set(rows[start:end], records[start:end], self._generation)
-                    # A new id is found by lookups only once its record is in.
-                    self._added.update((int(unique[i]), int(rows[i])) for i in np.flatnonzero(new[start:end]) + start)
-                    if self._pool is not None:
-                        self._pool.grow(self.table_id, self.rows)
-                        self._pool.refresh(self.table_id, rows[start:end], encoded[start:end])
-            if self._records.full:  # merged off the publish lock: lookups wait for the swap only
-                merged = self._records.compacted()
-                with self._publish_lock:
-                    self._records.install(merged)
+            if self._retired:
+                raise TableClosed(self.name)
+            added = self._apply(unique, encoded)
         self.counts.updates += 1
         self.counts.updated_rows += len(unique)
+        return added
+
+    def _apply(self, unique: np.ndarray, encoded: np.ndarray) -> int:
+        """Log and publish rows (unique ids); under the update lock. Returns how many were new."""
+        first = self._log.append(unique, encoded)
+        rows = self.rows_of(unique)
+        new = rows < 0
+        rows[new] = self.rows + np.arange(int(new.sum()))
+        records = np.arange(first, first + len(unique))
+        for start in range(0, len(rows), _PUBLISH_ROWS):  # lookups wait for one slice at most
+            end = start + _PUBLISH_ROWS
+            with self._publish_lock:
+                self._generation += 1
+                self._records.set(rows[start:end], records[start:end], self._generation)
+                # A new id is found by lookups only once its record is in.
+                self._added.update((int(unique[i]), int(rows[i])) for i in np.flatnonzero(new[start:end]) + start)
+                if self._pool is not None:
+                    self._pool.refresh(self.table_id, rows[start:end], encoded[start:end])
+        if self._records.full:  # merged off the publish lock: lookups wait for the swap only
+            merged = self._records.compacted()
+            with self._publish_lock:
+                self._records.install(merged)
         return int(new.sum())
 
-    def _rows_of(self, unique: np.ndarray) -> np.ndarray:
+    def rows_of(self, unique: np.ndarray) -> np.ndarray:
         """Rows of ids (sorted, unique); -1 for an id the table does not hold."""
-        ids = self._ids
-        places = np.searchsorted(ids, unique)
-        inside = places < len(ids)
-        found = np.zeros(len(unique), dtype=bool)
-        found[inside] = ids[places[inside]] == unique[inside]
-        rows: np.ndarray = np.where(found, places, -1)
-        if self._added and not found.all():
-            for index in np.flatnonzero(~found).tolist():
+        rows = self._ids.rows_of(unique)
+        if self._added:
+            for index in np.flatnonzero(rows < 0).tolist():
                 rows[index] = self._added.get(int(unique[index]), -1)
         return rows
 
@@ -242,7 +307,7 @@ class EmbeddingTable:
         if not len(logged):
             return
         unique, last_from_end = np.unique(logged[::-1], return_index=True)
-        rows = self._rows_of(unique)
+        rows = self.rows_of(unique)
         new = np.flatnonzero(rows < 0)
         rows[new] = len(self._ids) + np.arange(len(new))
         self._added.update(zip(unique[new].tolist(), rows[new].tolist(), strict=True))
@@ -258,3 +323,9 @@ class EmbeddingTable:
             self._pool.forget(self.table_id)
         self._disk.close()
         self._log.close()
+
+
+def _latest(ids: np.ndarray, encoded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each id once (sorted), with its last row: an id given twice keeps its last vector."""
+    unique, last = np.unique(ids[::-1], return_index=True)
+    return unique, encoded[len(ids) - 1 - last]

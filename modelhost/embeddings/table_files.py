@@ -17,10 +17,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from modelhost.embeddings.id_index import IdIndex
 from modelhost.embeddings.rows import RowCodec
 
 FORMAT = "modelhost-embedding-table"
@@ -30,6 +31,7 @@ CURRENT = "CURRENT"
 META, IDS, ROWS, DELTA = "meta.json", "ids.npy", "rows.bin", "delta.log"
 _VERSION = re.compile(r"v(\d+)")
 _WRITE_ROWS = 65536  # rows encoded and written at a time
+_READ_IDS = 1 << 20  # ids read at a time into the index
 
 
 class TableError(Exception):
@@ -104,21 +106,38 @@ def current_version(table: Path) -> Path:
     return table / name
 
 
-def read_ids(version: Path, meta: TableMeta) -> np.ndarray:
-    """The version's sorted ids, checked against its rows."""
-    try:
-        ids = np.load(version / IDS, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise TableError(f"{version}: cannot read {IDS}: {exc}") from None
-    if ids.dtype != np.int64 or ids.ndim != 1 or len(ids) != meta.rows:
-        raise TableError(f"{version}: {IDS} must hold {meta.rows} int64 ids, holds {ids.dtype} {list(ids.shape)}")
-    if len(ids) > 1 and not bool(np.all(ids[1:] > ids[:-1])):
-        raise TableError(f"{version}: {IDS} is not sorted and unique")
+def read_ids(version: Path, meta: TableMeta) -> IdIndex:
+    """The version's ids (sorted, unique), checked against its rows, read into a compressed index a chunk at a
+    time (the whole int64 array is never in RAM)."""
     size = (version / ROWS).stat().st_size if (version / ROWS).exists() else -1
     if size < meta.file_bytes():
         raise TableError(f"{version}: {ROWS} holds {max(size, 0)} bytes, {meta.file_bytes()} expected")
-    checked: np.ndarray = ids
-    return checked
+    try:
+        with open(version / IDS, "rb") as file:
+            dtype, count, start = _ids_header(file)
+            if dtype != np.dtype("<i8") or count != meta.rows:
+                raise TableError(f"{version}: {IDS} must hold {meta.rows} int64 ids, holds {dtype} [{count}]")
+            first, last = (_id_at(file, start + 8 * place) if count else 0 for place in (0, count - 1))
+            file.seek(start)
+            chunks = (np.fromfile(file, "<i8", min(_READ_IDS, count - done)) for done in range(0, count, _READ_IDS))
+            return IdIndex.from_chunks(count, first, last, chunks)
+    except (OSError, ValueError) as exc:
+        raise TableError(f"{version}: cannot read {IDS}: {exc}") from None
+
+
+def _id_at(file: BinaryIO, offset: int) -> int:
+    file.seek(offset)
+    return int(np.fromfile(file, "<i8", 1)[0])
+
+
+def _ids_header(file: BinaryIO) -> tuple[np.dtype[Any], int, int]:
+    """An .npy file's dtype, length (a vector's) and where its data starts; ValueError for any other array."""
+    major, _ = np.lib.format.read_magic(file)
+    header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = header(file)
+    if len(shape) != 1:
+        raise ValueError(f"it holds an array of shape {list(shape)}, not a vector")
+    return dtype, int(shape[0]), file.tell()
 
 
 def write_version(table: Path, ids: np.ndarray, vectors: np.ndarray, dtype: str,
@@ -156,14 +175,14 @@ def write_version(table: Path, ids: np.ndarray, vectors: np.ndarray, dtype: str,
                 rows = codec.encode(_gather(vectors, chunk))
             except ValueError as exc:
                 raise TableError(f"{table}: rows {start}..{start + len(chunk) - 1} (in id order): {exc}") from None
-            _write_rows(out, meta, start, rows)
+            write_rows(out, meta, start, rows)
         out.truncate(meta.file_bytes())
         out.flush()
         os.fsync(out.fileno())
     np.save(version / IDS, sorted_ids)
     (version / META).write_text(json.dumps(meta.to_json()))
     for name in (IDS, META):
-        _fsync(version / name)
+        fsync_path(version / name)
     make_current(table, version)
     return version
 
@@ -173,9 +192,9 @@ def make_current(table: Path, version: Path) -> None:
     previous = (table / CURRENT).read_text().strip() if (table / CURRENT).exists() else None
     staged = table / f".{CURRENT}.{os.getpid()}"
     staged.write_text(version.name + "\n")
-    _fsync(staged)
+    fsync_path(staged)
     os.replace(staged, table / CURRENT)
-    _fsync(table)
+    fsync_path(table)
     for entry in table.iterdir():
         if _VERSION.fullmatch(entry.name) and entry.name not in (version.name, previous) and entry.is_dir():
             for child in entry.iterdir():
@@ -183,7 +202,7 @@ def make_current(table: Path, version: Path) -> None:
             entry.rmdir()
 
 
-def _write_rows(out: BinaryIO, meta: TableMeta, first: int, rows: np.ndarray) -> None:
+def write_rows(out: BinaryIO, meta: TableMeta, first: int, rows: np.ndarray) -> None:
     """Rows `first`.. at their places in rows.bin (written in order: each block is written whole)."""
     per_block = meta.rows_per_block
     row_bytes = meta.codec.row_bytes
@@ -209,12 +228,17 @@ def _gather(vectors: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return gathered
 
 
+def next_version_name(table: Path) -> str:
+    """The name the table's next version gets."""
+    return f"v{_next_number(table)}"
+
+
 def _next_number(table: Path) -> int:
     numbers = [int(match.group(1)) for entry in table.iterdir() if (match := _VERSION.fullmatch(entry.name))]
     return max(numbers, default=0) + 1
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
