@@ -23,6 +23,10 @@ class ControlChange:
     request: LoadRequest | None
     unload_dependents: bool = False
 
+    @property
+    def action(self) -> str:
+        return "unload" if self.request is None else "load"
+
 
 ControlListener = Callable[[ControlChange], Awaitable[None]]
 # An index entry's states, from the least to the most a server can say of a version.

@@ -33,16 +33,15 @@ class WorkerControl:
 
     async def announced(self, change: ControlChange) -> None:
         """This worker made `change` for a client: every other worker makes it too before the client is answered."""
-        action = "unload" if change.request is None else "load"
         stamp = self._latest[change.name] = (time.time_ns(), self._index)
         try:
             failures = await self._peers.tell(encode(change, stamp))
         except ModelhostError as exc:
-            log.error("not every worker made the %s of model %s: %s", action, change.name, exc.message)
+            log.error("not every worker made the %s of model %s: %s", change.action, change.name, exc.message)
             return
         for failure in failures:
             if failure:
-                log.error("a worker could not make the %s of model %s: %s", action, change.name, failure)
+                log.error("a worker could not make the %s of model %s: %s", change.action, change.name, failure)
 
     async def adopt(self, data: bytes) -> str:
         """Another worker's change, made here; what went wrong, or ""."""

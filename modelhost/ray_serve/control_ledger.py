@@ -67,11 +67,11 @@ class ControlLedger:
         try:
             failures = await self._peers.tell("adopt_control", entry)
         except ModelhostError as exc:
-            log.warning("not every replica was told of the %s of model %s: %s", _action(change), change.name,
+            log.warning("not every replica was told of the %s of model %s: %s", change.action, change.name,
                         exc.message)
             return
         for failure in failures:
-            log.warning("a replica could not apply the %s of model %s: %s", _action(change), change.name, failure)
+            log.warning("a replica could not apply the %s of model %s: %s", change.action, change.name, failure)
 
     async def adopt(self, entry: LedgerEntry) -> str:
         """A peer's change: recorded, and applied if this replica holds the model. What went wrong, or ""."""
@@ -131,7 +131,3 @@ class ControlLedger:
         for entries in answers:
             for entry in entries:
                 await self.adopt(entry)
-
-
-def _action(change: ControlChange) -> str:
-    return "unload" if change.request is None else "load"
