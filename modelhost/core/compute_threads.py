@@ -21,21 +21,20 @@ priority (Linux):
   thread starts at `normal` and lowers itself to `low` once LONG_RUNS executions in a row took
   LONG_EXECUTION_NS or more (`adaptive`).
 
-Which threads: model instances (core/scheduler.py), and model loading (`run_loading`), so that the
-thread pools a framework creates while loading a model (ONNX Runtime's intra-op threads) inherit it;
-threads a model creates as it first runs (torch's) inherit it from the instance thread. A lowered
-thread cannot raise itself back without privileges, so only threads started for these jobs are lowered.
+Which threads: model instances (core/scheduler.py); the thread pools a framework creates while loading a
+model (ONNX Runtime's intra-op threads), which core/loading_threads.py finds and lowers (loading itself is
+not hot-path compute and runs at the loop's priority); threads a model creates as it first runs (torch's)
+inherit it from the instance thread. A lowered thread cannot raise itself back without privileges, so
+only threads started for these jobs are lowered.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Literal, TypeVar
+from typing import Literal
 
 log = logging.getLogger("modelhost")
 
@@ -45,11 +44,8 @@ Effective = Literal["low", "nice", "normal", "adaptive"]  # what `auto` resolves
 _NICE = 10
 LONG_EXECUTION_NS = 1_000_000
 LONG_RUNS = 8
-T = TypeVar("T")
 
 _priority: Effective = "normal"
-_loading: ThreadPoolExecutor | None = None
-_lock = threading.Lock()
 _thread = threading.local()  # `entered`: the priority a compute thread entered at; `watched_down`: lowered since
 
 
@@ -110,28 +106,30 @@ def execution_watch() -> Callable[[int], bool] | None:
     return executed
 
 
-def _lower(priority: Literal["low", "nice"]) -> None:
+def lowers() -> bool:
+    """Whether compute threads start below the loop's priority (`low`, `nice`)."""
+    return _priority == "low" or _priority == "nice"
+
+
+def lower(thread: int) -> None:
+    """Lower another thread of this process (its native id), or a process's first thread (its pid), to the
+    configured compute priority, whatever scheduling policy it inherited; nothing unless `lowers()`."""
+    if _priority == "low" or _priority == "nice":
+        _lower(_priority, thread)
+
+
+def _lower(priority: Literal["low", "nice"], thread: int | None = None) -> None:
     if not hasattr(os, "sched_setscheduler"):  # the per-thread calls are Linux's
         return
-    thread = threading.get_native_id()
+    thread = threading.get_native_id() if thread is None else thread
     try:
         if priority == "low":
             os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
         else:
+            if os.sched_getscheduler(thread) != os.SCHED_OTHER:  # (a loading thread's mark, inherited)
+                os.sched_setscheduler(thread, os.SCHED_OTHER, os.sched_param(0))
             os.setpriority(os.PRIO_PROCESS, thread, max(os.getpriority(os.PRIO_PROCESS, thread), _NICE))
+    except ProcessLookupError:  # it ended meanwhile
+        pass
     except OSError as exc:  # a seccomp profile may refuse it: compute at the loop's priority
-        log.warning("cannot lower the priority of compute thread %s: %s", threading.current_thread().name, exc)
-
-
-async def run_loading(function: Callable[..., T], *args: object) -> T:
-    """`function(*args)` on a model-loading thread, at the compute priority."""
-    return await start_loading(lambda: function(*args))
-
-
-def start_loading(job: Callable[[], T]) -> asyncio.Future[T]:
-    """`job()` started on a model-loading thread, at the compute priority: its future (no task to await it in)."""
-    global _loading
-    with _lock:
-        if _loading is None:
-            _loading = ThreadPoolExecutor(thread_name_prefix="modelhost-load", initializer=enter)
-    return asyncio.get_running_loop().run_in_executor(_loading, job)
+        log.warning("cannot lower the priority of compute thread %s: %s", thread, exc)

@@ -20,7 +20,7 @@ from modelhost.backends import freeze_long_lived
 from modelhost.backends.base import Backend
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides
-from modelhost.core import compute_threads
+from modelhost.core import loading_threads
 from modelhost.core.classification import read_labels
 from modelhost.core.code_policy import CodePolicy
 from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
@@ -249,7 +249,7 @@ class ModelManager:
             elif loaded is not None and version in loaded:
                 served = taken(loaded.pop(version))
             else:
-                served = await compute_threads.run_loading(
+                served = await loading_threads.run_loading(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size,
                     self._in_flight, self._warmup_reader,
                 )

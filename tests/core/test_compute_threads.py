@@ -70,13 +70,6 @@ def test_normal_leaves_threads_alone() -> None:
     assert _in_new_thread(job) == (os.SCHED_OTHER, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
 
 
-@linux_only
-def test_loading_runs_on_a_lowered_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Model loads: ONNX Runtime starts its intra-op threads there, and they inherit the priority.
-    monkeypatch.setattr(compute_threads, "_loading", None)  # threads made before this test kept their own
-    compute_threads.configure("low")
-    policy = asyncio.run(compute_threads.run_loading(os.sched_getscheduler, 0))
-    assert policy == os.SCHED_IDLE
 
 
 def test_auto_is_low_on_two_cpus_or_more_and_adaptive_on_one() -> None:
@@ -129,6 +122,7 @@ def test_a_served_models_threads_run_below_the_event_loop(example_server: Server
     policies = {int(task.name): os.sched_getscheduler(int(task.name)) for task in Path(f"/proc/{pid}/task").iterdir()}
     assert policies[pid] == os.SCHED_OTHER
     assert sum(policy == os.SCHED_IDLE for policy in policies.values()) >= 3  # one instance per example model
+    assert os.SCHED_BATCH not in policies.values()  # the loading threads' mark (core/loading_threads.py)
 
 
 @linux_only

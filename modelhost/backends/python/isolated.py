@@ -37,6 +37,7 @@ from modelhost.backends.python.triton_metrics_relay import WorkerMetrics
 from modelhost.backends.python.user_model import UserCodeError
 from modelhost.backends.python.worker_code import WorkerSpec
 from modelhost.client_log import client_log
+from modelhost.core import compute_threads
 from modelhost.errors import ErrorKind, ModelhostError
 
 log = logging.getLogger("modelhost.backends.python.backend")
@@ -71,6 +72,7 @@ class WorkerProcess:
             except OSError as exc:
                 ours.close()
                 raise UserCodeError(f"{spec.path}: cannot start a worker process: {exc}") from exc
+        compute_threads.lower(self.process.pid)  # it computes; a loading thread's mark is no priority for it
         self.channel = Channel(ours)
         try:
             reply = self.call(("init", spec), options.initialize_timeout_s)

@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 
 from modelhost.backends import backend_is_warm
-from modelhost.core import compute_threads
+from modelhost.core import loading_threads
 from modelhost.core.manager import Loaded, ModelManager, discard_loaded
 from modelhost.core.model_cache import CacheEntry, ModelCache
 from modelhost.core.model_loading import LoadPlan, warm_up_backend_of
@@ -271,9 +271,9 @@ class TargetModels:
             raise
 
     async def _in_thread(self, job: Callable[[], _Job], loading: bool) -> _Job:
-        """`job` on a loading thread (`loading`: it loads models, at the compute priority) or the default executor's;
+        """`job` on a loading thread (`loading`: it loads models, core/loading_threads.py) or the default executor's;
         a cancelled caller waits for it to end and undoes what it fetched and loaded."""
-        done = compute_threads.start_loading(job) if loading else asyncio.get_running_loop().run_in_executor(None, job)
+        done = loading_threads.start_loading(job) if loading else asyncio.get_running_loop().run_in_executor(None, job)
         try:
             return await asyncio.shield(done)
         except asyncio.CancelledError:

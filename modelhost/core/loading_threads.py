@@ -1,0 +1,100 @@
+"""The threads models load on: at the event loop's priority, while the threads a load starts compute below it.
+
+Loading is not hot-path compute, and a multi-model endpoint's miss waits for its load: at SCHED_IDLE (the
+compute priority on two CPUs, core/compute_threads.py) a loading thread waits behind every normal thread of
+the machine that wants a core, other processes' included. But the thread pools a framework starts while
+loading a model (ONNX Runtime's intra-op threads, TensorFlow's) compute that model's requests, so they must
+run at the compute priority, and a new thread inherits its creator's scheduling policy.
+
+So, when the compute priority is below the loop's and the process runs at SCHED_OTHER, a loading thread
+stays at the loop's priority and marks itself SCHED_BATCH while it runs a job (the same weight; an
+unprivileged thread may switch between the two both ways, never back from SCHED_IDLE). Threads the job
+starts inherit the mark; after the job, every thread of the process that is new since the last look, at
+SCHED_BATCH and not a loading thread, is lowered to the compute priority. Nothing else in modelhost uses
+SCHED_BATCH. A process a load starts inherits the mark as well: its starter lowers it (compute_threads.lower).
+Where the process itself runs at another policy (an operator's `chrt`), loading threads take the compute
+priority as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TypeVar
+
+from modelhost.core import compute_threads
+
+log = logging.getLogger("modelhost")
+
+T = TypeVar("T")
+
+_executor: ThreadPoolExecutor | None = None
+_lock = threading.Lock()
+_marking: set[int] = set()  # native ids of the loading threads that mark their jobs
+_seen: set[str] = set()  # the process's thread ids at the last look (/proc/self/task names)
+
+
+async def run_loading(function: Callable[..., T], *args: object) -> T:
+    """`function(*args)` on a model-loading thread."""
+    return await start_loading(lambda: function(*args))
+
+
+def start_loading(job: Callable[[], T]) -> asyncio.Future[T]:
+    """`job()` started on a model-loading thread: its future (no task to await it in)."""
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(thread_name_prefix="modelhost-load", initializer=_enter)
+    return asyncio.get_running_loop().run_in_executor(_executor, partial(_run_marked, job))
+
+
+def _enter() -> None:
+    """A new loading thread: marks its jobs where it can, else computes at the compute priority."""
+    if compute_threads.lowers() and hasattr(os, "sched_setscheduler") and os.sched_getscheduler(0) == os.SCHED_OTHER:
+        with _lock:
+            _marking.add(threading.get_native_id())
+    else:
+        compute_threads.enter()
+
+
+def _run_marked(job: Callable[[], T]) -> T:
+    thread = threading.get_native_id()
+    if thread not in _marking:
+        return job()
+    try:
+        os.sched_setscheduler(thread, os.SCHED_BATCH, os.sched_param(0))
+    except OSError as exc:  # a seccomp profile may refuse it: load at the compute priority, as before
+        log.warning("cannot mark loading thread %s (%s): it loads at the compute priority", thread, exc)
+        with _lock:
+            _marking.discard(thread)
+        compute_threads.enter()
+        return job()
+    try:
+        return job()
+    finally:
+        os.sched_setscheduler(thread, os.SCHED_OTHER, os.sched_param(0))
+        lower_started()
+
+
+def lower_started() -> None:
+    """Lower the threads that loading jobs started (new since the last look, at SCHED_BATCH, not loading threads)."""
+    threads = set(os.listdir("/proc/self/task"))
+    with _lock:
+        new = threads - _seen
+        _seen.clear()
+        _seen.update(threads)
+        for name in new:
+            thread = int(name)
+            if thread in _marking:
+                continue
+            try:
+                marked = os.sched_getscheduler(thread) == os.SCHED_BATCH
+            except OSError:  # it ended meanwhile
+                continue
+            if marked:
+                compute_threads.lower(thread)
