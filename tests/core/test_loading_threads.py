@@ -141,3 +141,26 @@ def test_a_worker_process_a_load_starts_computes_below_the_loop(tmp_path: Path) 
         assert {os.sched_getscheduler(thread) for thread in threads} == {os.SCHED_IDLE}
     finally:
         model.unload()
+
+
+def test_only_marked_threads_started_in_the_window_are_lowered_and_a_wrap_looks_at_every_thread() -> None:
+    compute_threads.configure("low")
+    ready, release = threading.Event(), threading.Event()
+
+    def marked() -> None:  # as a thread a load started: its creator's mark inherited
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        ready.set()
+        release.wait(10)
+
+    thread = threading.Thread(target=marked)
+    thread.start()
+    ready.wait(10)
+    try:
+        assert thread.native_id is not None
+        loading_threads.lower_started(thread.native_id, thread.native_id + 5)  # after it: not its job's
+        assert os.sched_getscheduler(thread.native_id) == os.SCHED_BATCH
+        loading_threads.lower_started(thread.native_id + 5, 300)  # the ids wrapped: every thread looked at
+        assert os.sched_getscheduler(thread.native_id) == os.SCHED_IDLE
+    finally:
+        release.set()
+        thread.join()
