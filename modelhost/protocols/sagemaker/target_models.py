@@ -30,6 +30,7 @@ from modelhost.core.model_cache import CacheEntry, ModelCache
 from modelhost.core.model_loading import LoadPlan, warm_up_backend_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.protocols.sagemaker.file_releases import FileReleases
+from modelhost.protocols.sagemaker.planned_copies import PlannedCopies
 from modelhost.store.archive_models import ArchiveModels, FetchedModels
 from modelhost.store.archive_store import ArchiveStore, check_target
 from modelhost.store.layout import TOOLKIT_PROGRAM, ModelLayout
@@ -38,6 +39,7 @@ from modelhost.store.paths import check_model_name, within
 from modelhost.store.unpacked_copies import UnpackedCopies
 
 REMEMBERED_KEYS = 10_000  # keys whose files' size is kept, for loading them in one hop
+PLANNED_KEYS = 1_000  # keys whose kept copy's plans are kept, for a reload without planning (about 1-2 KB each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,7 @@ class TargetModels:
         self._slots = itertools.count()
         self._removals: set[asyncio.Task[None]] = set()
         self._releases = FileReleases(self._fetch.release)
+        self._plans: PlannedCopies[list[_Prepared]] = PlannedCopies(PLANNED_KEYS)
 
     def set_hooks(self, on_load: Hook | None, on_unload: Hook | None) -> None:
         """What the front-end makes of each model as it loads (its inference.py), and undoes as it unloads."""
@@ -306,7 +309,8 @@ class TargetModels:
     def _fetch_and_prepare(self, key: str,
                            fetch: Callable[[Path], FetchedModels]) -> tuple[FetchedModels, list[_Prepared]]:
         """In one thread: the archive fetched, and each of its models found and planned as the manager will load it
-        (a model that cannot be planned is left for the manager's load to report). Files released meanwhile go first."""
+        (a model that cannot be planned is left for the manager's load to report); a kept copy's plans are those of its
+        last load (planned_copies.py). Files released meanwhile go first."""
         self._releases.run()
         # Each load gets its own directory: an evicted copy may still be being removed.
         work = self._work_dir / "models" / self._slot(key)
@@ -315,6 +319,8 @@ class TargetModels:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
+        if fetched.fetch_seconds is None and (recalled := self._plans.recall(key, fetched)) is not None:
+            return fetched, recalled  # a kept copy, planned at its last load
         try:
             store = LocalStore(fetched.layout.repository)
             prepared = []
@@ -333,6 +339,8 @@ class TargetModels:
         except BaseException:
             shutil.rmtree(fetched.directory, ignore_errors=True)
             raise
+        if all(model.plan is not None for model in prepared):
+            self._plans.remember(key, fetched, prepared)
         return fetched, prepared
 
     async def _add_models(self, prepared: list[_Prepared], loaded: list[Loaded] | None = None) -> list[str]:
