@@ -81,10 +81,10 @@ async def round_of(client: Client, pid: int, order: list[int], concurrency: int)
     return split(before, thread_cpu(pid), len(order))
 
 
-def modelhost(root: Path, workdir: Path, tree: Path, budget: int, label: str) -> Modelhost:
+def modelhost(root: Path, workdir: Path, tree: Path, budget: int, label: str, priority: str = "auto") -> Modelhost:
     os.environ["PYTHONPATH"] = str(tree)
     os.environ["PYTHONSAFEPATH"] = "1"
-    server = Modelhost(root, workdir, budget)
+    server = Modelhost(root, workdir, budget, priority)
     server.label = label
     return server
 

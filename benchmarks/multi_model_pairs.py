@@ -1,6 +1,7 @@
 """Zipf traffic on a multi-model endpoint: two builds of modelhost and the naive peer up at once, measured in turns.
 
     python benchmarks/multi_model_pairs.py --base REV [--pairs 6] [--duration 5] [--zipf 1.0] [--concurrency 8]
+        [--priority auto] [--base-priority auto]
 
 benchmarks/multi_model.py measures each server in its own minutes; on a shared machine whose speed drifts by
 2x and more within a minute (other people's benchmarks, some at real-time priority), its ratios between
@@ -48,8 +49,9 @@ async def main_async(args: argparse.Namespace, root: Path, workdir: Path) -> Non
     per_model = await charge(probe, args.width)
     probe.stop()
     budget = int(CACHE_MODELS * per_model * 1.05)
-    servers: list[Server] = [modelhost(root, workdir, tree, budget, label) for label, tree in
-                             (("new", ROOT), ("base", base_tree(args.base, workdir)))]
+    builds = (("new", ROOT, args.priority), ("base", base_tree(args.base, workdir), args.base_priority))
+    servers: list[Server] = [modelhost(root, workdir, tree, budget, label, priority)
+                             for label, tree, priority in builds]
     servers.append(NaivePeer(root, CACHE_MODELS))
     clients = [server.client(args.width) for server in servers]
     streams = zipf_sequences(args.models, args.zipf, args.concurrency, 200_000, 1)
@@ -92,6 +94,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--models", type=int, default=200)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--priority", default="auto", help="the working tree's --compute-priority")
+    parser.add_argument("--base-priority", default="auto", help="the base build's --compute-priority")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="modelhost-mm-pairs-"))
     root = workdir / "archives"
