@@ -88,7 +88,12 @@ def _run_marked(job: Callable[[], T]) -> T:
     try:
         return job()
     finally:
-        os.sched_setscheduler(thread, os.SCHED_OTHER, os.sched_param(0))
+        try:
+            os.sched_setscheduler(thread, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:  # (allowed to any thread; if refused, it computes as the threads it started will)
+            with _lock:
+                _marking.discard(thread)
+            compute_threads.enter()
         lower_started(first, _read_last_id())
 
 
