@@ -1,7 +1,7 @@
 """Console entries: `modelhost serve ...` and `serve` (a SageMaker image's entry): flags -> ServerSettings -> run.
 
 Flags have no argparse defaults (SUPPRESS), so that only the flags given beat the environment:
-default < SAGEMAKER_* variable < explicit flag (settings.resolve_settings).
+default < SAGEMAKER_* variable < explicit flag (settings_sources.resolve_settings).
 """
 
 from __future__ import annotations
@@ -19,16 +19,8 @@ from modelhost.access import API_NAMES, GRPC_HEADER_PREFIX, Restriction, parse_r
 from modelhost.core.code_policy import USER_CODE_MODES
 from modelhost.core.compute_threads import PRIORITIES
 from modelhost.sagemaker_triton import default_model_error
-from modelhost.settings import (
-    TLS_SITES,
-    ServerSettings,
-    SettingsError,
-    check_settings,
-    parse_byte_size,
-    resolve_settings,
-    sagemaker_repository,
-    unused_variables,
-)
+from modelhost.settings import TLS_SITES, ServerSettings, SettingsError, check_settings, parse_byte_size
+from modelhost.settings_sources import resolve_settings, sagemaker_repository, unused_variables
 
 if TYPE_CHECKING:
     from modelhost.protocols.tfserving.model_server import TfServingFlags
