@@ -22,9 +22,9 @@ from typing import Any
 
 import orjson
 
-from modelhost.cli import add_serve_flags
 from modelhost.ray_serve.application import REPLICA_DEPLOYMENT, RayOptions
 from modelhost.ray_serve.grpc_forwarding import SERVICER_FUNCTIONS
+from modelhost.serve_flags import add_serve_flags
 from modelhost.settings import ServerSettings, SettingsError
 from modelhost.settings_sources import resolve_settings, unused_variables
 
