@@ -4,7 +4,7 @@ One mechanism for Triton's `--http-restricted-api` / `--grpc-restricted-protocol
 a request to those APIs must carry header `<key>` with `<value>`; over gRPC the metadata key is
 `triton-grpc-protocol-<key>`) and TorchServe-style bearer tokens from a file (`Authorization: Bearer <token>`).
 Each group has at most one credential per protocol. Protocol front-ends declare each route's group;
-protocols/http/app.py and protocols/grpc_server.py ask `AccessPolicy.check` once per request, before the handler.
+protocols/http/app.py and protocols/grpc_handlers.py ask `AccessPolicy.check` once per request, before the handler.
 Pure Python (no web framework): settings.py parses the flags with it, the servers enforce with it.
 """
 

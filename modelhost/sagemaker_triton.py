@@ -2,7 +2,7 @@
 other containers' variables users carry over, as modelhost settings, or as a warning at start saying why a
 variable has no effect here: none is ignored silently. Pure: reads only the mapping it is given.
 
-Mapped (settings.settings_from_environment applies them; a command-line flag still wins):
+Mapped (settings_sources.settings_from_environment applies them; a command-line flag still wins):
   SAGEMAKER_TRITON_DEFAULT_MODEL_NAME -> default_model_name (the model /invocations runs when several are served)
   SAGEMAKER_TRITON_LOG_VERBOSE, _LOG_INFO, _LOG_WARNING, _LOG_ERROR -> log_level (the lowest level written)
   SAGEMAKER_TRITON_ALLOW_GRPC=false -> grpc_port 0; SAGEMAKER_TRITON_GRPC_PORT -> grpc_port
@@ -130,7 +130,8 @@ def _choice(env: Variables, name: str, allowed: tuple[str, ...]) -> str | None:
 
 
 def triton_warnings(environ: Mapping[str, str]) -> list[str]:
-    """One line for each set variable that has no effect here, saying why (settings.unused_variables adds them)."""
+    """One line for each set variable that has no effect here, saying why (settings_sources.unused_variables adds
+    them)."""
     def value(name: str) -> str:
         return environ.get(name, "").strip()
 

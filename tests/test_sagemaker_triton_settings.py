@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from modelhost.cli import serve_settings
-from modelhost.settings import ServerSettings, SettingsError, settings_from_environment, unused_variables
+from modelhost.settings import ServerSettings, SettingsError
+from modelhost.settings_sources import settings_from_environment, unused_variables
 
 # docker/sagemaker/serve in triton-inference-server/server, all of them.
 CONTAINER_VARIABLES = (

@@ -19,10 +19,12 @@ from modelhost.settings import (
     handler_threads,
     memory_bytes,
     parse_byte_size,
+    unpacked_cache_bytes,
+)
+from modelhost.settings_sources import (
     resolve_settings,
     sagemaker_repository,
     settings_from_environment,
-    unpacked_cache_bytes,
     unused_variables,
 )
 

@@ -24,7 +24,7 @@ EXECUTION_MODE_PARAMETER = "execution_mode"
 class ModelOverrides:
     """What every model of the server gets unless its config.pbtxt says otherwise; None = no override.
 
-    Which variable sets which field (settings.settings_from_environment reads them):
+    Which variable sets which field (settings_sources.settings_from_environment reads them):
 
     | Variable | Field |
     |---|---|

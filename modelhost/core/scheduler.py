@@ -42,6 +42,7 @@ import numpy as np
 
 from modelhost.backends.base import Model, RowUpdates
 from modelhost.core import compute_threads, instance_threads
+from modelhost.core.batch_run import Outputs, call, check_batch_dim, run_batch, run_each
 from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
 from modelhost.core.latency_target import LatencyTarget
@@ -56,7 +57,6 @@ from modelhost.errors import ErrorKind, ModelhostError, invalid
 if TYPE_CHECKING:
     from modelhost.core.sequence_slots import SlotPadding
 
-Outputs = dict[str, np.ndarray]
 LOOP_MAX_IN_PROGRESS = 8
 
 
@@ -99,7 +99,7 @@ class Scheduler:
         self._serving_lock = threading.Lock()
         # Models that take a batch's requests one by one (Triton's Python API) are handed them so.
         self._takes_requests = all(i.takes_requests for i in instances) and bool(instances)
-        self._run_batch = _run_each if self._takes_requests else _run
+        self._run_batch = run_each if self._takes_requests else run_batch
         if slots is not None:
             self._run_batch = slots.run
         # A direct sequence's lone request may run on the loop, padded to its row, where its instance is the
@@ -334,7 +334,7 @@ class Scheduler:
                     spare.computing(cores)
                 try:
                     started = time.monotonic_ns()
-                    result = _call(instance, entry, inputs, outputs)
+                    result = call(instance, entry, inputs, outputs)
                     elapsed = time.monotonic_ns() - started
                 finally:
                     lock.release()
@@ -486,86 +486,12 @@ def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str], entry: str
     return tuple((name, array.shape[1:], array.dtype.str) for name, array in inputs.items()), tuple(outputs), entry
 
 
-def _call(instance: Model, entry: str, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> Outputs:
-    if entry:
-        return instance.infer_signature(entry, inputs, outputs)
-    return instance.infer(inputs, outputs)
-
-
-def _run(instance: Model, batch: list[Pending], taken: float,
-         pad_sizes: tuple[int, ...] = ()) -> tuple[list[Outputs], ExecutionTiming]:
-    """Run one batch on an instance thread (taken from the queue at `taken` on its clock): concatenate along
-    dim 0 (padded up to the next of `pad_sizes`, where given), run once, give each its rows."""
-    queue_ns = [int((taken - p.enqueued) * 1e9) for p in batch]
-    first = batch[0]
-    total = sum(p.rows for p in batch)
-    # A batch key is a tuple only for requests with a batch dim (_enqueue): only those can be padded.
-    padded = _padded_size(total, pad_sizes) if isinstance(first.key, tuple) else total
-    if len(batch) == 1 and padded == total:
-        started = time.monotonic_ns()
-        outputs = _call(instance, first.entry, first.inputs, first.outputs)
-        ended = time.monotonic_ns()
-        if first.trace is not None:
-            first.trace.computed(started, started, ended, ended)
-        return [outputs], ExecutionTiming(queue_ns, 0, ended - started, 0)
-    started = time.monotonic_ns()
-    inputs = {name: _concatenate([p.inputs[name] for p in batch], padded - total) for name in first.inputs}
-    concatenated = time.monotonic_ns()
-    outputs = _call(instance, first.entry, inputs, first.outputs)
-    inferred = time.monotonic_ns()
-    check_batch_dim(outputs, padded)
-    results = []
-    start = 0
-    for pending in batch:
-        end = start + pending.rows
-        results.append({name: array[start:end] for name, array in outputs.items()})
-        start = end
-    ended = time.monotonic_ns()
-    for pending in batch:
-        if pending.trace is not None:
-            pending.trace.computed(started, concatenated, inferred, ended)
-    timing = ExecutionTiming(queue_ns, concatenated - started, inferred - concatenated, ended - inferred)
-    return results, timing
-
-
-def check_batch_dim(outputs: Outputs, rows: int) -> None:
-    """INTERNAL unless every output of a batch of `rows` rows has them as its first dimension."""
-    for name, array in outputs.items():
-        if array.ndim == 0 or array.shape[0] != rows:
-            raise ModelhostError(
-                ErrorKind.INTERNAL,
-                f"output '{name}' of a batch of {rows} rows has shape {list(array.shape)}: its first dimension "
-                "is not the batch",
-            )
-
-
 def _traced_alone(trace: Trace, elapsed_ns: int) -> None:
     """The stages of a request that ran at once, not queued: it computed for the `elapsed_ns` just past."""
     ended = time.monotonic_ns()
     started = ended - elapsed_ns
     trace.stamp(QUEUE_START, started)
     trace.computed(started, started, ended, ended)
-
-
-def _run_each(instance: Model, batch: list[Pending], taken: float,
-              pad_sizes: tuple[int, ...] = ()) -> tuple[list[Any], ExecutionTiming]:
-    """`_run` for a model that takes requests one by one: no concatenation, each request's outputs or error."""
-    queue_ns = [int((taken - p.enqueued) * 1e9) for p in batch]
-    started = time.monotonic_ns()
-    results = instance.infer_requests([(p.inputs, p.responses, p.origin) for p in batch], batch[0].outputs)
-    return results, ExecutionTiming(queue_ns, 0, time.monotonic_ns() - started, 0)
-
-
-def _padded_size(rows: int, pad_sizes: tuple[int, ...]) -> int:
-    return next((size for size in pad_sizes if size >= rows), rows)
-
-
-def _concatenate(parts: list[np.ndarray], padding: int) -> np.ndarray:
-    """The parts one after another along dim 0, then `padding` copies of the last row (rows whose answers are
-    dropped: a copy of real data, unlike zeros, cannot make a model divide by zero)."""
-    if padding:
-        parts = [*parts, np.repeat(parts[-1][-1:], padding, axis=0)]
-    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 def _resolve(future: asyncio.Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from modelhost.backends.base import Model
+from modelhost.core.batch_run import call, check_batch_dim
 from modelhost.core.request_queue import Pending
-from modelhost.core.scheduler import _call, check_batch_dim
 from modelhost.core.statistics import ExecutionTiming
 
 Outputs = dict[str, np.ndarray]
@@ -72,7 +72,7 @@ class SlotPadding:
         parts = [by_row[r].inputs if r in by_row else padding for r in range(rows)]
         inputs = {name: np.concatenate([part[name] for part in parts]) for name in first.inputs}
         concatenated = time.monotonic_ns()
-        outputs = _call(instance, first.entry, inputs, first.outputs)
+        outputs = call(instance, first.entry, inputs, first.outputs)
         inferred = time.monotonic_ns()
         check_batch_dim(outputs, rows)
         results: list[Outputs | Exception] = [

@@ -22,10 +22,11 @@ from typing import Any
 
 import orjson
 
-from modelhost.cli import add_serve_flags
 from modelhost.ray_serve.application import REPLICA_DEPLOYMENT, RayOptions
 from modelhost.ray_serve.grpc_forwarding import SERVICER_FUNCTIONS
-from modelhost.settings import ServerSettings, SettingsError, resolve_settings, unused_variables
+from modelhost.serve_flags import add_serve_flags
+from modelhost.settings import ServerSettings, SettingsError
+from modelhost.settings_sources import resolve_settings, unused_variables
 
 log = logging.getLogger("modelhost.ray")
 RAY_FIELDS = {f.name for f in fields(RayOptions)}

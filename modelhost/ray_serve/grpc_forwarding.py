@@ -4,7 +4,7 @@ Ray's gRPC proxy serves the services whose `add_..._to_server` functions its con
 (`add_inference_service_to_server` and `add_tfserving_services_to_server` here), and calls the ingress
 deployment's method of each RPC's name with the request. The request stays bytes (no deserializer: Ray passes
 what the client sent); the ingress reads the model it names, forwards the bytes to a replica holding that model,
-and the replica runs the RPC as modelhost's own gRPC server does (grpc_server.unary_behavior: access control,
+and the replica runs the RPC as modelhost's own gRPC server does (grpc_handlers.unary_behavior: access control,
 parsing, the call, its status). The status and trailers come back through Ray's gRPC context. Streaming RPCs
 (ModelStreamInfer) are not forwarded.
 """
@@ -17,7 +17,8 @@ from typing import Any
 
 import grpc
 
-from modelhost.protocols.grpc_server import Unary, unary_behavior
+from modelhost.protocols.grpc_handlers import unary_behavior
+from modelhost.protocols.grpc_service import Unary
 from modelhost.protocols.kserve_v2 import grpc as kserve_v2_grpc
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
 from modelhost.protocols.tfserving import apis_pb2, predict_pb2

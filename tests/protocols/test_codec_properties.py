@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.protocols.grpc_server import _parse
+from modelhost.protocols.grpc_handlers import _parse
 from modelhost.protocols.kserve_v2 import codec, grpc_codec
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
 from modelhost.protocols.sagemaker.csv_payload import decode_csv

@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from modelhost.errors import ErrorKind
-from modelhost.protocols.grpc_server import STATUS as GRPC_STATUS
+from modelhost.protocols.grpc_handlers import STATUS as GRPC_STATUS
 from modelhost.protocols.http.app import STATUS as HTTP_STATUS
 from tests.server import ServerProcess
 

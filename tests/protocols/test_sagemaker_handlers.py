@@ -20,15 +20,9 @@ import numpy as np
 import pytest
 
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.protocols.sagemaker.handlers import (
-    Context,
-    Handler,
-    HandlerError,
-    RequestInfo,
-    TfsResponse,
-    install_requirements,
-    load_handler,
-)
+from modelhost.protocols.sagemaker.handler_api import Handler, HandlerError, RequestInfo, TfsResponse
+from modelhost.protocols.sagemaker.handlers import install_requirements, load_handler
+from modelhost.protocols.sagemaker.tfs_handler import Context
 
 JSON = "application/json"
 CSV = "text/csv"

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature, config_signature
-from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions, WorkerProcess
+from modelhost.backends.python.isolated import IsolatedModel
 from modelhost.backends.python.triton_completion import complete_from_model
 from modelhost.backends.python.triton_isolated import IsolatedTritonModel
 from modelhost.backends.python.triton_model import TritonUserModel, identity
@@ -49,6 +49,7 @@ from modelhost.backends.python.user_model import (
     UserModel,
     load_user_model,
 )
+from modelhost.backends.python.worker_process import IsolationOptions, WorkerProcess
 from modelhost.client_log import client_log
 from modelhost.config.datatypes import v2_datatype
 from modelhost.config.model_config_pb2 import ModelConfig

@@ -1,6 +1,6 @@
 """The worker process of an isolated Python model instance: `python -m modelhost.backends.python.stub FD`.
 
-Started by isolated.WorkerProcess with one end of a socket pair as FD. It serves one model instance, whatever its
+Started by worker_process.WorkerProcess with one end of a socket pair as FD. It serves one model instance, whatever its
 spec loads (worker_code.py: a Python model's model.py, a TorchServe handler):
 
     server -> worker                      worker -> server

@@ -13,7 +13,6 @@ from typing import Any
 from google.protobuf import json_format
 
 from modelhost.backends.python.channel import ChannelClosed
-from modelhost.backends.python.isolated import IsolationOptions, WorkerProcess
 from modelhost.backends.python.triton_autocomplete import (
     CompletionSpec,
     auto_complete,
@@ -22,6 +21,7 @@ from modelhost.backends.python.triton_autocomplete import (
     mentions_hook,
 )
 from modelhost.backends.python.user_model import UserCodeError
+from modelhost.backends.python.worker_process import IsolationOptions, WorkerProcess
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.pbtxt import ConfigError, config_to_json
 

@@ -1,6 +1,6 @@
 """An isolated Triton model's custom metrics, relayed to the server: its worker's registry (triton_metrics.py) keeps
 what changed since the last `drain`, which the worker sends before each reply (stub.py), and the server applies it
-to its own registry (`WorkerMetrics.apply`, in isolated.WorkerProcess): counters and histograms add up across
+to its own registry (`WorkerMetrics.apply`, in worker_process.WorkerProcess): counters and histograms add up across
 workers, a gauge replays the worker's sets and moves in order. The server holds the worker's families while the
 worker lives.
 """

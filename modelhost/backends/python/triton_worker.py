@@ -7,7 +7,7 @@ so that no response of a batch arrives after its reply (the instance is busy unt
 sends after execute returns keeps its worker until its last response, within execute_timeout_seconds).
 
 A BLS call (`exec`, `async_exec`) goes to the server as ("call", ("bls", request)) while the batch runs; the server
-runs it through its data plane and sends ("answer", responses) back (isolated.WorkerProcess.call). A streamed
+runs it through its data plane and sends ("answer", responses) back (worker_process.WorkerProcess.call). A streamed
 request's `is_cancelled()` asks the same way, ("call", ("cancelled", index)), until the server says yes (at most
 once per CANCEL_POLL_S: a round trip costs far more than the in-process flag's read, and models poll it in loops),
 and so does the model loading API, ("call", ("control", action, name, ...)), answered ("ok", value) or ("error",

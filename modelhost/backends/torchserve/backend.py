@@ -34,8 +34,9 @@ import numpy as np
 
 from modelhost.backends.base import Backend, InstanceSettings, Model, ModelSignature
 from modelhost.backends.python.backend import read_options
-from modelhost.backends.python.isolated import IsolatedModel, IsolationOptions, Partial
+from modelhost.backends.python.isolated import IsolatedModel
 from modelhost.backends.python.user_model import UserCodeError
+from modelhost.backends.python.worker_process import IsolationOptions, Partial
 from modelhost.backends.torchserve.worker_model import HandlerSpec
 from modelhost.config.mar_manifest import (
     HANDLER_BATCH_PARAMETER,

@@ -19,7 +19,7 @@ from modelhost.core.dataplane import DataPlane
 from modelhost.core.decoupled import Response
 from modelhost.core.trace import GRPC_SEND_END, GRPC_SEND_START
 from modelhost.errors import ModelhostError
-from modelhost.protocols.grpc_server import Service, Stream, Unary
+from modelhost.protocols.grpc_service import Service, Stream, Unary
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
 from modelhost.protocols.kserve_v2 import shm_grpc
 from modelhost.protocols.kserve_v2.grpc_codec import (

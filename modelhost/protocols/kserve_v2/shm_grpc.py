@@ -7,7 +7,7 @@ from __future__ import annotations
 from modelhost.access import Api
 from modelhost.core.shared_memory import SharedMemory
 from modelhost.errors import ErrorKind, ModelhostError, not_found
-from modelhost.protocols.grpc_server import Unary
+from modelhost.protocols.grpc_service import Unary
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
 from modelhost.protocols.kserve_v2.shm_rest import NO_CUDA
 

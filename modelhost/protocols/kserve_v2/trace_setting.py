@@ -12,7 +12,7 @@ from typing import Any
 from modelhost.access import Api
 from modelhost.core.dataplane import DataPlane
 from modelhost.errors import invalid, not_found
-from modelhost.protocols.grpc_server import Unary
+from modelhost.protocols.grpc_service import Unary
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, json_response
 from modelhost.protocols.json_body import json_object
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb

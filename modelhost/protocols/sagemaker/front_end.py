@@ -21,7 +21,8 @@ from modelhost.errors import ModelhostError
 from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.http.app import HttpApp
 from modelhost.protocols.sagemaker import rest
-from modelhost.protocols.sagemaker.handlers import Handler, load_handler
+from modelhost.protocols.sagemaker.handler_api import Handler
+from modelhost.protocols.sagemaker.handlers import load_handler
 from modelhost.protocols.sagemaker.invoke import Invoker
 from modelhost.protocols.sagemaker.runtime_errors import RuntimeErrors
 from modelhost.protocols.sagemaker.target_models import TargetModel, TargetModels

@@ -31,7 +31,7 @@ from modelhost.handler_messages import (
     HandlerResponse,
 )
 from modelhost.protocols.http.app import STATUS
-from modelhost.protocols.sagemaker.handlers import Handler, HandlerError, RequestInfo, TfsResponse
+from modelhost.protocols.sagemaker.handler_api import Handler, HandlerError, RequestInfo, TfsResponse
 from modelhost.protocols.sagemaker.payloads import (
     CSV,
     JSON,

@@ -20,7 +20,7 @@ from modelhost.client_log import client_log
 from modelhost.errors import ErrorKind, ModelhostError, public_message
 from modelhost.protocols.http.app import HttpResponse
 from modelhost.protocols.sagemaker import event_stream
-from modelhost.protocols.sagemaker.handlers import HandlerError
+from modelhost.protocols.sagemaker.handler_api import HandlerError
 from modelhost.protocols.sagemaker.invoke import Answer
 from modelhost.protocols.sagemaker.payloads import MediaTypeError
 

@@ -28,7 +28,7 @@ from modelhost.protocols.http.app import (
     json_response,
 )
 from modelhost.protocols.json_body import json_object
-from modelhost.protocols.sagemaker.handlers import Handler, HandlerError
+from modelhost.protocols.sagemaker.handler_api import Handler, HandlerError
 from modelhost.protocols.sagemaker.invoke import Call, Invoker
 from modelhost.protocols.sagemaker.payloads import MediaTypeError
 from modelhost.protocols.sagemaker.response_stream import attributes_header, streamed

@@ -18,7 +18,7 @@ from modelhost.core.dataplane import DataPlane
 from modelhost.core.partial_answers import PartialAnswers
 from modelhost.errors import ModelhostError
 from modelhost.handler_messages import HANDLER_SIGNATURE, RESPONSE_OUTPUT, HandlerResponse
-from modelhost.protocols.sagemaker.handlers import HandlerError
+from modelhost.protocols.sagemaker.handler_api import HandlerError
 from modelhost.protocols.sagemaker.payloads import decode_invocation, encode_answer
 from modelhost.types import InferRequest
 

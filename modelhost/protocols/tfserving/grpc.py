@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from modelhost.access import Api
 from modelhost.core.signature import DEFAULT_SIGNATURE
 from modelhost.errors import ErrorKind, ModelhostError, invalid
-from modelhost.protocols.grpc_server import Service, Unary
+from modelhost.protocols.grpc_service import Service, Unary
 from modelhost.protocols.tfserving import apis_pb2 as pb
 from modelhost.protocols.tfserving import predict_pb2
 from modelhost.protocols.tfserving.examples import example_count

@@ -8,7 +8,7 @@ from typing import Any
 
 from modelhost.errors import ErrorKind, ModelhostError, public_message
 from modelhost.protocols.http.app import STATUS, HttpResponse
-from modelhost.protocols.torchserve.serving import TorchServeError
+from modelhost.protocols.torchserve.errors import TorchServeError
 
 JSON = b"application/json"
 # Every answer's headers besides its own (tsfs §A1.4); x-request-id is added per request.

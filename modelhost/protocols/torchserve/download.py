@@ -13,7 +13,8 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 from modelhost.protocols.torchserve.config_properties import TorchServeConfig
-from modelhost.protocols.torchserve.serving import STORE_ARCHIVE_SUFFIXES, TorchServeError
+from modelhost.protocols.torchserve.errors import TorchServeError
+from modelhost.protocols.torchserve.model_store import STORE_ARCHIVE_SUFFIXES
 
 MAX_DOWNLOAD_BYTES = 16 << 30
 TIMEOUT_S = 60.0  # to connect, and between two reads

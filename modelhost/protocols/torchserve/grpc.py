@@ -21,12 +21,13 @@ from google.protobuf import empty_pb2
 from modelhost.access import Api
 from modelhost.errors import ModelhostError
 from modelhost.handler_messages import HandlerRequest, HandlerResponse
-from modelhost.protocols.grpc_server import STATUS as KIND_CODES
-from modelhost.protocols.grpc_server import Guard, RpcError, ServerStream, Service, Stream, Unary
+from modelhost.protocols.grpc_handlers import STATUS as KIND_CODES
+from modelhost.protocols.grpc_service import Guard, RpcError, ServerStream, Service, Stream, Unary
 from modelhost.protocols.torchserve import inference_pb2 as ipb
 from modelhost.protocols.torchserve import management_pb2 as mpb
+from modelhost.protocols.torchserve.errors import TorchServeError
 from modelhost.protocols.torchserve.management import Answer, ManagementApi
-from modelhost.protocols.torchserve.serving import TorchServeError, TorchServing, new_request_id
+from modelhost.protocols.torchserve.serving import TorchServing, new_request_id
 from modelhost.protocols.torchserve.tokens import FAILED, INFERENCE, MANAGEMENT, TokenKeys
 
 INFERENCE_SERVICE = "org.pytorch.serve.grpc.inference.InferenceAPIsService"

@@ -14,8 +14,9 @@ from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.handler_messages import STREAM_NEXT_HEADER, HandlerRequest, HandlerResponse
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, RouteHandler
 from modelhost.protocols.torchserve.answers import core_error, error, headers, pretty_json, torchserve_error
+from modelhost.protocols.torchserve.errors import TorchServeError
 from modelhost.protocols.torchserve.request_data import request_parameters
-from modelhost.protocols.torchserve.serving import TorchServeError, TorchServing, new_request_id
+from modelhost.protocols.torchserve.serving import TorchServing, new_request_id
 
 _MODEL = r"(?P<model>[^/]+)"
 _VERSIONED = _MODEL + r"(?:/(?P<version>[^/]+)(?:/(?P<extra>.+))?)?"

@@ -23,14 +23,10 @@ from modelhost.handler_messages import HandlerRequest
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, RouteHandler
 from modelhost.protocols.torchserve.answers import pretty_json, torchserve_error
 from modelhost.protocols.torchserve.download import check_allowed, download_archive
-from modelhost.protocols.torchserve.serving import (
-    RegisteredVersion,
-    Registration,
-    TorchServeError,
-    TorchServing,
-    archive_in_store,
-    new_request_id,
-)
+from modelhost.protocols.torchserve.errors import TorchServeError
+from modelhost.protocols.torchserve.model_store import archive_in_store
+from modelhost.protocols.torchserve.registrations import RegisteredVersion, Registration
+from modelhost.protocols.torchserve.serving import TorchServing, new_request_id
 
 log = logging.getLogger("modelhost.torchserve")
 

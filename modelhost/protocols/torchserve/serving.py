@@ -11,19 +11,15 @@ registration. A model registered with no workers is known here and not loaded.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from modelhost.config.mar_manifest import HANDLER_BATCH_PARAMETER, MarConfig, MarManifest, worker_batch
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.manager import ModelManager
 from modelhost.core.partial_answers import PartialAnswers
@@ -36,7 +32,16 @@ from modelhost.handler_messages import (
     HandlerResponse,
 )
 from modelhost.protocols.torchserve.config_properties import TorchServeConfig
+from modelhost.protocols.torchserve.errors import TorchServeError, model_not_found, no_worker, version_not_found
 from modelhost.protocols.torchserve.metrics import TorchServeMetrics
+from modelhost.protocols.torchserve.model_store import archive_in_store, startup_archives
+from modelhost.protocols.torchserve.registrations import (
+    RegisteredModel,
+    RegisteredVersion,
+    Registration,
+    check_workers,
+    worker_settings,
+)
 from modelhost.store.mar import read_mar_settings
 from modelhost.store.mar_repository import MarEntry, MarRepository, MarVersion
 from modelhost.store.paths import name_problem
@@ -45,105 +50,6 @@ from modelhost.types import InferRequest
 log = logging.getLogger("modelhost.torchserve")
 
 DEFAULT_VERSION = "1.0"  # torch-model-archiver's, for a manifest that names none
-STORE_ARCHIVE_SUFFIXES = (".mar", ".tar.gz", ".model")  # the files of a model store TorchServe takes as archives
-MAX_WORKERS = 128  # worker processes one model may be given (each a Python process with its framework)
-
-
-class TorchServeError(Exception):
-    """An answer in TorchServe's error shape: HTTP status, the Java exception's simple name, the message."""
-
-    def __init__(self, status: int, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
-
-
-def model_not_found(name: str) -> TorchServeError:
-    return TorchServeError(404, "ModelNotFoundException", f"Model not found: {name}")
-
-
-def version_not_found(name: str, version: str) -> TorchServeError:
-    return TorchServeError(404, "ModelVersionNotFoundException",
-                           f"Model version: {version} does not exist for model: {name}")
-
-
-def no_worker(name: str) -> TorchServeError:
-    return TorchServeError(503, "ServiceUnavailableException",
-                           f'Model "{name}" has no worker to serve inference request. Please use scale workers API to '
-                           "add workers. If this is a sequence inference, please check if it is closed, or expired; "
-                           "or exceeds maxSequenceJobQueueSize")
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerSettings:
-    """A model's frontend settings (tsfs §A5.3), as describe shows them."""
-
-    min_workers: int
-    max_workers: int
-    batch_size: int = 1
-    max_batch_delay_ms: int = 100
-    response_timeout_s: int = 120
-    startup_timeout_s: int = 120
-    job_queue_size: int = 100
-    client_timeout_ms: int = 0
-
-    def config_text(self, handler: str | None, decode_input: bool, envelope: str | None = None) -> str:
-        """config.pbtxt lines for them: the scheduler batches and times out as TorchServe's frontend would."""
-        delay = f"max_queue_delay_microseconds: {self.max_batch_delay_ms * 1000} " if self.batch_size > 1 else ""
-        timeout = (f"default_timeout_microseconds: {self.client_timeout_ms * 1000} timeout_action: REJECT "
-                   if self.client_timeout_ms else "")
-        parameters = {"execute_timeout_seconds": self.response_timeout_s,
-                      "initialize_timeout_seconds": self.startup_timeout_s,
-                      "decode_input_request": "true" if decode_input else "false"}
-        if handler:
-            parameters["handler"] = handler
-        if envelope:
-            parameters["service_envelope"] = envelope
-        parameters[HANDLER_BATCH_PARAMETER] = self.batch_size
-        return (f"max_batch_size: {worker_batch(self.batch_size)}\n"
-                f"instance_group [ {{ count: {max(self.min_workers, 1)} kind: KIND_CPU }} ]\n"
-                f"dynamic_batching {{ {delay}default_queue_policy {{ max_queue_size: {self.job_queue_size} "
-                f"{timeout}}} }}\n"
-                + "".join(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
-                          for key, value in parameters.items()))
-
-
-@dataclass(slots=True)
-class RegisteredVersion:
-    version: str
-    number: int  # modelhost's version
-    url: str  # as registered: an archive of the model store, or a URL
-    archive: Path
-    manifest: MarManifest
-    settings: WorkerSettings
-    handler: str | None = None  # the registration's handler, instead of the manifest's
-    loaded_at_startup: bool = False
-    started: float = field(default_factory=time.time)
-
-
-@dataclass(slots=True)
-class RegisteredModel:
-    name: str
-    versions: dict[str, RegisteredVersion] = field(default_factory=dict)
-    default: str = ""
-    numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """What a registration asks for (the management API's parameters, a startup model's `models` entry); None:
-    not given, so the archive's YAML, then the server's defaults, decide."""
-
-    name: str | None = None
-    handler: str | None = None
-    batch_size: int | None = None
-    max_batch_delay_ms: int | None = None
-    initial_workers: int | None = None
-    response_timeout_s: int | None = None
-    startup_timeout_s: int | None = None
-    default_version: bool = False
-    at_startup: bool = False
 
 
 class TorchServing:
@@ -196,9 +102,9 @@ class TorchServing:
             if version in model.versions:
                 raise TorchServeError(409, "ConflictStatusException",
                                       f"Model version {version} is already registered for model {name}")
-            registered = RegisteredVersion(version, next(model.numbers), url, archive, manifest,
-                                           self._settings(name, version, yaml, request), request.handler,
-                                           request.at_startup)
+            settings = worker_settings(self.config, self._cpu_count, name, version, yaml, request)
+            registered = RegisteredVersion(version, next(model.numbers), url, archive, manifest, settings,
+                                           request.handler, request.at_startup)
             model.versions[version] = registered
             if not model.default or request.default_version:
                 model.default = version
@@ -281,42 +187,6 @@ class TorchServing:
                 continue
             log.info('model "%s" version %s registered from %s with %d worker(s)', registered.manifest.model_name
                      if name is None else name, registered.version, url, registered.settings.min_workers)
-
-    def _settings(self, name: str, version: str, yaml: MarConfig, request: Registration) -> WorkerSettings:
-        """API > model-config YAML > config.properties `models` > the server's defaults (tsfs §A2.1)."""
-        configured: dict[str, Any] = self.config.models.get(name, {}).get(version, {})
-        default_workers = self.config.default_workers_per_model
-        if request.at_startup and not default_workers:
-            default_workers = self._cpu_count
-
-        def pick(api: int | None, from_yaml: int | None, key: str, default: int) -> int:
-            for value in (api, from_yaml, configured.get(key)):
-                if isinstance(value, int) and not isinstance(value, bool):
-                    return value
-            return default
-
-        yaml_given = yaml.raw
-        workers = pick(request.initial_workers, None, "minWorkers", default_workers)
-        if yaml.min_workers and (yaml.max_workers is None or yaml.max_workers >= yaml.min_workers):
-            workers = yaml.min_workers
-        check_workers(workers)
-        return WorkerSettings(
-            min_workers=workers,
-            max_workers=max(workers, yaml.max_workers or 0, pick(None, None, "maxWorkers", 0)),
-            batch_size=pick(request.batch_size, yaml.batch_size if "batchSize" in yaml_given else None,
-                            "batchSize", 1),
-            max_batch_delay_ms=pick(request.max_batch_delay_ms,
-                                    yaml.max_batch_delay_ms if "maxBatchDelay" in yaml_given else None,
-                                    "maxBatchDelay", 100),
-            response_timeout_s=pick(request.response_timeout_s,
-                                    yaml.response_timeout_s if "responseTimeout" in yaml_given else None,
-                                    "responseTimeout", self.config.default_response_timeout),
-            startup_timeout_s=pick(request.startup_timeout_s,
-                                   yaml.startup_timeout_s if "startupTimeout" in yaml_given else None,
-                                   "startupTimeout", self.config.default_startup_timeout),
-            job_queue_size=yaml.job_queue_size or self.config.job_queue_size,
-            client_timeout_ms=yaml.client_timeout_ms,
-        )
 
     async def _load(self, model: RegisteredModel, new_version: bool) -> None:
         """Load what the model's layout now says: its new versions, or (not `new_version`) every version again,
@@ -421,47 +291,5 @@ class TorchServing:
         return True
 
 
-def check_workers(count: int) -> None:
-    """TorchServeError (400) for a worker count past MAX_WORKERS: each worker is a process of the server's."""
-    if count > MAX_WORKERS:
-        raise TorchServeError(400, "BadRequestException", f"{count} workers is more than the {MAX_WORKERS} a model may "
-                                                          "have")
-
-
 def new_request_id() -> str:
     return str(uuid.uuid4())
-
-
-def startup_archives(config: TorchServeConfig) -> list[tuple[str | None, str]]:
-    """(name or None for the manifest's, archive) of each model `load_models` names: `all` is every archive of the
-    model store (`.mar`, `.tar.gz`, `.model` files and directories), in name order."""
-    if any(entry.lower() == "all" for entry in config.load_models):
-        if config.model_store is None:
-            return []
-        return [(None, entry.name) for entry in sorted(config.model_store.iterdir())
-                if not entry.name.startswith(".") and (
-                    entry.is_dir() or entry.name.endswith(STORE_ARCHIVE_SUFFIXES))]
-    archives: list[tuple[str | None, str]] = []
-    for entry in config.load_models:
-        name, separator, url = entry.partition("=")
-        archives.append((name, url) if separator else (None, entry))
-    return archives
-
-
-def archive_in_store(store: Path | None, url: str) -> Path:
-    """An archive the model store holds (tsfs §A2.1): a `.mar` file or archive directory named directly in it,
-    by its name or its full path (optionally `file://`); no subfolders."""
-    if store is None:
-        raise TorchServeError(400, "ModelException", "no model store is set (--model-store or model_store): archives "
-                                                     "are registered from it")
-    name = url.removeprefix("file://")
-    if os.path.isabs(name):
-        if Path(name).parent != store.absolute():
-            raise TorchServeError(400, "ModelException", f"{Path(name).name} is not in the model store")
-        name = Path(name).name
-    if not name or "/" in name or name in (".", ".."):
-        raise TorchServeError(400, "ModelException", f"'{url}' is not an archive of the model store (no subfolders)")
-    path = store / name
-    if not path.exists():
-        raise TorchServeError(404, "ModelNotFoundException", f"Model not found in model store: {name}")
-    return path
