@@ -4,7 +4,8 @@ version (compaction.py), written beside the served one and not made current here
 Streamed a chunk of rows at a time (rows.bin read in order, the updated rows of the chunk taken from the log, the
 ids added since merged in id order), so its memory is a chunk's, whatever the table's size; the pages it reads
 and writes are dropped from the OS page cache as it goes (the store reads the table with O_DIRECT: a table copy in
-the page cache would only push out other files). Paced: at most PACE_BYTES a second read and written together,
+the page cache would only push out other files), and what it writes goes to the disk a MiB at a time behind the
+writer (write_behind.py), never all at the final sync. Paced: at most PACE_BYTES a second read and written together,
 so that lookups' disk reads keep most of the disk. Written under a hidden name and renamed to `vN` only when
 whole (a crash leaves a hidden directory, removed by the next compaction, never a partial version).
 """
@@ -16,7 +17,6 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from modelhost.embeddings.table_files import (
     next_version_name,
     write_rows,
 )
+from modelhost.embeddings.write_behind import PIECE, WriteBehind
 
 CHUNK_ROWS = 65_536  # rows read, updated and written at a time (a multiple of any rows-per-block)
 PACE_BYTES = 32 << 20  # bytes a second read and written, at most (96 MiB/s raised lookups p50 1.5x, 32 did not)
@@ -52,13 +53,18 @@ def write_compacted(table: EmbeddingTable, frozen: FrozenLog) -> Path:
     staging = table.path / f"{STAGING}{name}"
     remove_staging(table.path)
     staging.mkdir()
-    with open(staging / ROWS, "wb") as rows_out, open(staging / IDS, "wb") as ids_out:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    rows_fd, ids_fd = os.open(staging / ROWS, flags, 0o644), os.open(staging / IDS, flags, 0o644)
+    try:
+        pace = _Pace()
+        rows_out, ids_out = WriteBehind(rows_fd, pace), WriteBehind(ids_fd, pace)
         np.lib.format.write_array_header_1_0(ids_out, {"descr": "<i8", "fortran_order": False, "shape": (rows,)})
-        _Rewrite(table, frozen, new_meta, rows_out, ids_out).run()
-        for out in (rows_out, ids_out):
-            out.flush()
-            os.fsync(out.fileno())
-            os.posix_fadvise(out.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        _Rewrite(table, frozen, new_meta, rows_out, ids_out, pace).run()
+        rows_out.finish()
+        ids_out.finish()
+    finally:
+        os.close(rows_fd)
+        os.close(ids_fd)
     (staging / META).write_text(json.dumps(new_meta.to_json()))
     fsync_path(staging / META)
     fsync_path(staging)
@@ -69,8 +75,8 @@ def write_compacted(table: EmbeddingTable, frozen: FrozenLog) -> Path:
 
 
 class _Rewrite:
-    def __init__(self, table: EmbeddingTable, frozen: FrozenLog, meta: TableMeta, rows_out: BinaryIO,
-                 ids_out: BinaryIO) -> None:
+    def __init__(self, table: EmbeddingTable, frozen: FrozenLog, meta: TableMeta, rows_out: WriteBehind,
+                 ids_out: WriteBehind, pace: _Pace) -> None:
         self._table = table
         self._frozen = frozen
         self._meta = meta
@@ -79,8 +85,7 @@ class _Rewrite:
         self._written = 0  # rows written
         self._pending = np.empty((0, meta.codec.row_bytes), dtype=np.uint8)  # the last, partial block's rows
         self._fd = os.open(table.version / ROWS, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self._started = time.monotonic()
-        self._moved = 0  # bytes read and written, for the pace
+        self._pace = pace
 
     def run(self) -> None:
         try:
@@ -124,7 +129,6 @@ class _Rewrite:
             write_rows(self._rows_out, self._meta, self._written, rows[:whole])
             self._written += whole
         self._pending = rows[whole:].copy()
-        self._pace(whole * self._meta.codec.row_bytes)
 
     def _old_rows(self, start: int, end: int) -> np.ndarray:
         """Rows start..end-1 of the old rows.bin (start begins a block), uint8 [n, row_bytes]."""
@@ -141,14 +145,26 @@ class _Rewrite:
         return rows
 
     def _pread(self, offset: int, size: int) -> np.ndarray:
-        data = os.pread(self._fd, size, offset)
-        if len(data) != size:
-            raise OSError(f"short read of {ROWS}: {len(data)} of {size} bytes at {offset}")
+        """`size` bytes at `offset`, read a piece at a time at the pace, dropped from the page cache."""
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        for start in range(0, size, PIECE):
+            part = view[start:start + PIECE]
+            if os.preadv(self._fd, [part], offset + start) != len(part):
+                raise OSError(f"short read of {ROWS} at {offset + start}")
+            self._pace(len(part))
         os.posix_fadvise(self._fd, offset, size, os.POSIX_FADV_DONTNEED)
-        self._pace(size)
-        return np.frombuffer(data, dtype=np.uint8)
+        return np.frombuffer(buffer, dtype=np.uint8)
 
-    def _pace(self, size: int) -> None:
+
+class _Pace:
+    """At most PACE_BYTES a second read and written together: called with each piece's size once it moved."""
+
+    def __init__(self) -> None:
+        self._started = time.monotonic()
+        self._moved = 0
+
+    def __call__(self, size: int) -> None:
         self._moved += size
         ahead = self._moved / PACE_BYTES - (time.monotonic() - self._started)
         if ahead > 0:
