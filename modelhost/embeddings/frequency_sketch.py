@@ -33,9 +33,14 @@ class FrequencySketch:
             self._added //= 2
 
     def carry(self, table: int, rows: np.ndarray, to_table: int, to_rows: np.ndarray) -> None:
-        """Give the keys (to_table, to_rows) at least the counts of (table, rows): the same items under new keys
-        (a compacted version's rows), so that the admission filter does not forget which rows are hot."""
+        """Move the counts of keys (table, rows) to (to_table, to_rows): the same items under new keys (a compacted
+        version's rows), so that the admission filter does not forget which rows are hot. The old keys' counters
+        lose what they gave (left there, each item would count twice and crowd the counters: every newcomer's
+        estimate would rise)."""
         counts = self.estimate(table, rows).astype(np.uint8)
+        for depth, index in enumerate(self._indices(table, rows)):
+            counters = self._counters[depth]
+            counters[index] -= np.minimum(counters[index], counts)
         order = np.argsort(counts, kind="stable")  # of keys sharing a counter, the largest count is written last
         counts = counts[order]
         for depth, index in enumerate(self._indices(to_table, to_rows[order])):
