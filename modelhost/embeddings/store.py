@@ -20,7 +20,8 @@ import numpy as np
 from modelhost.embeddings.compaction import DEFAULT_COMPACT_LOG_BYTES, Compactor
 from modelhost.embeddings.heap_trim import HeapTrimmer
 from modelhost.embeddings.row_cache import SlotPool
-from modelhost.embeddings.table import EmbeddingTable, TableClosed
+from modelhost.embeddings.table import EmbeddingTable
+from modelhost.embeddings.table_updates import TableClosed
 from modelhost.errors import ErrorKind, ModelhostError
 
 log = logging.getLogger("modelhost.embeddings")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modelhost.embeddings.table import EmbeddingTable, FrozenLog
+from modelhost.embeddings.table import EmbeddingTable
 from modelhost.embeddings.table_files import (
     BLOCK,
     IDS,
@@ -31,6 +31,7 @@ from modelhost.embeddings.table_files import (
     next_version_name,
     write_rows,
 )
+from modelhost.embeddings.table_updates import FrozenLog
 from modelhost.embeddings.write_behind import PIECE, WriteBehind
 
 CHUNK_ROWS = 65_536  # rows read, updated and written at a time (a multiple of any rows-per-block)

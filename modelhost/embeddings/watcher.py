@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from modelhost.embeddings.store import EmbeddingStore
-from modelhost.embeddings.table import EmbeddingTable, TableClosed
+from modelhost.embeddings.table import EmbeddingTable
 from modelhost.embeddings.table_files import CURRENT, TableError
+from modelhost.embeddings.table_updates import TableClosed
 
 log = logging.getLogger("modelhost.embeddings")
 
