@@ -9,7 +9,8 @@ of ranking requests (500 candidates x 39 fields, ids drawn from Zipf s = --zipf 
 all the run. Periods with a compaction (--updated rows updated first, outside the period, then the log compacted
 into a new version at the default pace) alternate with periods as long without one (the order swapped every pair).
 Reported per period kind: lookups, p50 / p99 / max ms; per compaction: its seconds, the slowest lookup and the
-step it overlapped, the hold (updates held back: the switch) and the longest fsync of the compaction's thread.
+step it overlapped, the hold (updates held back: the switch; its parts: the tail copied, CURRENT, the cache
+moved) and the longest fsync of the compaction's thread.
 """
 
 from __future__ import annotations
@@ -128,9 +129,11 @@ def report_compaction(recorder: Recorder, started: float, seconds: float) -> Non
     during = "+".join(inside) if inside else f"after {before[-1]}" if before else "write"
     times = dict(steps)
     hold = times.get("served", 0.0) - times.get("opened", 0.0)
+    parts = "/".join(f"{(times.get(b, 0.0) - times.get(a, 0.0)) * 1000:.0f}"
+                     for a, b in (("opened", "switching"), ("switching", "current"), ("current", "served")))
     fsync = max((took for fsync_at, took in recorder.fsyncs if fsync_at >= started), default=0.0)
-    print(f"compaction {seconds:5.1f} s  slowest lookup {took * 1000:6.1f} ms ({during})  opened->served "
-          f"{hold * 1000:6.1f} ms  longest fsync {fsync * 1000:6.1f} ms  load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"compaction {seconds:5.1f} s  slowest lookup {took * 1000:6.1f} ms ({during})  hold {hold * 1000:6.1f} ms "
+          f"({parts})  longest fsync {fsync * 1000:6.1f} ms  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def main() -> int:
