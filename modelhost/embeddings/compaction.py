@@ -68,6 +68,12 @@ class Compactor:
             self._running[key] = thread
         thread.start()
 
+    def running(self, key: Path) -> bool:
+        """Whether a compaction of the table at `key` is under way (its CURRENT may name the version it is
+        switching to before that version serves: the watcher must not swap it in beside the compaction)."""
+        with self._lock:
+            return key in self._running
+
     def wait(self, timeout: float | None = None) -> None:
         """Until the compactions under way finish."""
         with self._lock:

@@ -37,7 +37,7 @@ _READ_IDS = 1 << 20  # ids read at a time into the index
 class Sink(Protocol):
     """Where rows are written: a file, or a writer that syncs behind itself (write_behind.py)."""
 
-    def write(self, data: bytes, /) -> int: ...
+    def write(self, data: bytes | memoryview, /) -> int: ...
 
 
 class TableError(Exception):
@@ -229,6 +229,9 @@ def write_rows(out: Sink, meta: TableMeta, first: int, rows: np.ndarray) -> None
         out.write(padded.tobytes())
         return
     assert first % per_block == 0, "a chunk starts a block"
+    if per_block * row_bytes == BLOCK and len(rows) % per_block == 0:  # rows fill their blocks: written as they are
+        out.write(np.ascontiguousarray(rows).data)
+        return
     blocks = -(-len(rows) // per_block)
     padded = np.zeros((blocks * per_block, row_bytes), dtype=np.uint8)
     padded[: len(rows)] = rows

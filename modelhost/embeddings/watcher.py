@@ -64,8 +64,8 @@ class TableWatcher:
             current = (table.path / CURRENT).read_text().strip()
         except OSError:
             return table
-        if current == table.version.name:
-            return table
+        if current == table.version.name or self._store.compactor.running(table.path):
+            return table  # a compaction makes its version current and serves it itself
         try:
             swapped = self._store.swap(table.path)
         except TableError as exc:
