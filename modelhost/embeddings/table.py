@@ -27,7 +27,7 @@ from modelhost.embeddings.id_index import IdIndex
 from modelhost.embeddings.row_cache import SlotPool
 from modelhost.embeddings.row_map import RowMap
 from modelhost.embeddings.table_files import DELTA, ROWS, TableMeta, current_version, read_ids, read_meta
-from modelhost.embeddings.table_updates import FrozenLog, TableClosed, TableUpdates
+from modelhost.embeddings.table_updates import CachedCopies, FrozenLog, TableClosed, TableUpdates
 
 
 @dataclass(slots=True)
@@ -54,11 +54,11 @@ class EmbeddingTable:
         self._map = RowMap(read_ids(self.version, self.meta))
         self._codec = self.meta.codec
         self._default = self.meta.default_vector()
-        self._pool: SlotPool | None = None  # None: nothing cached
+        self._cached = CachedCopies(table_id)  # its pool (None: nothing cached)
         self.table_id = table_id
         self.counts = TableCounts()
         self._disk = DiskRows(self.version / ROWS, self.meta, executor, direct_io)
-        self._updates = TableUpdates(self.version / DELTA, self._codec, self._map, name, self._refresh)
+        self._updates = TableUpdates(self.version / DELTA, self._codec, self._map, name, self._cached)
         self._in_flight = 0
         self._closing = False
         self._idle = threading.Condition()
@@ -67,14 +67,14 @@ class EmbeddingTable:
 
     @property
     def pool(self) -> SlotPool | None:
-        return self._pool
+        return self._cached.pool
 
     def use_pool(self, pool: SlotPool) -> None:
         """Cache in `pool` from now on (starting empty), no longer in the last one."""
         with self._updates.publish_lock:
-            old, self._pool = self._pool, None
+            old, self._cached.pool = self._cached.pool, None
             pool.register(self.table_id, self.rows)
-            self._pool = pool
+            self._cached.pool = pool
         if old is not None:
             old.forget(self.table_id)
 
@@ -119,7 +119,7 @@ class EmbeddingTable:
 
     def warm(self, ids: np.ndarray, chunk: int = 65_536) -> int:
         """Fill the cache with the rows of `ids` (hottest first) until it is full; returns the rows cached."""
-        pool = self._pool
+        pool = self._cached.pool
         if pool is None or not pool.capacity:
             return 0
         start = 0
@@ -151,7 +151,7 @@ class EmbeddingTable:
         wanted = rows[known]
         data = np.empty((len(wanted), self._codec.row_bytes), dtype=np.uint8)
         generation = self._updates.generation
-        pool = self._pool
+        pool = self._cached.pool
         missed = pool.get(self.table_id, wanted, data) if pool is not None else np.ones(len(wanted), dtype=bool)
         if missed.any():
             self._read_missed(wanted, data, missed, generation, pool)
@@ -185,11 +185,6 @@ class EmbeddingTable:
         with self._updates.publish_lock:  # an update between the read and now must not undo it in the cache
             changed = self._updates.changed_since(rows, generation)
             pool.admit(self.table_id, rows, data[places], changed)
-
-    def _refresh(self, rows: np.ndarray, encoded: np.ndarray) -> None:
-        """Replace the cached copies of updated rows (TableUpdates, under the publish lock)."""
-        if self._pool is not None:
-            self._pool.refresh(self.table_id, rows, encoded)
 
     @property
     def ids(self) -> IdIndex:
@@ -230,8 +225,8 @@ class EmbeddingTable:
         with self._idle:
             self._closing = True
             self._idle.wait_for(lambda: self._in_flight == 0)
-        if self._pool is not None:
-            self._pool.forget(self.table_id)
+        if self._cached.pool is not None:
+            self._cached.pool.forget(self.table_id)
         self._disk.close()
         self._updates.log.close()
 
