@@ -53,14 +53,21 @@ def fill_log(port: int, ids: np.ndarray, dim: int, log_bytes: int) -> int:
     return posted
 
 
-def _sample(server: ServerProcess, load: Load, phase: str, until: Any) -> tuple[float, float]:
-    """Run `phase` until `until()`; its seconds and the server's highest RSS sample."""
-    load.phase, started, peak = phase, time.perf_counter(), 0.0
+def _sample(server: ServerProcess, load: Load, phase: str, until: Any) -> dict[str, float]:
+    """Run `phase` until `until(seconds)`: its seconds, the server's highest RSS sample (and its anonymous part
+    then), the cache's hit ratio, the load average at its end."""
+    before = metrics(server)
+    load.phase, started, peak, anon = phase, time.perf_counter(), 0.0, 0.0
     while not until(time.perf_counter() - started):
         time.sleep(0.5)
-        peak = max(peak, rss_mb(server.process.pid))
+        if (rss := rss_mb(server.process.pid)) > peak:
+            peak, anon = rss, rss_mb(server.process.pid, "RssAnon")
     load.phase = None
-    return time.perf_counter() - started, peak
+    after = metrics(server)
+    hits, misses = (after.get(f"modelhost_embedding_cache_{name}_total", 0)
+                    - before.get(f"modelhost_embedding_cache_{name}_total", 0) for name in ("hits", "misses"))
+    return {"seconds": time.perf_counter() - started, "peak": peak, "anon": anon,
+            "hit": hits / (hits + misses) if hits + misses > 0 else float("nan"), "load": os.getloadavg()[0]}
 
 
 def compaction_run(tiered: Path, work: Path, ids: np.ndarray, dim: int, bodies: list[Any], flags: list[str],
@@ -82,12 +89,13 @@ def compaction_run(tiered: Path, work: Path, ids: np.ndarray, dim: int, bodies: 
         took = metrics(server).get("modelhost_embedding_compaction_seconds_total", float("nan"))
         print(f"compaction through the server: {posted:,} rows updated, log limit {log_bytes / 2**20:.0f} MiB, "
               f"compaction {took:.1f} s, c={concurrency}, load {os.getloadavg()[0]:.1f}", flush=True)
-        for phase, (elapsed, peak) in seconds.items():
+        for phase, seen in seconds.items():
             latencies = sorted(load.by_phase.get(phase, [])) or [float("nan")]
             p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-            print(f"  {phase:6} {elapsed:6.1f} s  {len(latencies):5d} requests  p50 "
+            print(f"  {phase:6} {seen['seconds']:6.1f} s  {len(latencies):5d} requests  p50 "
                   f"{statistics.median(latencies) * 1000:7.1f}  p99 {p99 * 1000:7.1f}  max "
-                  f"{latencies[-1] * 1000:7.1f} ms  RSS peak {peak:5.0f} MB", flush=True)
+                  f"{latencies[-1] * 1000:7.1f} ms  hit {seen['hit']:.3f}  RSS peak {seen['peak']:5.0f} MB "
+                  f"(anon {seen['anon']:.0f})  load {seen['load']:.1f}", flush=True)
     finally:
         server.stop()
         shutil.rmtree(repository, ignore_errors=True)

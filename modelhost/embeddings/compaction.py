@@ -84,6 +84,7 @@ class Compactor:
     def _run(self, key: Path) -> None:
         try:
             compact(self._store, key)
+            self._store.trimmer.trim()  # the old version's structures and the rewrite's buffers, back to the OS
         except CompactionAbandoned as exc:
             log.info("embedding table compaction abandoned: %s", exc)
         except Exception:
