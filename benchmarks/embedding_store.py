@@ -205,6 +205,7 @@ class Load:
         self.by_phase: dict[str, list[float]] = {}
         self.cycle = False  # send requests again once all were sent (where no cache could remember them)
         self.failures = 0
+        self.timeline: list[tuple[float, float]] | None = None  # (start, seconds) of each request, where kept
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
 
     def __enter__(self) -> Load:
@@ -244,6 +245,8 @@ class Load:
                 self.failures += 1
             elif phase is not None:
                 self.by_phase.setdefault(phase, []).append(elapsed)
+                if self.timeline is not None:
+                    self.timeline.append((started, elapsed))
 
 
 def drop_page_cache() -> None:

@@ -53,11 +53,12 @@ def fill_log(port: int, ids: np.ndarray, dim: int, log_bytes: int) -> int:
     return posted
 
 
-def _sample(server: ServerProcess, load: Load, phase: str, until: Any) -> dict[str, float]:
+def _sample(server: ServerProcess, load: Load, phase: str, until: Any, marks: dict[str, float]) -> dict[str, float]:
     """Run `phase` until `until(seconds)`: its seconds, the server's highest RSS sample (and its anonymous part
     then), the cache's hit ratio, the load average at its end."""
     before = metrics(server)
     load.phase, started, peak, anon = phase, time.perf_counter(), 0.0, 0.0
+    marks[phase] = started
     while not until(time.perf_counter() - started):
         time.sleep(0.5)
         if (rss := rss_mb(server.process.pid)) > peak:
@@ -66,6 +67,7 @@ def _sample(server: ServerProcess, load: Load, phase: str, until: Any) -> dict[s
     after = metrics(server)
     hits, misses = (after.get(f"modelhost_embedding_cache_{name}_total", 0)
                     - before.get(f"modelhost_embedding_cache_{name}_total", 0) for name in ("hits", "misses"))
+    marks[f"{phase} end"] = time.perf_counter()
     return {"seconds": time.perf_counter() - started, "peak": peak, "anon": anon,
             "hit": hits / (hits + misses) if hits + misses > 0 else float("nan"), "load": os.getloadavg()[0]}
 
@@ -76,16 +78,20 @@ def compaction_run(tiered: Path, work: Path, ids: np.ndarray, dim: int, bodies: 
     server = ServerProcess(repository, *flags, "--embedding-compact-log-bytes", str(log_bytes))
     try:
         server.wait_ready(timeout=600)
-        with Load(server.port, "/v2/models/ranker/infer", bodies, concurrency) as load:
+        load = Load(server.port, "/v2/models/ranker/infer", bodies, concurrency)
+        timeline: list[tuple[float, float]] = []
+        marks: dict[str, float] = {}
+        load.timeline = timeline
+        with load:
             time.sleep(warmup)
-            seconds = {"before": _sample(server, load, "before", lambda t: t >= duration)}
+            seconds = {"before": _sample(server, load, "before", lambda t: t >= duration, marks)}
             posted = fill_log(server.port, ids, dim, log_bytes)
 
             def compacted(elapsed: float) -> bool:
                 return metrics(server).get("modelhost_embedding_compactions_total", 0) >= 1 or elapsed > 900
 
-            seconds["during"] = _sample(server, load, "during", compacted)
-            seconds["after"] = _sample(server, load, "after", lambda t: t >= duration)
+            seconds["during"] = _sample(server, load, "during", compacted, marks)
+            seconds["after"] = _sample(server, load, "after", lambda t: t >= duration, marks)
         took = metrics(server).get("modelhost_embedding_compaction_seconds_total", float("nan"))
         print(f"compaction through the server: {posted:,} rows updated, log limit {log_bytes / 2**20:.0f} MiB, "
               f"compaction {took:.1f} s, c={concurrency}, load {os.getloadavg()[0]:.1f}", flush=True)
@@ -96,6 +102,11 @@ def compaction_run(tiered: Path, work: Path, ids: np.ndarray, dim: int, bodies: 
                   f"{statistics.median(latencies) * 1000:7.1f}  p99 {p99 * 1000:7.1f}  max "
                   f"{latencies[-1] * 1000:7.1f} ms  hit {seen['hit']:.3f}  RSS peak {seen['peak']:5.0f} MB "
                   f"(anon {seen['anon']:.0f})  load {seen['load']:.1f}", flush=True)
+        start = marks["during"]
+        slowest = sorted(timeline, key=lambda request: -request[1])[:8]
+        print("  slowest requests (s after the compaction began, ms): " + ", ".join(
+            f"{at - start:.1f}: {took * 1000:.0f}" for at, took in sorted(slowest)) +
+            f"; the compaction was counted {marks['during end'] - start:.1f} s after it began", flush=True)
     finally:
         server.stop()
         shutil.rmtree(repository, ignore_errors=True)
