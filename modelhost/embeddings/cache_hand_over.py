@@ -49,7 +49,9 @@ class CacheHandOver:
         """The old version's cached slots, their rows and the same ids' rows in the new version."""
         assert self._pool is not None
         slots, rows = self._pool.held(self._old.table_id)
-        new_rows = self._new.rows_of(self._old.ids_of(rows))
+        new_rows = np.empty(len(rows), dtype=np.int64)
+        for part in _slices(len(rows)):  # a slice at a time: a lookup of n ids takes ~200 n bytes meanwhile
+            new_rows[part] = self._new.rows_of(self._old.ids_of(rows[part]))
         held = new_rows >= 0  # every one (the new version holds every id the old one did); left behind otherwise
         return slots[held], rows[held], new_rows[held]
 

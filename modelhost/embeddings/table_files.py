@@ -31,7 +31,7 @@ CURRENT = "CURRENT"
 META, IDS, ROWS, DELTA = "meta.json", "ids.npy", "rows.bin", "delta.log"
 _VERSION = re.compile(r"v(\d+)")
 _WRITE_ROWS = 65536  # rows encoded and written at a time
-_READ_IDS = 1 << 20  # ids read at a time into the index
+_READ_IDS = 1 << 18  # ids read at a time into the index (its transient memory: ~50 bytes an id)
 
 
 class Sink(Protocol):
