@@ -103,12 +103,12 @@ def compact(store: EmbeddingStore, key: Path) -> EmbeddingTable | None:
     started = time.monotonic()
     frozen = old.freeze()
     _reached("frozen")
-    version = write_compacted(old, frozen)
+    version, ids = write_compacted(old, frozen)
     _reached("written")
     new: EmbeddingTable | None = None
     switched = False
     try:
-        new = store.open_version(old, version)
+        new = store.open_version(old, version, ids)
         copied = old.log.count
         new.apply_records(*old.log.records(frozen.cut, copied))
         hand_over = CacheHandOver(old, new)

@@ -46,12 +46,12 @@ class TableCounts:
 
 class EmbeddingTable:
     def __init__(self, name: str, path: Path, table_id: int, executor: Executor | None, direct_io: bool = True,
-                 pool: SlotPool | None = None, version: Path | None = None) -> None:
+                 pool: SlotPool | None = None, version: Path | None = None, ids: IdIndex | None = None) -> None:
         self.name = name
         self.path = path
         self.version = current_version(path) if version is None else version
         self.meta: TableMeta = read_meta(self.version)
-        self._map = RowMap(read_ids(self.version, self.meta))
+        self._map = RowMap(read_ids(self.version, self.meta) if ids is None else ids)
         self._codec = self.meta.codec
         self._default = self.meta.default_vector()
         self._cached = CachedCopies(table_id)  # its pool (None: nothing cached)

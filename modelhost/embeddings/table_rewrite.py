@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from modelhost.embeddings.id_index import IdIndex
 from modelhost.embeddings.table import EmbeddingTable
 from modelhost.embeddings.table_files import (
     BLOCK,
@@ -45,8 +46,10 @@ def remove_staging(table: Path) -> None:
         shutil.rmtree(entry, ignore_errors=True)
 
 
-def write_compacted(table: EmbeddingTable, frozen: FrozenLog) -> Path:
-    """Write the table's version with `frozen` applied as a new version directory (not current); its path."""
+def write_compacted(table: EmbeddingTable, frozen: FrozenLog) -> tuple[Path, IdIndex]:
+    """Write the table's version with `frozen` applied as a new version directory (not current); its path and
+    its ids' index, built as they were written (opening the version then neither reads ids.npy back from the
+    disk nor builds the index in one burst at the switch)."""
     meta = table.meta
     rows = len(table.ids) + len(frozen.added_ids)
     new_meta = TableMeta(meta.dim, meta.dtype, rows, meta.default)
@@ -60,7 +63,9 @@ def write_compacted(table: EmbeddingTable, frozen: FrozenLog) -> Path:
         pace = _Pace()
         rows_out, ids_out = WriteBehind(rows_fd, pace), WriteBehind(ids_fd, pace)
         np.lib.format.write_array_header_1_0(ids_out, {"descr": "<i8", "fortran_order": False, "shape": (rows,)})
-        _Rewrite(table, frozen, new_meta, rows_out, ids_out, pace).run()
+        index = _new_index(table, frozen, rows)
+        _Rewrite(table, frozen, new_meta, rows_out, ids_out, pace, index).run()
+        index.seal()
         rows_out.finish()
         ids_out.finish()
     finally:
@@ -72,12 +77,21 @@ def write_compacted(table: EmbeddingTable, frozen: FrozenLog) -> Path:
     version = table.path / name
     os.replace(staging, version)
     fsync_path(table.path)
-    return version
+    return version, index
+
+
+def _new_index(table: EmbeddingTable, frozen: FrozenLog, rows: int) -> IdIndex:
+    """An empty index for the new version's ids: the old ones and those added, from the least to the greatest."""
+    ends = [frozen.added_ids[[0, -1]]] if len(frozen.added_ids) else []
+    if len(table.ids):
+        ends.append(table.ids.ids_of(np.array([0, len(table.ids) - 1])))
+    bounds = np.concatenate(ends) if ends else np.zeros(1, dtype=np.int64)
+    return IdIndex(rows, int(bounds.min()), int(bounds.max()))
 
 
 class _Rewrite:
     def __init__(self, table: EmbeddingTable, frozen: FrozenLog, meta: TableMeta, rows_out: WriteBehind,
-                 ids_out: WriteBehind, pace: _Pace) -> None:
+                 ids_out: WriteBehind, pace: _Pace, index: IdIndex) -> None:
         self._table = table
         self._frozen = frozen
         self._meta = meta
@@ -87,6 +101,7 @@ class _Rewrite:
         self._pending = np.empty((0, meta.codec.row_bytes), dtype=np.uint8)  # the last, partial block's rows
         self._fd = os.open(table.version / ROWS, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self._pace = pace
+        self._index = index
 
     def run(self) -> None:
         try:
@@ -123,6 +138,7 @@ class _Rewrite:
             order = np.argsort(ids, kind="stable")
             ids, data = ids[order], np.concatenate((data, extra))[order]
         self._ids_out.write(ids.astype("<i8").tobytes())
+        self._index.add(ids)
         self._emit(np.concatenate((self._pending, data)) if len(self._pending) else data, final=False)
 
     def _emit(self, rows: np.ndarray, final: bool) -> None:

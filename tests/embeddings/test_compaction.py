@@ -198,8 +198,8 @@ def test_a_compaction_keeps_every_row_of_every_dtype(tmp_path: Path, monkeypatch
     store = EmbeddingStore(StoreSettings(cache_bytes=0, compact_log_bytes=0, io_threads=2))
     handle = store.open(tmp_path / "t", "t")
     handle.update(IDS[::7], rng.standard_normal((len(IDS[::7]), dim)).astype(np.float32))
-    handle.update(np.array([5, 6]), np.ones((2, dim), np.float32))
-    every = np.concatenate((IDS, [5, 6]))
+    handle.update(np.array([-(10**7), 5]), np.ones((2, dim), np.float32))  # new ids: below the first, inside
+    every = np.concatenate((IDS, [-(10**7), 5]))
     before = handle.lookup(every)
     compaction.compact(store, handle.key)
     assert handle.table.version.name == "v2"
