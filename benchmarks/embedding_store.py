@@ -21,6 +21,8 @@ Configurations, each a `modelhost serve` of its own, one at a time:
 concurrency): 10,000 updated rows/s posted beside the traffic (1,000-row batches every 0.1 s over HTTP) in 4
 periods alternating with 4 without, on the same warm cache.
 
+--compaction LOG_BYTES measures a compaction through the server instead (embedding_store_compaction.py).
+
 --table-dir keeps the table and repositories for the next run (the tiered table's delta log is removed at each
 start); --server-env sets variables in the servers' environment (e.g. allocator settings).
 
@@ -203,6 +205,7 @@ class Load:
         self.by_phase: dict[str, list[float]] = {}
         self.cycle = False  # send requests again once all were sent (where no cache could remember them)
         self.failures = 0
+        self.timeline: list[tuple[float, float]] | None = None  # (start, seconds) of each request, where kept
         self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(concurrency)]
 
     def __enter__(self) -> Load:
@@ -242,6 +245,8 @@ class Load:
                 self.failures += 1
             elif phase is not None:
                 self.by_phase.setdefault(phase, []).append(elapsed)
+                if self.timeline is not None:
+                    self.timeline.append((started, elapsed))
 
 
 def drop_page_cache() -> None:
@@ -258,7 +263,7 @@ def metrics(server: ServerProcess) -> dict[str, float]:
     text = connection.getresponse().read().decode()
     values = {}
     for line in text.splitlines():
-        if line.startswith("modelhost_embedding_cache_"):
+        if line.startswith("modelhost_embedding_"):
             name, value = line.rsplit(" ", 1)
             values[name.split("{")[0]] = float(value)
     return values
@@ -396,6 +401,9 @@ def main() -> int:
     parser.add_argument("--updates-at", default=None,
                         help="concurrencies at which the update p99 ratio is measured (default: the highest; none)")
     parser.add_argument("--configurations", default="tiered,no,in", help="of tiered,no (no cache),in (in RAM)")
+    parser.add_argument("--compaction", type=int, default=None, metavar="LOG_BYTES",
+                        help="only a compaction through the server, of a log past LOG_BYTES "
+                        "(embedding_store_compaction.py)")
     args = parser.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     traffics = args.traffic.split(",")
@@ -433,12 +441,19 @@ def main() -> int:
     updates = [v2_body({"ids": ids[rng.choice(args.rows, 1000, replace=False)],
                         "vectors": rng.standard_normal((1000, args.dim)).astype(np.float32) * 0.05})
                for _ in range(50)]
+    cache_bytes = int(args.rows * args.dim * 4 * args.cache)
+    if args.compaction is not None:
+        from benchmarks.embedding_store_compaction import compaction_run  # it imports this module's parts
+
+        compaction_run(tiered, args.work or work, ids, args.dim, bodies[traffics[0]],
+                       ["--embedding-cache-bytes", str(cache_bytes), "--embedding-updates"], concurrency[0],
+                       args.warmup, args.duration, args.compaction)
+        return 0
     in_ram_vectors = np.ascontiguousarray(vectors)
     limit_ms = limit(in_ram_vectors, tiered / "dense" / "1" / "model.onnx", rows_by_traffic[traffics[0]], values)
     print(f"limit (in-process gather from RAM + dense model): p50 {limit_ms:.2f} ms", flush=True)
     del in_ram_vectors
     results: list[tuple[str, str, int, dict[str, Any], float]] = []
-    cache_bytes = int(args.rows * args.dim * 4 * args.cache)
     configurations = [(label, repository, flags) for label, repository, flags in (
         ("tiered", tiered, ["--embedding-cache-bytes", str(cache_bytes), "--embedding-updates"]),
         ("no cache", tiered, ["--embedding-cache-bytes", "0"]),

@@ -3,10 +3,11 @@ past the store's `compact_log_bytes`.
 
 1. freeze: the log's first `cut` records and the rows they updated (updates wait for this copy only);
 2. write: the version with them applied, beside the served one (table_rewrite.py: streamed, paced);
-3. open it (its ids index, its empty log) and copy into its log the records appended since `cut`;
-4. switch, with updates held back (lookups go on): copy the last records appended, hand the cached rows over to
-   the new version (same ids, new row numbers), make it CURRENT, serve it, retire the old one (an update that
-   waited retries on the new one). Then close the old one once its lookups in progress finish.
+3. open it (its ids index, its empty log), copy into its log the records appended since `cut`, and plan the
+   cache's hand-over (each cached row's new row number; the admission filter's counts carried to them);
+4. switch, with updates held back (lookups go on): copy the last records appended, make it CURRENT, retire the
+   old one (an update that waited retries on the new one), hand the cached rows over (cache_hand_over.py), serve
+   it. Then close the old one once its lookups in progress finish, and remove the version before it from disk.
 
 Every acknowledged update is in the served version's files at each step: until CURRENT names the new version,
 the old one's log holds them all; from then on the new one's rows.bin holds the first `cut` and its log the rest
@@ -24,8 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from modelhost.embeddings.cache_hand_over import CacheHandOver
 from modelhost.embeddings.table import EmbeddingTable
-from modelhost.embeddings.table_files import current_version, make_current
+from modelhost.embeddings.table_files import TableError, current_version, point_current, remove_versions
 from modelhost.embeddings.table_rewrite import write_compacted
 
 if TYPE_CHECKING:
@@ -34,10 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("modelhost.embeddings")
 
 DEFAULT_COMPACT_LOG_BYTES = 1 << 30
-_HAND_OVER_SLOTS = 16_384  # cached rows handed over under the cache lock at a time (lookups wait for one slice)
 
 # Called with each step's name as it is reached ("frozen", "written", "opened", "switching", "current",
-# "served"): a test's crash point (a process that exits there, as a crash would).
+# "served", "pruned"): a test's crash point (a process that exits there, as a crash would).
 crash_point: Callable[[str], None] | None = None
 
 
@@ -67,6 +68,12 @@ class Compactor:
             self._running[key] = thread
         thread.start()
 
+    def running(self, key: Path) -> bool:
+        """Whether a compaction of the table at `key` is under way (its CURRENT may name the version it is
+        switching to before that version serves: the watcher must not swap it in beside the compaction)."""
+        with self._lock:
+            return key in self._running
+
     def wait(self, timeout: float | None = None) -> None:
         """Until the compactions under way finish."""
         with self._lock:
@@ -77,6 +84,7 @@ class Compactor:
     def _run(self, key: Path) -> None:
         try:
             compact(self._store, key)
+            self._store.trimmer.trim()  # the old version's structures and the rewrite's buffers, back to the OS
         except CompactionAbandoned as exc:
             log.info("embedding table compaction abandoned: %s", exc)
         except Exception:
@@ -95,25 +103,27 @@ def compact(store: EmbeddingStore, key: Path) -> EmbeddingTable | None:
     started = time.monotonic()
     frozen = old.freeze()
     _reached("frozen")
-    version = write_compacted(old, frozen)
+    version, ids = write_compacted(old, frozen)
     _reached("written")
     new: EmbeddingTable | None = None
     switched = False
     try:
-        new = store.open_version(old, version)
+        new = store.open_version(old, version, ids)
         copied = old.log.count
         new.apply_records(*old.log.records(frozen.cut, copied))
+        hand_over = CacheHandOver(old, new)
+        hand_over.plan()
         _reached("opened")
-        with old.updates_held():
+        with old.updates_held():  # only what must not race an update: the tail, CURRENT, the cached rows
             new.apply_records(*old.log.records(copied, old.log.count))
             _reached("switching")
             if current_version(key) != old.version:
                 raise CompactionAbandoned(f"{key.name}: a new version was made current meanwhile")
-            _hand_over(old, new)
-            make_current(key, version)
+            point_current(key, version)
             switched = True
             old.retire()  # from here on an update to the old version would be lost at a restart
             _reached("current")
+            hand_over.move()
             if not store.install(key, old, new):
                 new.close()  # the table was closed (or the watcher swapped CURRENT in itself); its files are whole
                 return None
@@ -125,6 +135,9 @@ def compact(store: EmbeddingStore, key: Path) -> EmbeddingTable | None:
             shutil.rmtree(version, ignore_errors=True)
         raise
     old.close()
+    # Off the hold: removing a version frees gigabytes, which the disk may take a while over.
+    remove_versions(key, keep=(version.name, old.version.name, _current_name(key)))
+    _reached("pruned")
     counts = new.counts
     counts.compactions += 1
     counts.compaction_seconds += time.monotonic() - started
@@ -133,16 +146,8 @@ def compact(store: EmbeddingStore, key: Path) -> EmbeddingTable | None:
     return new
 
 
-def _hand_over(old: EmbeddingTable, new: EmbeddingTable) -> None:
-    """Move the old version's cached rows to the new one (the same ids at their new rows), a slice at a time:
-    the new version starts with the old one's cache, so its first lookups do not all go to disk."""
-    pool = old.pool
-    if pool is None or new.pool is not pool:
-        return
-    slots, rows = pool.held(old.table_id)
-    new_rows = new.rows_of(old.ids_of(rows))
-    held = new_rows >= 0  # every one (the new version holds every id the old one did); left behind otherwise
-    slots, rows, new_rows = slots[held], rows[held], new_rows[held]
-    for start in range(0, len(slots), _HAND_OVER_SLOTS):
-        part = slice(start, start + _HAND_OVER_SLOTS)
-        pool.move(old.table_id, new.table_id, slots[part], rows[part], new_rows[part])
+def _current_name(key: Path) -> str | None:
+    try:
+        return current_version(key).name
+    except TableError:
+        return None

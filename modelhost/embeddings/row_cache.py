@@ -17,12 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from modelhost.embeddings.frequency_sketch import FrequencySketch
 from modelhost.embeddings.slot_index import SlotIndex
 
 POLICIES = ("clock", "tinylfu")
-_SKETCH_DEPTH = 4
-_SKETCH_SEEDS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],
-                         dtype=np.uint64)
 
 
 @dataclass(slots=True)
@@ -59,7 +57,7 @@ class SlotPool:
         self.counts: dict[int, CacheCounts] = {}
         # 2 counters a slot in each of 4 rows (8 MB for 1M slots): 4 would keep 0.7 % more hits under Zipf 1.0 for
         # twice the memory (benchmarks/embedding_cache_policy.py)
-        self._sketch = _Sketch(max(capacity, 1) * 2) if policy == "tinylfu" else None
+        self._sketch = FrequencySketch(max(capacity, 1) * 2) if policy == "tinylfu" else None
 
     @property
     def nbytes(self) -> int:
@@ -173,6 +171,13 @@ class SlotPool:
             self._spare = np.concatenate((self._spare, refused))
             self.counts[new] = self.counts[old]
 
+    def carry_counts(self, table: int, rows: np.ndarray, to_table: int, to_rows: np.ndarray) -> None:
+        """Give `to_table`'s `to_rows` the admission filter's counts of `table`'s `rows` (the same ids in a
+        compacted version): a compaction must not make the filter forget which rows are hot."""
+        if self._sketch is not None:
+            with self.lock:
+                self._sketch.carry(table, rows, to_table, to_rows)
+
     def _free_slots(self, wanted: int) -> np.ndarray:
         if self._used >= self.capacity or not wanted:
             return np.empty(0, dtype=np.int64)
@@ -233,36 +238,3 @@ class SlotPool:
             self.counts[owner].evictions += len(same)
         self._owner[victims] = -1
         self._used -= int((owners >= 0).sum())
-
-
-class _Sketch:
-    """A count-min sketch of how often rows were asked for lately, halved every `window` requests (TinyLFU's
-    reset), in 8-bit counters."""
-
-    def __init__(self, width: int) -> None:
-        self._width = 1 << max(10, (width - 1).bit_length())
-        self._counters = np.zeros((_SKETCH_DEPTH, self._width), dtype=np.uint8)
-        self._window = self._width * 8
-        self._added = 0
-
-    def add(self, table: int, rows: np.ndarray) -> None:
-        """Count one request of each of `rows` (unique: two that share a counter count once)."""
-        for depth, index in enumerate(self._indices(table, rows)):
-            counters = self._counters[depth]
-            counters[index] = np.minimum(counters[index], 254) + 1
-        self._added += len(rows)
-        if self._added >= self._window:
-            self._counters >>= 1
-            self._added //= 2
-
-    def estimate(self, table: int, rows: np.ndarray) -> np.ndarray:
-        estimates = [self._counters[depth][index] for depth, index in enumerate(self._indices(table, rows))]
-        smallest: np.ndarray = np.minimum.reduce(estimates).astype(np.int64)
-        return smallest
-
-    def _indices(self, table: int, rows: np.ndarray) -> list[np.ndarray]:
-        keys = rows.astype(np.uint64) ^ (np.uint64(table) << np.uint64(48))
-        shift = np.uint64(64 - (self._width.bit_length() - 1))
-        with np.errstate(over="ignore"):
-            return [((keys + seed) * np.uint64(0x9E3779B97F4A7C15) >> shift).astype(np.int64)
-                    for seed in _SKETCH_SEEDS]

@@ -19,8 +19,10 @@ import numpy as np
 
 from modelhost.embeddings.compaction import DEFAULT_COMPACT_LOG_BYTES, Compactor
 from modelhost.embeddings.heap_trim import HeapTrimmer
+from modelhost.embeddings.id_index import IdIndex
 from modelhost.embeddings.row_cache import SlotPool
-from modelhost.embeddings.table import EmbeddingTable, TableClosed
+from modelhost.embeddings.table import EmbeddingTable
+from modelhost.embeddings.table_updates import TableClosed
 from modelhost.errors import ErrorKind, ModelhostError
 
 log = logging.getLogger("modelhost.embeddings")
@@ -99,13 +101,13 @@ class EmbeddingStore:
         old.close()
         return table
 
-    def open_version(self, old: EmbeddingTable, version: Path) -> EmbeddingTable:
+    def open_version(self, old: EmbeddingTable, version: Path, ids: IdIndex | None = None) -> EmbeddingTable:
         """`version` of the table `old` serves, opened beside it (caching in its pool, its counts carried over),
-        for `install` to serve."""
+        for `install` to serve; `ids`: its ids' index, where the caller has it."""
         with self._lock:
             table_id, self._next_id = self._next_id, self._next_id + 1
         table = EmbeddingTable(old.name, old.path, table_id, self._executor, self.settings.direct_io, old.pool,
-                               version)
+                               version, ids)
         table.counts = old.counts
         return table
 

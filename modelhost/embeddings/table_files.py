@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
@@ -31,7 +31,13 @@ CURRENT = "CURRENT"
 META, IDS, ROWS, DELTA = "meta.json", "ids.npy", "rows.bin", "delta.log"
 _VERSION = re.compile(r"v(\d+)")
 _WRITE_ROWS = 65536  # rows encoded and written at a time
-_READ_IDS = 1 << 20  # ids read at a time into the index
+_READ_IDS = 1 << 18  # ids read at a time into the index (its transient memory: ~50 bytes an id)
+
+
+class Sink(Protocol):
+    """Where rows are written: a file, or a writer that syncs behind itself (write_behind.py)."""
+
+    def write(self, data: bytes | memoryview, /) -> int: ...
 
 
 class TableError(Exception):
@@ -189,20 +195,31 @@ def write_version(table: Path, ids: np.ndarray, vectors: np.ndarray, dtype: str,
 
 def make_current(table: Path, version: Path) -> None:
     """Point CURRENT at `version` atomically, then remove versions before the previous one."""
+    previous = point_current(table, version)
+    remove_versions(table, keep=(version.name, previous))
+
+
+def point_current(table: Path, version: Path) -> str | None:
+    """Point CURRENT at `version` atomically (durable on return); the name it held before, if any."""
     previous = (table / CURRENT).read_text().strip() if (table / CURRENT).exists() else None
     staged = table / f".{CURRENT}.{os.getpid()}"
     staged.write_text(version.name + "\n")
     fsync_path(staged)
     os.replace(staged, table / CURRENT)
     fsync_path(table)
+    return previous
+
+
+def remove_versions(table: Path, keep: tuple[str | None, ...]) -> None:
+    """Remove the table's versions but those named in `keep`."""
     for entry in table.iterdir():
-        if _VERSION.fullmatch(entry.name) and entry.name not in (version.name, previous) and entry.is_dir():
+        if _VERSION.fullmatch(entry.name) and entry.name not in keep and entry.is_dir():
             for child in entry.iterdir():
                 child.unlink()
             entry.rmdir()
 
 
-def write_rows(out: BinaryIO, meta: TableMeta, first: int, rows: np.ndarray) -> None:
+def write_rows(out: Sink, meta: TableMeta, first: int, rows: np.ndarray) -> None:
     """Rows `first`.. at their places in rows.bin (written in order: each block is written whole)."""
     per_block = meta.rows_per_block
     row_bytes = meta.codec.row_bytes
@@ -212,6 +229,9 @@ def write_rows(out: BinaryIO, meta: TableMeta, first: int, rows: np.ndarray) -> 
         out.write(padded.tobytes())
         return
     assert first % per_block == 0, "a chunk starts a block"
+    if per_block * row_bytes == BLOCK and len(rows) % per_block == 0:  # rows fill their blocks: written as they are
+        out.write(np.ascontiguousarray(rows).data)
+        return
     blocks = -(-len(rows) // per_block)
     padded = np.zeros((blocks * per_block, row_bytes), dtype=np.uint8)
     padded[: len(rows)] = rows

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from modelhost.embeddings.store import EmbeddingStore
-from modelhost.embeddings.table import EmbeddingTable, TableClosed
+from modelhost.embeddings.table import EmbeddingTable
 from modelhost.embeddings.table_files import CURRENT, TableError
+from modelhost.embeddings.table_updates import TableClosed
 
 log = logging.getLogger("modelhost.embeddings")
 
@@ -63,8 +64,8 @@ class TableWatcher:
             current = (table.path / CURRENT).read_text().strip()
         except OSError:
             return table
-        if current == table.version.name:
-            return table
+        if current == table.version.name or self._store.compactor.running(table.path):
+            return table  # a compaction makes its version current and serves it itself
         try:
             swapped = self._store.swap(table.path)
         except TableError as exc:

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from modelhost.cli import modelhost_settings
-from modelhost.embeddings import compaction
+from modelhost.embeddings import compaction, table_rewrite
 from modelhost.embeddings.store import EmbeddingStore, StoreSettings
 from modelhost.embeddings.table import EmbeddingTable
 from modelhost.embeddings.table_files import CURRENT, write_version
+from modelhost.embeddings.watcher import TableWatcher
 from modelhost.settings import ServerSettings, SettingsError, check_settings
 
 DIM = 8
@@ -88,6 +89,9 @@ def test_updates_and_lookups_during_a_compaction(tmp_path: Path, slow_steps: Non
 
     reader = threading.Thread(target=look)
     reader.start()
+    # The watcher sees CURRENT name the new version before it serves: it must leave the switch to the compaction.
+    watcher = TableWatcher(store, poll_seconds=0.02)
+    watcher.start()
     old = handle.table
     store.compactor.request(handle.key)
     while handle.table is old:  # updates all through the compaction, the last ones waiting for its switch
@@ -97,6 +101,7 @@ def test_updates_and_lookups_during_a_compaction(tmp_path: Path, slow_steps: Non
     update(50, new_ids=5)
     stop.set()
     reader.join()
+    watcher.stop()
     assert not problems
     table = handle.table
     assert table.version.name == "v2" and table.counts.compactions == 1 and table.counts.compaction_seconds > 0
@@ -125,7 +130,7 @@ CRASHING = """
 import os, sys
 import numpy as np
 from pathlib import Path
-from modelhost.embeddings import compaction
+from modelhost.embeddings import compaction, table_rewrite
 from modelhost.embeddings.store import EmbeddingStore, StoreSettings
 path, stop_at, ids = Path(sys.argv[1]), sys.argv[2], np.array(eval(sys.argv[3]), dtype=np.int64)
 store = EmbeddingStore(StoreSettings(cache_bytes=4096, compact_log_bytes=0))
@@ -146,7 +151,7 @@ compaction.compact(store, path.resolve())
 """
 
 
-@pytest.mark.parametrize("step", ["frozen", "written", "opened", "switching", "current", "served"])
+@pytest.mark.parametrize("step", ["frozen", "written", "opened", "switching", "current", "served", "pruned"])
 def test_a_crash_at_any_step_restarts_with_every_acknowledged_update(tmp_path: Path, step: str) -> None:
     make_table(tmp_path / "t")
     chosen = IDS[::10].tolist() + [5, 6, 7]  # three ids the table does not hold: added by the updates
@@ -161,7 +166,7 @@ def test_a_crash_at_any_step_restarts_with_every_acknowledged_update(tmp_path: P
         want[part::3] = float(part + 1)
     np.testing.assert_array_equal(reopened(tmp_path / "t", ids), want)
     serving = (tmp_path / "t" / CURRENT).read_text().strip()
-    assert serving == ("v2" if step in ("current", "served") else "v1")
+    assert serving == ("v2" if step in ("current", "served", "pruned") else "v1")
     # The table compacts again after the crash, and what the crashed one left is gone.
     store = EmbeddingStore(StoreSettings(cache_bytes=0, compact_log_bytes=0))
     store.open(tmp_path / "t", "t")
@@ -179,3 +184,27 @@ def test_the_flag_sets_the_limit_within_its_bounds() -> None:
     for bad in (-1, 4096):
         with pytest.raises(SettingsError, match="--embedding-compact-log-bytes must be 0 .never. or at least 1MiB"):
             check_settings(ServerSettings(embedding_compact_log_bytes=bad))
+
+
+@pytest.mark.parametrize(("dtype", "dim"), [("int8", 8), ("float16", 24), ("float32", 1100)])
+def test_a_compaction_keeps_every_row_of_every_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str,
+                                                     dim: int) -> None:
+    """Rows that do not fill a block (341 int8 rows of 12 bytes, 85 float16 rows of 48) or take several: each chunk
+    of the rewrite starts a block (a chunk of 1000 rows once started mid-block and shifted every later row)."""
+    monkeypatch.setattr(table_rewrite, "CHUNK_ROWS", 1000)
+    monkeypatch.setattr(table_rewrite, "PACE_BYTES", 1 << 40)
+    rng = np.random.default_rng(0)
+    write_version(tmp_path / "t", IDS, rng.standard_normal((ROWS, dim)).astype(np.float32), dtype)
+    store = EmbeddingStore(StoreSettings(cache_bytes=0, compact_log_bytes=0, io_threads=2))
+    handle = store.open(tmp_path / "t", "t")
+    handle.update(IDS[::7], rng.standard_normal((len(IDS[::7]), dim)).astype(np.float32))
+    handle.update(np.array([-(10**7), 5]), np.ones((2, dim), np.float32))  # new ids: below the first, inside
+    every = np.concatenate((IDS, [-(10**7), 5]))
+    before = handle.lookup(every)
+    compaction.compact(store, handle.key)
+    assert handle.table.version.name == "v2"
+    np.testing.assert_array_equal(handle.lookup(every), before)
+    store.close()
+    table = EmbeddingTable("t", tmp_path / "t", 0, None)
+    np.testing.assert_array_equal(table.lookup(every), before)
+    table.close()

@@ -3,7 +3,9 @@ and order, delta updates (durable, atomic per row under concurrent lookups), and
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -68,7 +70,8 @@ def test_the_cache_holds_its_budget_and_hits_what_it_holds(tmp_path: Path, execu
     table = open_table(tmp_path / "t", executor, cached_rows=100)
     hot = ids[:80]
     table.lookup(hot)
-    pool = table._pool  # noqa: SLF001 - the counts behind the metrics
+    pool = table.pool  # the counts behind the metrics
+    assert pool is not None
     assert pool.counts[0].hits == 0 and pool.cached_rows(0) == 80
     np.testing.assert_array_equal(table.lookup(hot), vectors[:80])
     assert pool.counts[0].hits == 80
@@ -203,3 +206,22 @@ def test_writing_refuses_repeated_ids_and_unstorable_values(tmp_path: Path) -> N
         write_version(tmp_path / "b", np.array([1]), np.full((1, DIM), np.nan, dtype=np.float32), "float32")
     with pytest.raises(TableError, match="beyond float16's range"):
         write_version(tmp_path / "c", np.array([1]), np.full((1, DIM), 1e6, dtype=np.float32), "float16")
+
+
+def test_a_closed_table_is_freed_without_the_garbage_collector(tmp_path: Path,
+                                                               executor: ThreadPoolExecutor) -> None:
+    """No reference cycle: a version replaced by a compaction frees its ids index (56 MB for the benchmark's
+    10,000,000 rows) when it closes, not whenever the collector next runs."""
+    ids, vectors = reference(100)
+    write_version(tmp_path / "t", ids, vectors, "float32")
+    table = open_table(tmp_path / "t", executor, cached_rows=10)
+    table.update(ids[:3], vectors[:3] + 1)
+    table.lookup(ids[:20])
+    table.close()
+    gc.disable()
+    try:
+        freed = weakref.ref(table)
+        del table
+        assert freed() is None
+    finally:
+        gc.enable()
