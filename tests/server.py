@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -16,11 +17,33 @@ from pathlib import Path
 import requests
 
 _handed_out: set[int] = set()
+# Under pytest-xdist each worker hands out ports of its own range, below the kernel's ephemeral ports (32768 and up,
+# which bind(0) and client sockets take): two workers probing with bind(0) could each be offered the same port
+# between one's probe and its server's bind, a second or so later.
+_WORKER_PORTS = 4000
+_FIRST_WORKER_PORT = 12000
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+_ports = (range(_FIRST_WORKER_PORT + int(_worker[2:]) * _WORKER_PORTS,
+                _FIRST_WORKER_PORT + (int(_worker[2:]) + 1) * _WORKER_PORTS)
+          if _worker[:2] == "gw" and _worker[2:].isdigit() and int(_worker[2:]) < 5 else None)
+_next_port = [random.randrange(_WORKER_PORTS)]
 
 
 def free_port() -> int:
     """A port free now and not handed out before in this process: the kernel may offer a port again once
     its probe socket closes, before the server it was meant for has bound it."""
+    for _ in range(_WORKER_PORTS if _ports is not None else 0):
+        port = _ports[_next_port[0] % _WORKER_PORTS]  # type: ignore[index]
+        _next_port[0] += 1
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                continue
+        _handed_out.add(port)
+        return port
     while True:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
