@@ -1,9 +1,10 @@
 """Where a server's settings come from besides their defaults: the container variables of SageMaker's images
 (SAGEMAKER_*, and the Triton container's through sagemaker_triton) and the command line's flags.
 
-Precedence: an explicit flag beats an environment variable, which beats the default (`resolve_settings`). Pure:
-reads only the mapping it is given. The SAGEMAKER_* variables and what they set are listed in docs/sagemaker.md
-("Configuration by environment").
+Precedence: an explicit flag beats an environment variable, which beats the default (`resolve_settings`). Reads
+only the mapping it is given, and the paths it names (the token file; whether SageMaker's model directory
+exists). The SAGEMAKER_* variables and what they set are listed in docs/sagemaker.md ("Configuration by
+environment").
 """
 
 from __future__ import annotations
