@@ -184,6 +184,16 @@ def request_ids(popularity: Popularity) -> np.ndarray:
     return np.hstack([np.broadcast_to(shared, (CANDIDATES, SHARED)), items])
 
 
+def post_update(connection: http.client.HTTPConnection, body: bytes, header_length: int) -> None:
+    """One batch of rows (a v2_body) to the embedding model's update call; RuntimeError unless it is applied."""
+    connection.request("POST", "/v2/models/emb/embeddings/update", body,
+                       {"Inference-Header-Content-Length": str(header_length)})
+    response = connection.getresponse()
+    response.read()
+    if response.status != 200:
+        raise RuntimeError(f"update failed: {response.status}")
+
+
 def v2_body(inputs: dict[str, np.ndarray]) -> tuple[bytes, int]:
     header = {"inputs": [{"name": name, "datatype": "INT64" if a.dtype == np.int64 else "FP32",
                           "shape": list(a.shape), "parameters": {"binary_data_size": a.nbytes}}
@@ -319,12 +329,7 @@ def _paced(port: int, updates: list[tuple[bytes, int]], updating: threading.Even
         started = time.perf_counter()
         body, header_length = updates[sent % len(updates)]
         sent += 1
-        connection.request("POST", "/v2/models/emb/embeddings/update", body,
-                           {"Inference-Header-Content-Length": str(header_length)})
-        response = connection.getresponse()
-        response.read()
-        if response.status != 200:
-            raise RuntimeError(f"update failed: {response.status}")
+        post_update(connection, body, header_length)
         time.sleep(max(0.0, 0.1 - (time.perf_counter() - started)))
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.embedding_store import Load, metrics, rss_mb, v2_body
+from benchmarks.embedding_store import Load, metrics, post_update, rss_mb, v2_body
 from tests.server import ServerProcess
 
 
@@ -43,12 +43,7 @@ def fill_log(port: int, ids: np.ndarray, dim: int, log_bytes: int) -> int:
     while posted * (dim * 4 + 8) <= log_bytes:
         body, header = v2_body({"ids": ids[rng.choice(len(ids), 10_000, replace=False)],
                                 "vectors": rng.standard_normal((10_000, dim), dtype=np.float32) * 0.05})
-        connection.request("POST", "/v2/models/emb/embeddings/update", body,
-                           {"Inference-Header-Content-Length": str(header)})
-        response = connection.getresponse()
-        response.read()
-        if response.status != 200:
-            raise RuntimeError(f"update failed: {response.status}")
+        post_update(connection, body, header)
         posted += 10_000
     return posted
 
