@@ -7,7 +7,6 @@ request for a retrying client."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,22 +22,17 @@ import botocore.exceptions
 import numpy as np
 import onnxruntime as ort
 import pytest
-import ray
 import requests
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from botocore.config import Config
-from ray import serve
-from ray.cluster_utils import Cluster
 from tritonclient.utils import InferenceServerException
 
 from modelhost.client import Client, RetryPolicy
-from modelhost.ray_serve.application import REPLICA_DEPLOYMENT
-from modelhost.ray_serve.command import APP_NAME, deploy, parse_flags, serve_config
-from modelhost.ray_serve.forwarded import ForwardedRequest
 from tests.archives import weighted_model, write_archive, write_archives
 from tests.core.test_sequences_e2e import ACCUMULATOR_CONFIG
 from tests.onnx_models import ACCUMULATOR_CONTROLS, accumulator_model
+from tests.ray.driver import RayDriver
 from tests.server import ServerProcess, free_port
 
 WIDTH = 256 * 1024  # float32 weights: 1 MiB per model
@@ -61,24 +55,19 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    # Serve's handles in this process push metrics from a thread; once Ray is shut down here they must not
-    # connect it again (to a cluster being torn down).
-    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
-    nodes.add_node(num_cpus=4)
-    ray.init(address=nodes.address, log_to_driver=False)
-    yield nodes
-    serve.shutdown()
-    ray.shutdown()
-    nodes.shutdown()
+def cluster() -> Iterator[RayDriver]:
+    driver = RayDriver()
+    try:
+        yield driver
+    finally:
+        driver.close()
 
 
 class RayApp:
     """`modelhost ray` on the cluster, and what the tests need to reach and reshape it."""
 
-    def __init__(self, cluster: Cluster, archives: Path) -> None:
+    def __init__(self, cluster: RayDriver, archives: Path) -> None:
+        self.cluster = cluster
         self.port = free_port()
         self.grpc_port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -101,16 +90,10 @@ class RayApp:
         raise AssertionError("modelhost ray did not become ready")
 
     def replicas(self) -> list[dict[str, Any]]:
-        """The live replicas (one killed a moment ago may still be asked, and answer that it died)."""
-        handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, APP_NAME)
-        answers = handle.broadcast("describe").results(timeout_s=30, return_exceptions=True)
-        return sorted((a for a in answers if not isinstance(a, Exception)), key=lambda r: r["replica"])
+        return list(self.cluster.call("replicas"))
 
     def on_every_replica(self, method: str, path: str, model: str) -> list[Any]:
-        """`method path` run by every replica itself (each loads `model` first, if it may): their answers."""
-        handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, APP_NAME)
-        request = ForwardedRequest(method, path, b"", [], b"")
-        return handle.broadcast("__call__", request, model).results(timeout_s=60)
+        return list(self.cluster.call("on_every_replica", method, path, model))
 
     def max_batch_sizes(self, model: str) -> list[int]:
         """`model`'s max_batch_size in each replica's config (loading it where it is not loaded)."""
@@ -121,8 +104,7 @@ class RayApp:
     def resize(self, replicas: dict[str, Any]) -> None:
         """Deploy the same application's config with other replica options, as `serve deploy` of an edited config
         file would: resized in place."""
-        settings, _ = parse_flags(self.argv)
-        deploy(serve_config(self.argv, settings, replicas=replicas))
+        self.cluster.call("redeploy", self.argv, replicas)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -130,7 +112,7 @@ class RayApp:
 
 
 @pytest.fixture(scope="module")
-def app(cluster: Cluster, archives: Path) -> Iterator[RayApp]:
+def app(cluster: RayDriver, archives: Path) -> Iterator[RayApp]:
     running = RayApp(cluster, archives)
     try:
         running.wait_ready()
@@ -393,7 +375,7 @@ def test_a_replica_killed_under_load_loses_no_request(app: RayApp) -> None:
     load = Load(app)
     try:
         until(lambda: load.answered > 20, "requests to be answered")
-        ray.kill(ray.get_actor(before[0]["actor"], namespace="serve"), no_restart=True)
+        app.cluster.call("kill_actor", before[0]["actor"])
         until(lambda: len(ids := {r["replica"] for r in app.replicas()}) == 2 and before[0]["replica"] not in ids,
               "the killed replica to be replaced")
         answered = load.answered
