@@ -41,6 +41,23 @@ BUDGET = 400 * 1024 * 1024  # per replica: every model fits, so that only routin
 
 
 NARROW = 16  # the JSON and CSV protocols' model: what they check is the protocol, not a megabyte of text
+# A Python model that holds each request 50 ms without using a core: the autoscaling test's load, whose ongoing
+# requests per replica depend on how many clients send, not on how fast a loaded machine runs them.
+SLEEPER_CONFIG = b"""
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] } ]
+"""
+SLEEPER = b"""
+import time
+
+
+class Model:
+    def execute(self, inputs):
+        time.sleep(0.05)
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +68,7 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_archive(root / "accumulator.tar.gz", {  # a sequence model: 16 sequences at once, idle after 30 s
         "config.pbtxt": (ACCUMULATOR_CONFIG % (16, 30_000_000, ACCUMULATOR_CONTROLS)).encode(),
         "model.onnx": accumulator_model().SerializeToString()})
+    write_archive(root / "sleeper.tar.gz", {"config.pbtxt": SLEEPER_CONFIG, "1/model.py": SLEEPER})
     return root
 
 
@@ -325,9 +343,11 @@ def test_a_sequence_stays_on_one_replica_when_its_model_is_on_both(app: RayApp) 
 
 
 class Load:
-    """Clients sending requests for ten models until stopped, with retries, each answer checked."""
+    """Clients sending requests for ten models (or for `model` alone, a narrow one that answers its input) until
+    stopped, with retries, each answer checked."""
 
-    def __init__(self, app: RayApp, clients: int = 3) -> None:
+    def __init__(self, app: RayApp, clients: int = 3, model: str | None = None) -> None:
+        self._model = model
         self.answered = 0
         self.failures: list[str] = []
         self._url = f"127.0.0.1:{app.port}"
@@ -346,12 +366,16 @@ class Load:
             self._threads.append((thread, stop))
 
     def _run(self, first: int, stop: threading.Event) -> None:
-        x = row(first)
+        x = row(first) if self._model is None else np.full((1, NARROW), first, np.float32)
         retry = RetryPolicy(attempts=20, base_s=0.05, cap_s=1.0)
         with Client(self._url, timeout=60, retry=retry) as client:
             model = first
             while not stop.is_set():
                 try:
+                    if self._model is not None:
+                        np.testing.assert_array_equal(client.infer(self._model, {"INPUT0": x})["OUTPUT0"], x)
+                        self.answered += 1
+                        continue
                     answer = client.infer(f"model-{model % 10}", {"INPUT0": x})["OUTPUT0"]
                     np.testing.assert_array_equal(answer, x + model % 10)
                     self.answered += 1
@@ -386,13 +410,14 @@ def test_a_replica_killed_under_load_loses_no_request(app: RayApp) -> None:
 
 
 def test_autoscaling_1_3_1_under_load_loses_no_request(app: RayApp) -> None:
-    """Ray Serve's autoscaling on ongoing requests per replica: 1 replica for one client, 3 for six, and back. (Six,
-    not the four that do on an idle machine: on a slow one a client thread spends more of its time between requests,
-    and four did not bring a third replica within 120 s once.)"""
+    """Ray Serve's autoscaling on ongoing requests per replica: 1 replica for one client, 3 for six, and back. The
+    clients call a model that holds each request 50 ms: with models that answer in a millisecond, how many requests
+    were ongoing depended on how fast the machine ran the clients, and on a loaded CI machine six clients of the
+    1 MiB models did not bring a third replica within 120 s."""
     app.resize({"num_replicas": "auto", "autoscaling_config": {
         "min_replicas": 1, "max_replicas": 3, "initial_replicas": 1, "target_ongoing_requests": 1,
         "upscale_delay_s": 0.5, "downscale_delay_s": 1.0, "metrics_interval_s": 0.2, "look_back_period_s": 0.5}})
-    load = Load(app, clients=1)
+    load = Load(app, clients=1, model="sleeper")
     try:
         until(lambda: len(app.replicas()) == 1, "1 replica")
         triton_http.InferenceServerClient(f"127.0.0.1:{app.port}").load_model("model-44", config=OVERRIDE)
