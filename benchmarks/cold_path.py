@@ -81,10 +81,11 @@ async def round_of(client: Client, pid: int, order: list[int], concurrency: int)
     return split(before, thread_cpu(pid), len(order))
 
 
-def modelhost(root: Path, workdir: Path, tree: Path, budget: int, label: str, priority: str = "auto") -> Modelhost:
+def modelhost(root: Path, workdir: Path, tree: Path, budget: int, label: str, priority: str = "auto",
+              flags: tuple[str, ...] = ()) -> Modelhost:
     os.environ["PYTHONPATH"] = str(tree)
     os.environ["PYTHONSAFEPATH"] = "1"
-    server = Modelhost(root, workdir, budget, priority)
+    server = Modelhost(root, workdir, budget, priority, flags)
     server.label = label
     return server
 

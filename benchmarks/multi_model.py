@@ -228,9 +228,11 @@ class InProcess(ServerUnderTest):
 class Modelhost(ServerUnderTest):
     label = "modelhost"
 
-    def __init__(self, root: Path, workdir: Path, budget: int, priority: str = "auto") -> None:
+    def __init__(self, root: Path, workdir: Path, budget: int, priority: str = "auto",
+                 flags: tuple[str, ...] = ()) -> None:
         self.server = ServerProcess(root, "--multi-model", "--model-cache-bytes", str(budget),
-                                    "--compute-priority", priority, cache_dir=Path(tempfile.mkdtemp(dir=workdir)))
+                                    "--compute-priority", priority, *flags,
+                                    cache_dir=Path(tempfile.mkdtemp(dir=workdir)))
         self.server.wait_ready(path=self.server.sagemaker + "/ping")
         self.pid = self.server.process.pid
         # ServerProcess pipes the server's log and reads it only at stop: a full pipe (64 KiB, a few

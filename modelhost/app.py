@@ -172,7 +172,7 @@ class Server:
             self.dataplane.sum_statistics_with(self.peers)
         self.archives = archives  # a multi-model endpoint's TargetModel archives
         # A multi-model endpoint: every model in memory is within the cache's budget.
-        self.cache = (ModelCache(self.manager, settings.model_cache_bytes)
+        self.cache = (ModelCache(self.manager, settings.model_cache_bytes, settings.model_cache_policy)
                       if settings.multi_model or settings.models_on_demand else None)
         if self.cache is not None:
             self.manager.set_budget(self.cache)

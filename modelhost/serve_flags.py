@@ -113,6 +113,8 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help="SageMaker multi-model mode: models load and unload through /models (default: SAGEMAKER_MULTI_MODEL)")
     add("--model-cache-bytes", type=_byte_size, help="memory loaded models may take in multi-model mode, "
         "e.g. 512MiB, 2GB, 4GiB (default: half of this machine's or container's memory)")
+    add("--model-cache-policy", choices=("lfu", "lru"), help="which idle models leave first when a multi-model "
+        f"endpoint needs room: the least used lately, or the least recently used (default {d.model_cache_policy})")
     add("--max-unpacked-bytes", type=_byte_size,
         help=f"the most one model archive may unpack to (default {d.max_unpacked_bytes // 1024**3}GiB)")
     add("--unpacked-cache-bytes", type=_byte_size, help="model files a multi-model endpoint keeps on disk after "

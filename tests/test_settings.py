@@ -233,6 +233,7 @@ class TestCheckSettings:
         ({"sagemaker_port": 70000}, "--sagemaker-port must be a port 0-65535, got 70000"),
         ({"http_port": -1}, "--http-port must be a port"),
         ({"model_cache_bytes": 0}, "--model-cache-bytes must be positive, got 0"),
+        ({"model_cache_policy": "fifo"}, "--model-cache-policy must be lfu or lru, got 'fifo'"),
         ({"max_unpacked_bytes": -1}, "--max-unpacked-bytes must be positive"),
         ({"invocation_timeout_seconds": 0.0}, "--invocation-timeout-seconds must be positive"),
         ({"handler_threads": -1}, r"--handler-threads must be 0 \(automatic\) or more, got -1"),

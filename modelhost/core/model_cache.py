@@ -1,5 +1,6 @@
-"""A multi-model endpoint's memory budget: the models in memory stay within `--model-cache-bytes`, the least
-recently used idle ones evicted first.
+"""A multi-model endpoint's memory budget: the models in memory stay within `--model-cache-bytes`; idle ones are
+evicted to make room, by `--model-cache-policy`: `lfu` (the default) the least used lately first
+(core/use_counts.py), the least recently used among equals; `lru` the least recently used first.
 
 What the cache charges is an entry: the manager's models that loaded together (one model of the store, loaded
 through the manager's `LoadBudget`; or all the models of one SageMaker archive, which
@@ -38,6 +39,7 @@ from modelhost.core.manager import ModelManager
 from modelhost.core.model_loading import backend_of, warm_up_backend_of
 from modelhost.core.served_model import ServedModel
 from modelhost.core.statistics import Histogram
+from modelhost.core.use_counts import UseCounts
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.local import ModelSource
 
@@ -45,6 +47,7 @@ log = logging.getLogger("modelhost.model_cache")
 
 CONCURRENT_LOADS = 4
 ALONE_AFTER_LOAD_S = 0.1  # the longest a measured load's first request keeps other loads from starting
+POLICIES = ("lfu", "lru")
 
 # Seconds; cold loads run from tens of milliseconds to minutes.
 CACHE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -82,11 +85,14 @@ class CacheStatistics:
 
 
 class ModelCache:
-    """The manager's `LoadBudget` on a multi-model endpoint, and the LRU policy over what it admitted."""
+    """The manager's `LoadBudget` on a multi-model endpoint, and the eviction policy over what it admitted."""
 
-    def __init__(self, manager: ModelManager, budget_bytes: int) -> None:
+    def __init__(self, manager: ModelManager, budget_bytes: int, policy: str = "lfu") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"model cache policy must be one of {', '.join(POLICIES)}, got '{policy}'")
         self._manager = manager
         self.budget_bytes = budget_bytes
+        self._uses = UseCounts() if policy == "lfu" else None
         self._memory = CacheMemory()
         self._entries: dict[str, CacheEntry] = {}  # least recently used first
         self._changed = asyncio.Condition()  # a load started or ended, or a warm-up ended
@@ -132,6 +138,8 @@ class ModelCache:
             if self._entries.get(entry.key) is entry:  # the most recently used, last in order
                 del self._entries[entry.key]
                 self._entries[entry.key] = entry
+                if self._uses is not None:
+                    self._uses.used(entry.key, len(self._entries))
             if entry.measuring is not None:
                 self._settle(entry, first_use=True)
             if entry.first_run:
@@ -151,6 +159,8 @@ class ModelCache:
         if entry.measuring is not None:
             self._settle(entry, first_use=False)
         self._charge(entry)
+        if self._uses is not None:  # a store model's requests are not counted here: its loads are
+            self._uses.used(name, len(self._entries))
         try:
             await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock
         except ModelhostError:
@@ -375,14 +385,36 @@ class ModelCache:
     # evictions
 
     async def _make_room(self, needed: int, key: str) -> None:
-        """Evict idle entries, least recently used first, until `needed` more bytes fit the budget; each eviction
-        has freed its memory before this goes on (and the next victim is chosen then: loads kept meanwhile count)."""
+        """Evict idle entries, in the policy's order, until `needed` more bytes fit the budget; each eviction has
+        freed its memory before this goes on (and the next victim is chosen then: loads kept meanwhile count)."""
         while self._memory.used + needed > self.budget_bytes:
-            # `_entries` is in order of use (`pinned`): the first idle one is the least recently used.
-            victim = next((e for e in self._entries.values() if e.key != key and not self._in_use(e)), None)
+            victim = self._victim(key)
             if victim is None:
                 raise self._no_memory(key, f"about {needed} bytes to load")
             await self.evict(victim)
+
+    def _victim(self, key: str) -> CacheEntry | None:
+        """The idle entry to evict for `key`'s load. `_entries` is in order of use (`pinned`): for `lru` the first
+        idle one; for `lfu` the idle one used least lately, the first of those. An entry kept for a request that has
+        not run yet goes only when no other can: it would be loaded again at once."""
+        best: CacheEntry | None = None
+        best_count = 0
+        awaited: CacheEntry | None = None
+        for entry in self._entries.values():
+            if entry.key == key:
+                continue
+            count = self._uses.count(entry.key) if self._uses is not None else 0
+            if best is not None and count >= best_count:
+                continue
+            if self._in_use(entry):
+                continue
+            if entry.first_run:
+                awaited = awaited or entry
+                continue
+            best, best_count = entry, count
+            if self._uses is None or count == 0:
+                break
+        return best or awaited
 
     def _in_use(self, entry: CacheEntry) -> bool:
         return any(self._manager.in_use(name) for name in entry.names)

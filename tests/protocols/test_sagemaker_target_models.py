@@ -1,5 +1,5 @@
 """A multi-model endpoint's target models in-process, within the model cache's budget: lazy loads, one load per
-key, LRU eviction, pins, NO_MEMORY."""
+key, eviction by use (lfu) and by recency (lru), pins, NO_MEMORY."""
 
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ from tests.helpers import until
 class Harness:
     def __init__(self, tmp_path: Path, count: int = 4, budget: int = 1 << 40,
                  on_load: Callable[[TargetModel], Awaitable[Any]] | None = None, width: int = WIDTH,
-                 unpacked_cache_bytes: int = 0) -> None:
+                 unpacked_cache_bytes: int = 0, policy: str = "lfu") -> None:
         write_archives(tmp_path / "archives", count, width)
         self.width = width
         self.manager = ModelManager(None, cpu_count=1, default_max_batch_size=4)
-        self.cache = ModelCache(self.manager, budget)
+        self.cache = ModelCache(self.manager, budget, policy)
         self.models = TargetModels(self.cache, self.manager, LocalArchiveStore(tmp_path / "archives"),
                                    tmp_path / "work", ArchiveLimits(1 << 30, 10_000, unpacked_cache_bytes),
                                    load_roots=[tmp_path], on_load=on_load)
@@ -108,6 +108,52 @@ def test_concurrent_cold_requests_load_once(tmp_path: Path) -> None:
         assert sum(h.cache.statistics.load.counts) == 1
         assert sum(h.cache.statistics.download.counts) == 1
         assert sum(h.cache.statistics.loading_wait.counts) == 12
+        await h.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+def test_the_policy_picks_the_victim(tmp_path: Path, policy: str) -> None:
+    """model-1 is used most but not lately: `lfu` keeps it and evicts model-2 (used once); `lru` evicts it."""
+    async def scenario() -> None:
+        h = Harness(tmp_path, count=4, policy=policy)
+        await h.infer("model-0.tar.gz")
+        one = h.cache.used_bytes
+        for _ in range(5):
+            await h.infer("model-1.tar.gz")
+        await h.infer("model-2.tar.gz")
+        per_model = (h.cache.used_bytes - one) // 2
+        h.cache.budget_bytes = h.cache.used_bytes + per_model // 2  # room for three models and half a fourth
+        await h.infer("model-0.tar.gz")  # recency: 1, 2, 0; uses: 1 five, 0 two, 2 one
+        await h.infer("model-3.tar.gz")
+        gone = {"lfu": "model-2.tar.gz", "lru": "model-1.tar.gz"}[policy]
+        assert h.loaded() == sorted({"model-0.tar.gz", "model-1.tar.gz", "model-2.tar.gz", "model-3.tar.gz"} - {gone})
+        assert h.cache.statistics.evictions == 1
+        await h.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_evicted_models_uses_are_remembered(tmp_path: Path) -> None:
+    """Under `lfu` a model evicted while busy elsewhere keeps its count: back in, it outlasts a newer one used
+    once."""
+    async def scenario() -> None:
+        h = Harness(tmp_path, count=4)
+        await h.infer("model-0.tar.gz")
+        one = h.cache.used_bytes
+        for _ in range(4):
+            await h.infer("model-1.tar.gz")
+        per_model = h.cache.used_bytes - one
+        h.cache.budget_bytes = h.cache.used_bytes + per_model // 2  # room for two models and half a third
+        async with h.models.use_target("model-0.tar.gz"):  # held: model-1, the only idle one, goes
+            await h.infer("model-2.tar.gz")
+        assert h.loaded() == ["model-0.tar.gz", "model-2.tar.gz"]
+        await h.infer("model-1.tar.gz")  # back: model-2 (one use) goes before model-0 (two)
+        assert h.loaded() == ["model-0.tar.gz", "model-1.tar.gz"]
+        await h.infer("model-0.tar.gz")  # the most recent now, with three uses
+        await h.infer("model-3.tar.gz")  # model-0 goes, not model-1 (five uses, the least recent)
+        assert h.loaded() == ["model-1.tar.gz", "model-3.tar.gz"]
         await h.stop()
 
     asyncio.run(scenario())
