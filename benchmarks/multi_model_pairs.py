@@ -9,7 +9,7 @@ servers carry that drift. Here the three servers run at once, idle but for the o
 --duration seconds of the same Zipf traffic in turns (the order reversed every other pair), after the
 cache-filling and warm-up phases of multi_model.py: every archive loaded once in order (so each is measured
 alone), then 3 s of Zipf traffic. Per server and turn: requests/s, p99, server CPU per request, the hit ratio,
-and for modelhost what a miss waited for its model and what a load and an eviction took (its
+models held at its end, and for modelhost what a miss waited for its model and what a load and an eviction took (its
 `model_*_seconds` means); the table gives medians over turns and the median of per-pair ratios against the
 peer. --flags and --base-flags add server flags to a build (`--base HEAD --base-flags="--model-cache-policy
 lru"` compares a setting within one build). Budget: multi_model.py's (50 x
@@ -51,6 +51,7 @@ async def turn(server: Server, client: Client, streams: list[list[int]], seconds
               "cpu": (server.cpu() - cpu) / len(latencies) * 1e3}
     hits, misses = (after[k] - before[k] for k in ("hits", "misses"))
     result["hit"] = hits / max(1.0, hits + misses)
+    result["held"] = after["loaded"]
     for name, timing in TIMED.items():
         if f"{timing}_count" in after:
             count = after[f"{timing}_count"] - before[f"{timing}_count"]
@@ -91,14 +92,14 @@ async def main_async(args: argparse.Namespace, root: Path, workdir: Path) -> Non
     print(f"\nZipf s={args.zipf}, concurrency {args.concurrency}, {args.pairs} turns of {args.duration} s each; "
           "medians, and the median of per-turn ratios to the peer\n")
     print("| server | req/s | p99 ms | CPU ms per request | req/s / peer | p99 / peer | CPU / peer | hit ratio "
-          "| miss wait, load, eviction ms |\n|---|---|---|---|---|---|---|---|---|")
+          "| models held | miss wait, load, eviction ms |\n|---|---|---|---|---|---|---|---|---|---|")
     peer = results["naive peer"]
     for label, turns in results.items():
-        medians = [statistics.median(t[key] for t in turns) for key in ("rps", "p99", "cpu", "hit")]
+        medians = [statistics.median(t[key] for t in turns) for key in ("rps", "p99", "cpu", "hit", "held")]
         ratios = [statistics.median(t[key] / p[key] for t, p in zip(turns, peer)) for key in ("rps", "p99", "cpu")]
         timed = ", ".join(f"{statistics.median(t[k] for t in turns):.1f}" for k in TIMED if k in turns[0]) or "-"
         print(f"| {label} | {medians[0]:.0f} | {medians[1]:.1f} | {medians[2]:.2f} | "
-              + " | ".join(f"{r:.2f}x" for r in ratios) + f" | {medians[3]:.3f} | {timed} |")
+              + " | ".join(f"{r:.2f}x" for r in ratios) + f" | {medians[3]:.3f} | {medians[4]:.0f} | {timed} |")
 
 
 def main() -> None:

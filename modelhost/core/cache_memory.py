@@ -9,13 +9,14 @@
   benchmarks/multi_model.py's models). Its peak is sampled while it loads. A load that no request follows at once
   (the management API's, a store model's) is charged no less than its expected peak, which covers what its first
   run will allocate, and is not remembered.
-- A measurement is clean when no other load ran, no other loaded model's first request was yet to end (a
-  session's first run allocates its arena) and no memory was released during it: its growth is then the
+- A measurement is clean when no other load ran, no other loaded model's first request was yet to end (a session's
+  first run allocates its arena) and no memory was released during it, nor was being released at its start or end
+  (an eviction's memory is freed on the victim's threads before the loop hears of it): its growth is then the
   load's own, and the key's charge from then on. Otherwise it counts the others' growth too, less what their
-  evictions freed, anywhere from 0 to several models (measured under Zipf traffic at concurrency 8: 1 KB to
-  9.6 MB for a 1.2 MB model), and is not used: the load is charged what is typical of its size (its first
-  estimate, scaled by how clean measurements compared with theirs), and after MEASURED_LOADS such loads the key
-  keeps that charge and is not measured again.
+  evictions freed, anywhere from 0 to several models (measured under Zipf traffic at concurrency 8: 1 KB to 9.6 MB
+  for a 1.2 MB model), and is not used: the load is charged what is typical of its size (its first estimate,
+  scaled by how clean measurements compared with theirs), and after MEASURED_LOADS such loads the key keeps that
+  charge and is not measured again.
 - A load is expected to peak at twice its files plus 1 MiB (`estimate`), or at what the same key's clean
   measurement peaked at; its charge is never less than its files on disk. A key's figures are kept while its
   files keep their size (an archive replaced by another of a different size is measured again).
@@ -68,6 +69,7 @@ class CacheMemory:
         self._loads = 0  # loads under way (measured or not)
         self._first_runs = 0  # loaded models whose first request is yet to end
         self._events = 0  # loads started and memory released, ever: a measurement spanning one is not clean
+        self._unloading = 0  # evictions under way: their memory may be freed at any moment
         # Clean measurements' sizes and the first estimates of their peaks, added up: how the two compare.
         self._clean_sizes = 0
         self._clean_estimates = 0
@@ -96,7 +98,7 @@ class CacheMemory:
     def start(self, key: str, disk_bytes: int) -> Measurement | None:
         """A load of `key` starts (call `ended` once it ends, whatever happens): its measurement, or None when
         the key's charge is known (`known_size`)."""
-        alone = self._loads == 0 and self._first_runs == 0
+        alone = self._loads == 0 and self._first_runs == 0 and self._unloading == 0
         self._loads += 1
         self._events += 1
         if self.known_size(key, disk_bytes) is not None:
@@ -136,7 +138,7 @@ class CacheMemory:
             self._remember(key, known)
         elif known.size is not None:  # settled by a load of the key that ran beside this one
             return known.size
-        if measurement.alone and self._events == measurement.events:  # clean: its own growth, and nobody else's
+        if measurement.alone and self._events == measurement.events and not self._unloading:  # clean: its own growth
             known.size, known.peak = size, max(meter.peak_growth, size)
             self._clean_sizes += size
             self._clean_estimates += _first_estimate(disk_bytes)
@@ -158,6 +160,13 @@ class CacheMemory:
     def forget(self, size: int) -> None:
         """A cached model charged `size` bytes left the cache (its memory is freed with `released`)."""
         self._charged -= size
+
+    def unloading(self) -> None:
+        """An eviction starts unloading models (call `unloaded` once they have)."""
+        self._unloading += 1
+
+    def unloaded(self) -> None:
+        self._unloading -= 1
 
     def released(self) -> None:
         """A load's models unloaded (their memory freed)."""

@@ -440,12 +440,14 @@ class ModelCache:
         self.statistics.evictions += 1
         started = time.monotonic()
         done = self._evicting[entry.key] = asyncio.get_running_loop().create_future()
+        self._memory.unloading()
         try:
-            await self._unload(entry.names)
             try:
+                await self._unload(entry.names)
                 if entry.release is not None:
                     await entry.release()
             finally:
+                self._memory.unloaded()
                 self._released(entry)
         finally:
             del self._evicting[entry.key]
