@@ -40,7 +40,7 @@ from tests.archives import write_archives  # noqa: E402
 Server = Modelhost | NaivePeer
 
 
-TIMED = {"wait": "loading_wait", "load": "loading", "evict": "unloading"}  # modelhost's, as mean ms per turn
+TIMED = {"wait": "loading_wait", "fetch": "downloading", "load": "loading", "evict": "unloading"}  # modelhost's, as mean ms per turn
 
 
 async def turn(server: Server, client: Client, streams: list[list[int]], seconds: float) -> dict[str, float]:
@@ -92,7 +92,7 @@ async def main_async(args: argparse.Namespace, root: Path, workdir: Path) -> Non
     print(f"\nZipf s={args.zipf}, concurrency {args.concurrency}, {args.pairs} turns of {args.duration} s each; "
           "medians, and the median of per-turn ratios to the peer\n")
     print("| server | req/s | p99 ms | CPU ms per request | req/s / peer | p99 / peer | CPU / peer | hit ratio "
-          "| models held | miss wait, load, eviction ms |\n|---|---|---|---|---|---|---|---|---|---|")
+          "| models held | miss wait, fetch, load, eviction ms |\n|---|---|---|---|---|---|---|---|---|---|")
     peer = results["naive peer"]
     for label, turns in results.items():
         medians = [statistics.median(t[key] for t in turns) for key in ("rps", "p99", "cpu", "hit", "held")]
