@@ -40,7 +40,8 @@ from tests.archives import write_archives  # noqa: E402
 Server = Modelhost | NaivePeer
 
 
-TIMED = {"wait": "loading_wait", "fetch": "downloading", "load": "loading", "evict": "unloading"}  # modelhost's, as mean ms per turn
+# modelhost's, as mean ms per turn
+TIMED = {"wait": "loading_wait", "fetch": "downloading", "load": "loading", "evict": "unloading"}
 
 
 async def turn(server: Server, client: Client, streams: list[list[int]], seconds: float) -> dict[str, float]:

@@ -150,6 +150,10 @@ def run_windows(analyzer: PerfAnalyzer, protocol: str, url: str, model: str, dat
     return read_csv(csv_file, data.batch_size)
 
 
+BREAKDOWN = ("Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
+             "Server Compute Infer", "Server Compute Output", "Client Recv")
+
+
 def read_csv(csv_file: Path, batch_size: int) -> dict[str, float]:
     """The one concurrency's row of perf_analyzer's -f CSV (latencies in us there)."""
     with csv_file.open(newline="") as file:
@@ -157,8 +161,13 @@ def read_csv(csv_file: Path, batch_size: int) -> dict[str, float]:
     if len(rows) != 1:
         raise PerfAnalyzerError(f"expected one row in {csv_file}, found {len(rows)}")
     row = rows[0]
-    return {"rps": float(row["Inferences/Second"]) / batch_size, "p50": float(row["p50 latency"]) / 1e3,
-            "p99": float(row["p99 latency"]) / 1e3}
+    result = {"rps": float(row["Inferences/Second"]) / batch_size, "p50": float(row["p50 latency"]) / 1e3,
+              "p99": float(row["p99 latency"]) / 1e3}
+    # Mean ms per request of each part, as perf_analyzer splits it (the server's from its statistics extension).
+    for column in BREAKDOWN:
+        if row.get(column):
+            result[column] = float(row[column]) / 1e3
+    return result
 
 
 @cache
