@@ -1,6 +1,6 @@
 """A multi-model endpoint's memory budget: the models in memory stay within `--model-cache-bytes`; idle ones are
 evicted to make room, by `--model-cache-policy`: `lfu` (the default) the least used lately first
-(core/use_counts.py), the least recently used among equals; `lru` the least recently used first.
+(core/eviction_policy.py), the least recently used among equals; `lru` the least recently used first.
 
 What the cache charges is an entry: the manager's models that loaded together (one model of the store, loaded
 through the manager's `LoadBudget`; or all the models of one SageMaker archive, which
@@ -29,17 +29,16 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from modelhost.backends import backend_is_warm
+from modelhost.core.cache_entry import CacheEntry, CacheStatistics
 from modelhost.core.cache_memory import CacheMemory, Measurement
+from modelhost.core.eviction_policy import EvictionPolicy
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_loading import backend_of, warm_up_backend_of
 from modelhost.core.served_model import ServedModel
-from modelhost.core.statistics import Histogram
-from modelhost.core.use_counts import UseCounts
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.local import ModelSource
 
@@ -47,52 +46,14 @@ log = logging.getLogger("modelhost.model_cache")
 
 CONCURRENT_LOADS = 4
 ALONE_AFTER_LOAD_S = 0.1  # the longest a measured load's first request keeps other loads from starting
-POLICIES = ("lfu", "lru")
-
-# Seconds; cold loads run from tens of milliseconds to minutes.
-CACHE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-
-
-@dataclass(slots=True, eq=False)
-class CacheEntry:
-    key: str
-    names: tuple[str, ...]  # the manager's models it charges for
-    size: int  # bytes of memory it is charged (never less than its files on disk)
-    # What its owner undoes once its models are unloaded (an archive's files and inference.py); run once.
-    release: Callable[[], Awaitable[None]] | None = None
-    last_used: float = field(default_factory=time.monotonic)
-    # Its load's measurement while open: until its first request ends (`keep(first_use=True)`), or None.
-    measuring: Measurement | None = None
-    first_run: bool = False  # kept for a request that follows at once, which has not ended yet
-
-
-@dataclass(slots=True)
-class CacheStatistics:
-    """Named after SageMaker's multi-model endpoint metrics; updated and read on the event loop.
-
-    hits, misses and loading_wait (what a request that missed waited for its model) and download (fetching and
-    unpacking an archive) are counted by the front-end that looks models up by key; load (the backend loading
-    an entry) and unload (draining and unloading one) by the cache.
-    """
-
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    loading_wait: Histogram = field(default_factory=lambda: Histogram(CACHE_BUCKETS))
-    download: Histogram = field(default_factory=lambda: Histogram(CACHE_BUCKETS))
-    load: Histogram = field(default_factory=lambda: Histogram(CACHE_BUCKETS))
-    unload: Histogram = field(default_factory=lambda: Histogram(CACHE_BUCKETS))
-
 
 class ModelCache:
     """The manager's `LoadBudget` on a multi-model endpoint, and the eviction policy over what it admitted."""
 
     def __init__(self, manager: ModelManager, budget_bytes: int, policy: str = "lfu") -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"model cache policy must be one of {', '.join(POLICIES)}, got '{policy}'")
         self._manager = manager
         self.budget_bytes = budget_bytes
-        self._uses = UseCounts() if policy == "lfu" else None
+        self._policy = EvictionPolicy(policy)
         self._memory = CacheMemory()
         self._entries: dict[str, CacheEntry] = {}  # least recently used first
         self._changed = asyncio.Condition()  # a load started or ended, or a warm-up ended
@@ -138,8 +99,7 @@ class ModelCache:
             if self._entries.get(entry.key) is entry:  # the most recently used, last in order
                 del self._entries[entry.key]
                 self._entries[entry.key] = entry
-                if self._uses is not None:
-                    self._uses.used(entry.key, len(self._entries))
+                self._policy.used(entry.key, len(self._entries))
             if entry.measuring is not None:
                 self._settle(entry, first_use=True)
             if entry.first_run:
@@ -159,8 +119,7 @@ class ModelCache:
         if entry.measuring is not None:
             self._settle(entry, first_use=False)
         self._charge(entry)
-        if self._uses is not None:  # a store model's requests are not counted here: its loads are
-            self._uses.used(name, len(self._entries))
+        self._policy.used(name, len(self._entries))  # a store model's requests are not counted here: its loads are
         try:
             await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock
         except ModelhostError:
@@ -388,33 +347,10 @@ class ModelCache:
         """Evict idle entries, in the policy's order, until `needed` more bytes fit the budget; each eviction has
         freed its memory before this goes on (and the next victim is chosen then: loads kept meanwhile count)."""
         while self._memory.used + needed > self.budget_bytes:
-            victim = self._victim(key)
+            victim = self._policy.victim(self._entries.values(), key, self._in_use)
             if victim is None:
                 raise self._no_memory(key, f"about {needed} bytes to load")
             await self.evict(victim)
-
-    def _victim(self, key: str) -> CacheEntry | None:
-        """The idle entry to evict for `key`'s load. `_entries` is in order of use (`pinned`): for `lru` the first
-        idle one; for `lfu` the idle one used least lately, the first of those. An entry kept for a request that has
-        not run yet goes only when no other can: it would be loaded again at once."""
-        best: CacheEntry | None = None
-        best_count = 0
-        awaited: CacheEntry | None = None
-        for entry in self._entries.values():
-            if entry.key == key:
-                continue
-            count = self._uses.count(entry.key) if self._uses is not None else 0
-            if best is not None and count >= best_count:
-                continue
-            if self._in_use(entry):
-                continue
-            if entry.first_run:
-                awaited = awaited or entry
-                continue
-            best, best_count = entry, count
-            if self._uses is None or count == 0:
-                break
-        return best or awaited
 
     def _in_use(self, entry: CacheEntry) -> bool:
         return any(self._manager.in_use(name) for name in entry.names)

@@ -1,8 +1,9 @@
-"""The multi-model cache's use counts: counted, halved once a window of uses has passed, zeros forgotten."""
+"""The multi-model cache's use counts (its `lfu` policy): counted, halved once a window of uses has passed, zeros
+forgotten."""
 
 from __future__ import annotations
 
-from modelhost.core.use_counts import SMALLEST_WINDOW, WINDOW_PER_ENTRY, UseCounts
+from modelhost.core.eviction_policy import SMALLEST_WINDOW, WINDOW_PER_ENTRY, UseCounts
 
 
 def test_uses_are_counted_per_key() -> None:
