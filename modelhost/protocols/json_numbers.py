@@ -6,6 +6,7 @@ Rules, the same for every protocol: BOOL takes true/false only; integer datatype
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -44,8 +45,18 @@ def json_numbers(value: Any, datatype: str, where: str, max_depth: int = DEFAULT
 
 def _integers(value: Any, dtype: np.dtype, datatype: str, where: str) -> np.ndarray:
     # As Python ints every 64-bit value stays exact, and the set of the elements' types keeps 1.0 and true out of
-    # integer tensors (one C-level pass: 3x faster than checking each element in Python); numpy's cast from
-    # Python ints refuses out-of-range values.
+    # integer tensors (one C-level pass: 3x faster than checking each element in Python); numpy's conversion from
+    # Python ints refuses out-of-range values. A list nested as an array is flattened and converted directly
+    # (0.68-0.80x the time of the object array's way below for 13,000 integers, flat or in 500 rows); anything
+    # else takes that way, which tells ragged lists from wrong types.
+    rectangular = _rectangular(value)
+    if rectangular is not None:
+        flat, shape = rectangular
+        if set(map(type, flat)) == {int}:
+            try:
+                return np.fromiter(flat, dtype, count=len(flat)).reshape(shape)
+            except OverflowError:
+                raise invalid(f"{where} has values outside the range of {datatype}") from None
     values = np.asarray(value, dtype=object)
     kinds = set(map(type, values.reshape(-1).tolist()))
     if not kinds <= {int}:
@@ -56,3 +67,22 @@ def _integers(value: Any, dtype: np.dtype, datatype: str, where: str) -> np.ndar
         return values.astype(dtype)
     except OverflowError:
         raise invalid(f"{where} has values outside the range of {datatype}") from None
+
+
+def _rectangular(value: Any) -> tuple[list[Any], tuple[int, ...]] | None:
+    """A non-empty list nested as an array is (each list at a depth as long as the others), flattened, and its
+    shape; None for anything else. Its elements are not checked here: a string or a list among them is not an
+    integer, and the caller's type check sends it the general way."""
+    if type(value) is not list or not value:
+        return None
+    flat, shape = value, [len(value)]
+    while type(flat[0]) is list:
+        width = len(flat[0])
+        try:
+            if not width or set(map(len, flat)) != {width}:
+                return None
+        except TypeError:  # a number beside the lists
+            return None
+        shape.append(width)
+        flat = list(chain.from_iterable(flat))
+    return flat, tuple(shape)

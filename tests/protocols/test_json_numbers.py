@@ -31,6 +31,10 @@ from modelhost.types import TensorSpec
         ("FP16", [0.5, 2], np.float16),
         ("FP32", [[1, 2.5], [-3, 1e-3]], np.float32),
         ("FP64", [0.1, -7], np.float64),
+        ("INT64", [[-(2**63), 1], [2**63 - 1, 0]], np.int64),  # rows, as TF Serving's instances send them
+        ("UINT8", [[[0, 1], [2, 3]], [[4, 5], [6, 255]]], np.uint8),
+        ("BOOL", [[True], [False]], np.bool_),
+        ("FP16", [[1, 0.25]], np.float16),
     ],
 )
 def test_every_numeric_datatype_is_exact(datatype: str, value: list[Any], dtype: type) -> None:
@@ -61,6 +65,13 @@ def test_scalars_and_empty_lists() -> None:
         ("UINT64", [-1, 2**64 - 1], "has values outside the range of UINT64"),
         ("INT64", [2**63], "has values outside the range of INT64"),
         ("FP32", [[1, 2], [3]], "is a ragged list"),
+        ("INT8", [[1, 2], [3, 128]], "has values outside the range of INT8"),
+        ("INT32", [[1, 2], [3, 4.0]], "is INT32, so its data must be integers"),
+        ("FP32", [[1, 2], 3], "is a ragged list"),
+        ("INT64", [[1, [2]], [3, 4]], "is a ragged list"),
+        ("FP32", [[1, 2], []], "is a ragged list"),
+        ("FP32", [[1, 2], "ab"], "is a ragged list"),  # a string as long as the rows: not flattened into them
+        ("BOOL", [[True, 1]], "is BOOL, so its data must be true/false"),
     ],
 )
 def test_errors_name_the_field_and_the_problem(datatype: str, value: list[Any], words: str) -> None:
