@@ -17,6 +17,7 @@ from modelhost.types import DATATYPE_DTYPES, DEFAULT_LIMITS, check_json_depth
 # numpy kinds of the parsed values each target kind accepts, and how a message names them.
 _ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}  # integer kinds: _integers
 _KIND_WORDS = {"b": "true/false", "f": "numbers"}
+DIRECT_MIN_ROWS = 16
 
 
 def json_numbers(value: Any, datatype: str, where: str, max_depth: int = DEFAULT_LIMITS.max_json_depth) -> np.ndarray:
@@ -47,9 +48,11 @@ def _integers(value: Any, dtype: np.dtype, datatype: str, where: str) -> np.ndar
     # As Python ints every 64-bit value stays exact, and the set of the elements' types keeps 1.0 and true out of
     # integer tensors (one C-level pass: 3x faster than checking each element in Python); numpy's conversion from
     # Python ints refuses out-of-range values. A list nested as an array is flattened and converted directly
-    # (0.68-0.80x the time of the object array's way below for 13,000 integers, flat or in 500 rows); anything
-    # else takes that way, which tells ragged lists from wrong types.
-    rectangular = _rectangular(value)
+    # (0.73-0.77x the time of the object array's way below for 13,000 integers, flat or in 500 rows:
+    # benchmarks/json_numbers.py); anything else takes that way, which tells ragged lists from wrong types. So do
+    # lists of fewer than DIRECT_MIN_ROWS at the top, where the way in costs more than it saves (16 integers in
+    # one row: 3.6 against 3.3 µs).
+    rectangular = _rectangular(value) if type(value) is list and len(value) >= DIRECT_MIN_ROWS else None
     if rectangular is not None:
         flat, shape = rectangular
         if set(map(type, flat)) == {int}:

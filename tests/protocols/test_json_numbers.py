@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.protocols.json_numbers import json_numbers
+from modelhost.protocols.json_numbers import DIRECT_MIN_ROWS, json_numbers
 from modelhost.protocols.kserve_v2.codec import decode_infer_request
 from modelhost.protocols.tfserving.json_codec import decode_predict
 from modelhost.types import TensorSpec
@@ -79,6 +79,45 @@ def test_errors_name_the_field_and_the_problem(datatype: str, value: list[Any], 
         json_numbers(value, datatype, "instances[3]: input 'x'")
     assert info.value.kind is ErrorKind.INVALID_INPUT
     assert info.value.message.startswith("instances[3]: input 'x'")
+    assert words in info.value.message, info.value.message
+
+
+def rows_of(width: int, last: list[Any] | None = None) -> list[Any]:
+    """DIRECT_MIN_ROWS rows of `width` integers (the direct way's size), the last one replaced by `last`."""
+    rows: list[Any] = [[row * width + column for column in range(width)] for row in range(DIRECT_MIN_ROWS)]
+    if last is not None:
+        rows[-1] = last
+    return rows
+
+
+def test_long_integer_lists_convert_exactly() -> None:
+    rows = rows_of(3, [-(2**63), 2**53 + 1, 2**63 - 1])
+    array = json_numbers(rows, "INT64", "x")
+    assert array.shape == (DIRECT_MIN_ROWS, 3) and array.dtype == np.int64 and array.tolist() == rows
+    deep = [[[1, 2], [3, 4]]] * DIRECT_MIN_ROWS
+    assert json_numbers(deep, "UINT8", "x").shape == (DIRECT_MIN_ROWS, 2, 2)
+    flat = list(range(-100, 100))
+    assert json_numbers(flat, "INT16", "x").tolist() == flat
+
+
+@pytest.mark.parametrize(
+    ("datatype", "value", "words"),
+    [
+        ("INT8", rows_of(2, [1, 128]), "has values outside the range of INT8"),
+        ("UINT64", rows_of(2, [0, -1]), "has values outside the range of UINT64"),
+        ("INT32", rows_of(2, [1, 2.0]), "is INT32, so its data must be integers"),
+        ("INT64", rows_of(2, [1, True]), "is INT64, so its data must be integers"),
+        ("INT64", rows_of(2, [1, None]), "is INT64, so its data must be integers"),
+        ("INT64", rows_of(2, [1, 2, 3]), "is a ragged list"),
+        ("INT64", rows_of(2, [1, [2]]), "is a ragged list"),
+        ("INT64", rows_of(2, "ab"), "is a ragged list"),
+        ("INT64", rows_of(2, 7), "is a ragged list"),
+    ],
+)
+def test_long_integer_lists_are_refused_as_short_ones_are(datatype: str, value: list[Any], words: str) -> None:
+    with pytest.raises(ModelhostError) as info:
+        json_numbers(value, datatype, "input 'x'")
+    assert info.value.kind is ErrorKind.INVALID_INPUT
     assert words in info.value.message, info.value.message
 
 
