@@ -25,7 +25,11 @@ def start_server() -> Iterator:
               env: dict[str, str] | None = None) -> ServerProcess:
         server = ServerProcess(repository, *args, env=env)
         servers.append(server)
-        return server.wait_ready(path=ready_path)
+        server.wait_ready(path=ready_path)
+        if ready_path == "/v2/health/live" and "--sagemaker-port" not in args:
+            # Liveness answers while the models at start load; the SageMaker site binds after them.
+            server.wait_listening(server.sagemaker_port)
+        return server
 
     yield start
     for server in servers:

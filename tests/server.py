@@ -119,6 +119,20 @@ class ServerProcess:
             time.sleep(0.05)
         raise TimeoutError(f"server not ready after {timeout}s:\n{self.stop()}")
 
+    def wait_listening(self, port: int, timeout: float = 60.0) -> ServerProcess:
+        """Wait until `port` accepts connections: the SageMaker site and the metrics port bind once the models at
+        start have loaded, after the HTTP port has answered liveness."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.stop()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"port {port} not listening after {timeout}s:\n{self.stop()}")
+
     def signal(self, signum: int = signal.SIGTERM) -> None:
         self.process.send_signal(signum)
 

@@ -25,6 +25,7 @@ class CacheEntry:
     # Its load's measurement while open: until its first request ends (`keep(first_use=True)`), or None.
     measuring: Measurement | None = None
     first_run: bool = False  # kept for a request that follows at once, which has not ended yet
+    store: bool = False  # one model of the store (`ModelCache.admitting`): its requests count through `used`
 
 
 @dataclass(slots=True)

@@ -56,6 +56,10 @@ class LoadBudget(Protocol):
         """The model left the manager (unloaded or evicted): whatever it was charged is released."""
         ...
 
+    def used(self, name: str) -> None:
+        """A request holds the model now (what the budget evicts by)."""
+        ...
+
 
 class ModelManager:
     def __init__(
@@ -426,6 +430,8 @@ class ModelManager:
         the caller must call `served.pins.release()` once done."""
         served = self.get(name, version)
         served.pins.hold()
+        if self._budget is not None:
+            self._budget.used(name)
         return served
 
     def get(self, name: str, version: str = "") -> ServedModel:

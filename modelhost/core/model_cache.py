@@ -105,6 +105,15 @@ class ModelCache:
             if entry.first_run:
                 self._first_run_over(entry)
 
+    def used(self, name: str) -> None:
+        """A request holds model `name` (ModelManager.hold): a store model's entry becomes the most recently used,
+        and its use is counted. An archive's models are counted once per request by `pinned` instead."""
+        entry = self._entries.get(name)
+        if entry is not None and entry.store:
+            del self._entries[name]
+            self._entries[name] = entry
+            self._policy.used(name, len(self._entries))
+
     # loads
 
     @asynccontextmanager
@@ -118,8 +127,8 @@ class ModelCache:
         entry.names = (name,)
         if entry.measuring is not None:
             self._settle(entry, first_use=False)
+        entry.store = True
         self._charge(entry)
-        self._policy.used(name, len(self._entries))  # a store model's requests are not counted here: its loads are
         try:
             await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock
         except ModelhostError:

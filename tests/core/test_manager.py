@@ -441,6 +441,7 @@ class RecordingBudget:
         self.refuse = refuse
         self.admitted: list[str] = []
         self.removed_names: list[str] = []
+        self.used_names: list[str] = []
 
     @contextlib.asynccontextmanager
     async def admitting(self, name: str, source: Any) -> AsyncIterator[None]:
@@ -451,6 +452,9 @@ class RecordingBudget:
 
     def removed(self, name: str) -> None:
         self.removed_names.append(name)
+
+    def used(self, name: str) -> None:
+        self.used_names.append(name)
 
 
 def test_a_budget_admits_first_loads_and_hears_of_every_removal(tmp_path: Path) -> None:

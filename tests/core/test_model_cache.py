@@ -106,7 +106,9 @@ def test_removing_one_model_of_an_entry_unloads_the_rest(tmp_path: Path) -> None
     asyncio.run(scenario())
 
 
-def test_store_models_the_manager_loads_are_charged_and_evicted_least_recently_used_first(tmp_path: Path) -> None:
+def test_store_models_the_manager_loads_are_charged_and_evicted_by_their_requests(tmp_path: Path) -> None:
+    """Store models' requests count through ModelManager.hold: under `lfu` the one used least lately goes (m0 more
+    recently used than m2, but less), and one loaded and never used goes before one in use lately."""
     async def scenario() -> None:
         h = Harness(tmp_path)
         await h.manager.load("m0")
@@ -120,6 +122,13 @@ def test_store_models_the_manager_loads_are_charged_and_evicted_least_recently_u
         with pytest.raises(ModelhostError) as gone:
             h.manager.get("m1")
         assert gone.value.kind is ErrorKind.NOT_FOUND
+        for _ in range(3):
+            await h.infer("m2")
+        await h.infer("m0")  # m0: two uses (the acquire's and this), the most recent; m2: three
+        await h.manager.load("m1")
+        assert h.keys() == ["m1", "m2"]
+        await h.manager.load("m0")  # m1, loaded and not used since, goes before m2
+        assert h.keys() == ["m0", "m2"] and h.cache.statistics.evictions == 3
         await h.manager.unload("m0")  # the repository API's unload: no longer charged
         assert h.keys() == ["m2"]
         await h.cache.stop()
