@@ -150,9 +150,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         with Client(server.url) as client:
             slow_call(client, 100)  # warm-up
             probe = 10_000
-            started = time.monotonic()
-            slow_call(client, probe)
-            per_iteration = max((time.monotonic() - started) / probe, 1e-7)
+            # The fastest of three probes: one slowed by a busy moment (the other xdist worker's server starting)
+            # made the blocker too short to outlast the deadlines below once the machine was quiet again.
+            timings = []
+            for _ in range(3):
+                started = time.monotonic()
+                slow_call(client, probe)
+                timings.append(time.monotonic() - started)
+            per_iteration = max(min(timings) / probe, 1e-7)
         yield Served(server, int(min(max(BLOCK_SECONDS / per_iteration, 1000), 5_000_000)))
     finally:
         server.stop()
