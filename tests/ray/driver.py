@@ -61,7 +61,6 @@ _state: dict[str, Any] = {}
 
 
 def _start() -> str:
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     import ray
     from ray.cluster_utils import Cluster
 

@@ -7,6 +7,7 @@ request for a retrying client."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -74,6 +75,7 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RayDriver]:
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # for the cluster, and for `modelhost ray` started by the tests
     driver = RayDriver()
     try:
         yield driver
