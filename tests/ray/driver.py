@@ -29,11 +29,15 @@ class RayDriver:
         self._process = context.Process(target=_serve_calls, args=(child_end,), name="ray-driver")
         self._process.start()
         child_end.close()
+        self._late: str | None = None  # a call whose answer never came: any later answer could be its
         self.address: str = self.call("start", timeout=START_TIMEOUT)
 
     def call(self, name: str, *args: Any, timeout: float = CALL_TIMEOUT) -> Any:
+        if self._late is not None:
+            raise AssertionError(f"the Ray driver has not answered {self._late} yet; {name} not sent")
         self._connection.send((name, args))
         if not self._connection.poll(timeout):
+            self._late = name
             raise AssertionError(f"the Ray driver did not answer {name} within {timeout:.0f} s")
         try:
             succeeded, value = self._connection.recv()
@@ -47,7 +51,7 @@ class RayDriver:
 
     def close(self) -> None:
         try:
-            if self._process.is_alive():
+            if self._process.is_alive() and self._late is None:
                 self.call("stop")
         finally:
             self._process.join(30)
