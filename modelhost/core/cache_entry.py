@@ -26,6 +26,8 @@ class CacheEntry:
     measuring: Measurement | None = None
     first_run: bool = False  # kept for a request that follows at once, which has not ended yet
     store: bool = False  # one model of the store (`ModelCache.admitting`): its requests count through `used`
+    # A store model loaded for a request that has not reached it yet (until its first use, or UNUSED_GRACE_S).
+    unused: bool = False
 
 
 @dataclass(slots=True)

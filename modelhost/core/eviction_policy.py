@@ -61,7 +61,8 @@ class EvictionPolicy:
                in_use: Callable[[CacheEntry], bool]) -> CacheEntry | None:
         """The entry to evict for `key`'s load, of `entries` in order of use (least recently used first), those
         `in_use` excepted: for `lru` the first; for `lfu` the one used least lately, the first of those. An entry
-        kept for a request that has not run yet goes only when no other can: it would be loaded again at once."""
+        kept for a request that has not run or reached it yet goes only when no other can: it would be loaded again
+        at once (or its request answered that the model is unknown)."""
         best: CacheEntry | None = None
         best_count = 0
         awaited: CacheEntry | None = None
@@ -73,7 +74,7 @@ class EvictionPolicy:
                 continue
             if in_use(entry):
                 continue
-            if entry.first_run:
+            if entry.first_run or entry.unused:
                 awaited = awaited or entry
                 continue
             best, best_count = entry, count

@@ -46,6 +46,7 @@ log = logging.getLogger("modelhost.model_cache")
 
 CONCURRENT_LOADS = 4
 ALONE_AFTER_LOAD_S = 0.1  # the longest a measured load's first request keeps other loads from starting
+UNUSED_GRACE_S = 1.0  # how long a store model loaded for a request is kept from eviction, waiting for it
 
 class ModelCache:
     """The manager's `LoadBudget` on a multi-model endpoint, and the eviction policy over what it admitted."""
@@ -110,9 +111,14 @@ class ModelCache:
         and its use is counted. An archive's models are counted once per request by `pinned` instead."""
         entry = self._entries.get(name)
         if entry is not None and entry.store:
+            entry.unused = False
             del self._entries[name]
             self._entries[name] = entry
             self._policy.used(name, len(self._entries))
+
+    @staticmethod
+    def _first_use_over(entry: CacheEntry) -> None:
+        entry.unused = False
 
     # loads
 
@@ -127,7 +133,8 @@ class ModelCache:
         entry.names = (name,)
         if entry.measuring is not None:
             self._settle(entry, first_use=False)
-        entry.store = True
+        entry.store = entry.unused = True
+        asyncio.get_running_loop().call_later(UNUSED_GRACE_S, self._first_use_over, entry)
         self._charge(entry)
         try:
             await self._fit(0, name)  # never its own victim: the manager unloads it, holding its lock

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
+from modelhost.core import model_cache
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import CONCURRENT_LOADS, ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
@@ -108,7 +109,7 @@ def test_removing_one_model_of_an_entry_unloads_the_rest(tmp_path: Path) -> None
 
 def test_store_models_the_manager_loads_are_charged_and_evicted_by_their_requests(tmp_path: Path) -> None:
     """Store models' requests count through ModelManager.hold: under `lfu` the one used least lately goes (m0 more
-    recently used than m2, but less), and one loaded and never used goes before one in use lately."""
+    recently used than m2, but less), except one loaded for a request that has not reached it yet."""
     async def scenario() -> None:
         h = Harness(tmp_path)
         await h.manager.load("m0")
@@ -127,13 +128,33 @@ def test_store_models_the_manager_loads_are_charged_and_evicted_by_their_request
         await h.infer("m0")  # m0: two uses (the acquire's and this), the most recent; m2: three
         await h.manager.load("m1")
         assert h.keys() == ["m1", "m2"]
-        await h.manager.load("m0")  # m1, loaded and not used since, goes before m2
-        assert h.keys() == ["m0", "m2"] and h.cache.statistics.evictions == 3
+        await h.manager.load("m0")  # m1 waits for its first request (UNUSED_GRACE_S): m2 goes, used more as it was
+        assert h.keys() == ["m0", "m1"] and h.cache.statistics.evictions == 3
         await h.manager.unload("m0")  # the repository API's unload: no longer charged
-        assert h.keys() == ["m2"]
+        assert h.keys() == ["m1"]
         await h.cache.stop()
         await h.manager.stop()
         assert h.cache.used_bytes == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_store_model_never_used_goes_first_once_its_grace_is_over(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_cache, "UNUSED_GRACE_S", 0.0)
+
+    async def scenario() -> None:
+        h = Harness(tmp_path)
+        await h.manager.load("m0")
+        for _ in range(2):
+            await h.infer("m0")
+        await h.manager.load("m1")  # loaded, never used
+        await asyncio.sleep(0.01)  # its grace is over
+        h.cache.budget_bytes = h.cache.used_bytes + h.cache.used_bytes // 4  # room for two and a half
+        await h.manager.load("m2")  # m1, the most recently loaded but never used, goes
+        assert h.keys() == ["m0", "m2"]
+        await h.cache.stop()
+        await h.manager.stop()
 
     asyncio.run(scenario())
 
