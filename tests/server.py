@@ -106,32 +106,37 @@ class ServerProcess:
 
     def wait_ready(self, timeout: float = 60.0, path: str = "/v2/health/ready") -> ServerProcess:
         """Wait for `path` (on the HTTP port, or a whole URL) to answer 200."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.stop()}")
+        url = path if path.startswith("http") else self.base + path
+
+        def answers() -> bool:
             try:
-                url = path if path.startswith("http") else self.base + path
-                if requests.get(url, timeout=1).status_code == 200:
-                    return self
+                return requests.get(url, timeout=1).status_code == 200
             except (requests.ConnectionError, requests.Timeout):  # not listening yet, or a busy machine
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"server not ready after {timeout}s:\n{self.stop()}")
+                return False
+
+        return self._wait_until(answers, timeout, "server not ready")
 
     def wait_listening(self, port: int, timeout: float = 60.0) -> ServerProcess:
         """Wait until `port` accepts connections: the SageMaker site and the metrics port bind once the models at
         start have loaded, after the HTTP port has answered liveness."""
+        def accepts() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        return self._wait_until(accepts, timeout, f"port {port} not listening")
+
+    def _wait_until(self, check: Callable[[], bool], timeout: float, what: str) -> ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited with {self.process.returncode}:\n{self.stop()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            if check():
                 return self
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"port {port} not listening after {timeout}s:\n{self.stop()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{what} after {timeout}s:\n{self.stop()}")
 
     def signal(self, signum: int = signal.SIGTERM) -> None:
         self.process.send_signal(signum)
