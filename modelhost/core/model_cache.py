@@ -13,7 +13,8 @@ on the event loop):
   known); the backends a load needs are warmed up before it is measured;
 - up to CONCURRENT_LOADS loads run at once, so that a busy endpoint's misses do not queue behind each other.
   Before one starts, idle entries are evicted until its expected peak (`CacheMemory.estimate`) fits beside
-  the peaks of those under way, so memory stays within the budget during loads too, not only after them; a
+  the peaks of those under way, so memory stays within the budget during loads too, not only after them (loads
+  making room at once evict at once, each waiting for every eviction under way when it chose its victims); a
   load that cannot fit while others run waits for them, and is refused (NO_MEMORY) only when it cannot fit
   alone. A load that warms a backend up, or is measured to its first request, runs alone: no other load is
   under way from its start to its end (a warm-up's memory is the process's) or to its first request's end (a
@@ -64,8 +65,8 @@ class ModelCache:
         self._finished = 0  # loads measured, ever
         self._alone = False  # a load runs alone (a backend's warm-up, or a measurement): no other starts
         self._alone_for: Measurement | None = None  # the measurement that keeps `_alone` set once its load ended
-        self._making_room = asyncio.Lock()
         self._evicting: dict[str, asyncio.Future[None]] = {}  # key -> done when its eviction is
+        self._freeing = 0  # the charges of those entries, uncharged when their evictions started
         self._removals: set[asyncio.Task[None]] = set()
         self.statistics = CacheStatistics()
 
@@ -221,9 +222,8 @@ class ModelCache:
         try:
             await self._memory.warm_up(warm)
             peak = self._memory.estimate(key, on_disk)
-            await self._fit(peak, key)
+            await self._fit(peak, key)  # reserves it
             expected = peak
-            self._reserved += expected
             self._running += 1
             started = time.monotonic()
             measuring = self._memory.start(key, on_disk)
@@ -293,19 +293,32 @@ class ModelCache:
             await self._changed.wait_for(lambda: self._finished != finished)
 
     async def _fit(self, needed: int, key: str) -> None:
-        """Make room for `needed` more bytes beside the expected peaks of the loads being measured; while that
-        cannot be done, wait for one of them to end, and raise NO_MEMORY once none is left."""
-        if self._memory.used + needed + self._reserved <= self.budget_bytes and not self._making_room.locked():
-            return
+        """Make room for `needed` more bytes beside the expected peaks of the loads being measured, and reserve them
+        (in `_reserved`, which the caller gives back); while that cannot be done, wait for the evictions under way
+        or else for one of those loads to end, and raise NO_MEMORY once none is left. Victims are chosen and the
+        room reserved in one step, so two loads never count on the same room; then the evictions are awaited, so
+        loads making room at once wait for those under way together, not in turn. Memory stays within the budget:
+        this returns once every eviction under way when its victims were chosen has freed its memory."""
         while True:
             finished = self._finished
-            async with self._making_room:  # two loads evicting at once would each see the other's victims go
-                try:
-                    return await self._make_room(needed + self._reserved, key)
-                except ModelhostError:
-                    if self._running == 0:
-                        raise
-            await self._measured_since(finished)
+            try:
+                evictions = self._start_evictions(needed + self._reserved, key)
+                break
+            except ModelhostError:
+                if self._evicting:  # memory being freed: choose again once it is
+                    await asyncio.shield(asyncio.gather(*self._evicting.values()))
+                elif self._running or self._reserved:
+                    await self._measured_since(finished)
+                else:
+                    raise
+        self._reserved += needed
+        if not evictions:
+            return
+        try:
+            await asyncio.shield(asyncio.gather(*evictions))
+        except BaseException:
+            self._reserved -= needed
+            raise
 
     def _settle(self, entry: CacheEntry, first_use: bool) -> None:
         """Its measurement ends: the entry is charged what it measured from here on."""
@@ -359,14 +372,19 @@ class ModelCache:
 
     # evictions
 
-    async def _make_room(self, needed: int, key: str) -> None:
-        """Evict idle entries, in the policy's order, until `needed` more bytes fit the budget; each eviction has
-        freed its memory before this goes on (and the next victim is chosen then: loads kept meanwhile count)."""
+    def _start_evictions(self, needed: int, key: str) -> list[asyncio.Future[None]]:
+        """What to wait for before `needed` more bytes fit the budget: nothing when they fit with the memory of the
+        evictions under way still counted; else idle entries' evictions started, in the policy's order, until they
+        fit once every eviction under way is done, and all of those."""
+        if self._memory.used + self._freeing + needed <= self.budget_bytes:
+            return []
+        started = []
         while self._memory.used + needed > self.budget_bytes:
             victim = self._policy.victim(self._entries.values(), key, self._in_use)
             if victim is None:
                 raise self._no_memory(key, f"about {needed} bytes to load")
-            await self.evict(victim)
+            started.append(self._start_eviction(victim))
+        return [*started, *self._evicting.values()]
 
     def _in_use(self, entry: CacheEntry) -> bool:
         return any(self._manager.in_use(name) for name in entry.names)
@@ -388,11 +406,23 @@ class ModelCache:
             if evicting is not None:
                 await asyncio.shield(evicting)
             return
+        await asyncio.shield(self._start_eviction(entry))
+
+    def _start_eviction(self, entry: CacheEntry) -> asyncio.Task[None]:
+        """The entry uncharged now (no request finds it from here) and unloaded in a task of its own, which raises
+        what unloading it raised; `_evicting` has its key until then (done without raising)."""
         self._uncharge(entry)
         self.statistics.evictions += 1
-        started = time.monotonic()
-        done = self._evicting[entry.key] = asyncio.get_running_loop().create_future()
         self._memory.unloading()
+        self._freeing += entry.size
+        self._evicting[entry.key] = asyncio.get_running_loop().create_future()
+        task = asyncio.get_running_loop().create_task(self._unloaded(entry, entry.size))
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+        return task
+
+    async def _unloaded(self, entry: CacheEntry, size: int) -> None:
+        started = time.monotonic()
         try:
             try:
                 await self._unload(entry.names)
@@ -402,8 +432,8 @@ class ModelCache:
                 self._memory.unloaded()
                 self._released(entry)
         finally:
-            del self._evicting[entry.key]
-            done.set_result(None)
+            self._freeing -= size
+            self._evicting.pop(entry.key).set_result(None)
         self.statistics.unload.observe(time.monotonic() - started)
         log.debug("unloaded model %s (%d bytes)", entry.key, entry.size)  # counted: modelhost_model_cache_evictions
 

@@ -439,6 +439,8 @@ class Scheduler:
                 loop.call_soon_threadsafe(self._complete, batch, results, None, timing)
                 if watch is not None and watch(timing.infer_ns):
                     watch = None
+                del results
+            del batch  # its tensors go with its requests, not when this thread next takes a batch
         with lock:
             instance.unload()
 

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from tests.core.scheduler_harness import (
     WIDTH,
     Harness,
     gated,
+    rows_of,
     serving,
     tags_of,
 )
@@ -357,6 +359,21 @@ def test_stop_awaited_twice_at_once_returns_to_both_after_the_unload() -> None:
             await asyncio.wait_for(h.scheduler.stop(), 5)  # and once more, stopped already
         finally:
             a.open()
+
+    run(scenario())
+
+
+def test_an_idle_instance_thread_holds_no_tensor_of_its_last_batch() -> None:
+    """A model's memory is what its instances hold: the last request's tensors go with the request, not when
+    the instance's thread next takes a batch (a multi-model cache measures a victim's memory freed)."""
+    async def scenario() -> None:
+        async with serving(BATCHING, Echo()) as h:
+            x = rows_of(1)
+            freed = weakref.ref(x)
+            outputs = await h.scheduler.submit({"INPUT0": x}, ["OUTPUT0"], 1)
+            np.testing.assert_array_equal(outputs["OUTPUT0"], x)
+            del x, outputs
+            await until(lambda: freed() is None, "the request's input to be freed")
 
     run(scenario())
 

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
+from modelhost.backends.onnx import OnnxModel
 from modelhost.core.cache_memory import PEAK_OVERHEAD_BYTES, PEAK_PER_FILE_BYTE
 from modelhost.core.manager import ModelManager
 from modelhost.core.memory import COUNTS_FREES, held_bytes
@@ -380,6 +381,43 @@ def test_a_load_over_the_whole_budget_does_not_poison_later_loads(tmp_path: Path
 
 
 @pytest.mark.skipif(not COUNTS_FREES, reason="needs glibc's mallinfo2 (freed memory counted)")
+def test_misses_making_room_at_once_evict_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two misses that each need a victim evict both at once, not one after the other (each reserves its room
+    when it chooses), and neither loads before the memory of both victims is free."""
+    gate = threading.Event()
+    unloading: list[str] = []
+    unload = OnnxModel.unload
+
+    def held_unload(self: OnnxModel) -> None:
+        unloading.append(threading.current_thread().name)
+        gate.wait(10)
+        unload(self)
+
+    async def scenario() -> None:
+        h = Harness(tmp_path, count=4)
+        for i in (2, 3):  # loaded once, so their sizes are known and their loads may run at once
+            await h.infer(f"model-{i}.tar.gz")
+            await h.models.unload(f"model-{i}.tar.gz")
+        for i in (0, 1):
+            await h.infer(f"model-{i}.tar.gz")
+        # Room for the two and a megabyte: each miss's expected peak (more than a model holds once run) needs a
+        # victim, and both fit once both victims are gone.
+        h.cache.budget_bytes = h.cache.used_bytes + (1 << 20)
+        monkeypatch.setattr(OnnxModel, "unload", held_unload)
+        misses = [asyncio.create_task(h.infer(f"model-{i}.tar.gz")) for i in (2, 3)]
+        try:
+            await until(lambda: len(unloading) == 2, "both victims to unload at once")
+            await asyncio.sleep(0.05)
+            assert not any(miss.done() for miss in misses)
+        finally:
+            gate.set()
+        assert await asyncio.gather(*misses) == [2.0, 3.0]
+        assert h.loaded() == ["model-2.tar.gz", "model-3.tar.gz"]
+        await h.stop()
+
+    asyncio.run(scenario())
+
+
 def test_memory_stays_within_the_budget_during_loads(tmp_path: Path) -> None:
     """Models of 4 MiB files (8 MiB held once run, about 9 MiB at a load's peak) through a 20 MiB budget, more than
     the budget in total: the cache makes room for a load's peak before it starts, and charges each model what it
