@@ -44,18 +44,34 @@ _marking: set[int] = set()  # native ids of the loading threads that mark their 
 _last_id: int | None = None  # a descriptor of _LAST_ID, opened by the first marking thread
 
 
+_jobs = 0  # loading jobs started and not yet ended (counted on the event loop)
+
+
+def loading() -> bool:
+    """Whether a model-loading job is under way (the event loop's thread asks)."""
+    return _jobs > 0
+
+
 async def run_loading(function: Callable[..., T], *args: object) -> T:
     """`function(*args)` on a model-loading thread."""
     return await start_loading(lambda: function(*args))
 
 
 def start_loading(job: Callable[[], T]) -> asyncio.Future[T]:
-    """`job()` started on a model-loading thread: its future (no task to await it in)."""
-    global _executor
+    """`job()` started on a model-loading thread: its future (no task to await it in). Called on the event loop."""
+    global _executor, _jobs
     with _lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(thread_name_prefix="modelhost-load", initializer=_enter)
-    return asyncio.get_running_loop().run_in_executor(_executor, partial(_run_marked, job))
+    done = asyncio.get_running_loop().run_in_executor(_executor, partial(_run_marked, job))
+    _jobs += 1
+    done.add_done_callback(_ended)
+    return done
+
+
+def _ended(_: object) -> None:
+    global _jobs
+    _jobs -= 1
 
 
 def _enter() -> None:

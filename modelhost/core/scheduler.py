@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from modelhost.backends.base import Model, RowUpdates
-from modelhost.core import compute_threads, instance_threads
+from modelhost.core import compute_threads, instance_threads, loading_threads
 from modelhost.core.batch_run import Outputs, call, check_batch_dim, run_batch, run_each
 from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
@@ -91,6 +91,7 @@ class Scheduler:
         self._runs_async = (all(i.runs_async for i in instances) and not policy.max_queue_delay_s
                             and not policy.pad_sizes)
         self._in_flight = in_flight or InFlight()
+        self._yields_to_loads = compute_threads.lowers()  # (_may_run_now)
         self._spare = spare
         self._threads_per_instance = threads_per_instance
         # Instance threads still serving, and what `stop` awaits: the last of them resolves it on the loop.
@@ -266,10 +267,14 @@ class Scheduler:
 
     def _may_run_now(self, size: int, rows: int) -> bool:
         """Whether a request may run on the loop at once: nothing queued ahead of it, no earlier answer it could
-        overtake under preserve_ordering, the model not stopping, and either cheaper than a handoff with the
-        server quiet (where the threads would gain from the load), or alone in the server and within the lone
-        budget (core/loop_gate.py), unless it would be split into parts for several instances."""
+        overtake under preserve_ordering, the model not stopping, no model loading where compute runs below the
+        loop (the loop's thread computes at a loading thread's priority, and the requests that wait for a load
+        are the oldest: on its instance thread a request yields the core to the load), and either cheaper than a
+        handoff with the server quiet (where the threads would gain from the load), or alone in the server and
+        within the lone budget (core/loop_gate.py), unless it would be split into parts for several instances."""
         if self._queue.depth() or self._queue.closed or (self._policy.preserve_ordering and self._inflight):
+            return False
+        if self._yields_to_loads and loading_threads.loading():
             return False
         if size > self._gate.max_size:
             split = self._policy.split_size

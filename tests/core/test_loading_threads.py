@@ -164,3 +164,20 @@ def test_only_marked_threads_started_in_the_window_are_lowered_and_a_wrap_looks_
     finally:
         release.set()
         thread.join()
+
+
+def test_loading_tells_whether_a_job_is_under_way() -> None:
+    async def main() -> None:
+        release = threading.Event()
+        assert not loading_threads.loading()
+        jobs = [loading_threads.start_loading(lambda: release.wait(10)) for _ in range(2)]
+        assert loading_threads.loading()
+        release.set()
+        await asyncio.gather(*jobs)
+        assert not loading_threads.loading()
+        with pytest.raises(ZeroDivisionError):
+            await loading_threads.run_loading(lambda: 1 / 0)
+        assert not loading_threads.loading()  # a job that failed ended too
+
+    asyncio.run(main())
+

@@ -11,12 +11,15 @@ import weakref
 import numpy as np
 import pytest
 
+from modelhost.core import compute_threads, loading_threads
+from modelhost.core.compute_threads import Priority
 from modelhost.errors import ErrorKind
 from tests.core.scheduler_harness import (
     BATCHING,
     WIDTH,
     Harness,
     gated,
+    on_loop_within,
     rows_of,
     serving,
     tags_of,
@@ -376,6 +379,38 @@ def test_an_idle_instance_thread_holds_no_tensor_of_its_last_batch() -> None:
             await until(lambda: freed() is None, "the request's input to be freed")
 
     run(scenario())
+
+
+@pytest.mark.parametrize("priority", ["low", "normal"])
+def test_while_a_model_loads_requests_compute_on_their_instance_threads(priority: Priority) -> None:
+    """Where compute runs below the loop, a request that would run on the loop runs on its instance thread while
+    a model loads: the loop's thread computes at the loading thread's priority, and the requests waiting for the
+    load are the oldest. At the loop's priority there is nothing to yield: it runs on the loop as ever."""
+    async def scenario() -> None:
+        model = Echo()
+        h = Harness("max_batch_size: 8 " + on_loop_within(1_000_000), (model,))
+        try:
+            await h.call(1)  # (measured on its instance thread first)
+            await h.call(2)
+            release = threading.Event()
+            load = loading_threads.start_loading(lambda: release.wait(10))
+            try:
+                await h.call(3)
+            finally:
+                release.set()
+            await load
+            await h.call(4)
+            loop = threading.current_thread().name
+            assert model.threads[1] == model.threads[3] == loop, model.threads
+            assert (model.threads[2] == loop) == (priority == "normal"), model.threads
+        finally:
+            await h.scheduler.stop()
+
+    compute_threads.configure(priority)
+    try:
+        run(scenario())
+    finally:
+        compute_threads.configure("normal")
 
 
 # --------------------------------------------------------------------------- request splitting
