@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
@@ -44,12 +44,23 @@ _marking: set[int] = set()  # native ids of the loading threads that mark their 
 _last_id: int | None = None  # a descriptor of _LAST_ID, opened by the first marking thread
 
 
-_jobs = 0  # loading jobs started and not yet ended (counted on the event loop)
+_waiting = 0  # requests waiting for their model to load (counted on the event loop)
 
 
-def loading() -> bool:
-    """Whether a model-loading job is under way (the event loop's thread asks)."""
-    return _jobs > 0
+@contextlib.contextmanager
+def waited_for() -> Iterator[None]:
+    """A request waits for its model to load (a multi-model endpoint's miss) for the block (on the event loop)."""
+    global _waiting
+    _waiting += 1
+    try:
+        yield
+    finally:
+        _waiting -= 1
+
+
+def requests_wait() -> bool:
+    """Whether a request waits for its model to load."""
+    return _waiting > 0
 
 
 async def run_loading(function: Callable[..., T], *args: object) -> T:
@@ -58,20 +69,12 @@ async def run_loading(function: Callable[..., T], *args: object) -> T:
 
 
 def start_loading(job: Callable[[], T]) -> asyncio.Future[T]:
-    """`job()` started on a model-loading thread: its future (no task to await it in). Called on the event loop."""
-    global _executor, _jobs
+    """`job()` started on a model-loading thread: its future (no task to await it in)."""
+    global _executor
     with _lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(thread_name_prefix="modelhost-load", initializer=_enter)
-    done = asyncio.get_running_loop().run_in_executor(_executor, partial(_run_marked, job))
-    _jobs += 1
-    done.add_done_callback(_ended)
-    return done
-
-
-def _ended(_: object) -> None:
-    global _jobs
-    _jobs -= 1
+    return asyncio.get_running_loop().run_in_executor(_executor, partial(_run_marked, job))
 
 
 def _enter() -> None:

@@ -267,14 +267,15 @@ class Scheduler:
 
     def _may_run_now(self, size: int, rows: int) -> bool:
         """Whether a request may run on the loop at once: nothing queued ahead of it, no earlier answer it could
-        overtake under preserve_ordering, the model not stopping, no model loading where compute runs below the
-        loop (the loop's thread computes at a loading thread's priority, and the requests that wait for a load
-        are the oldest: on its instance thread a request yields the core to the load), and either cheaper than a
-        handoff with the server quiet (where the threads would gain from the load), or alone in the server and
-        within the lone budget (core/loop_gate.py), unless it would be split into parts for several instances."""
+        overtake under preserve_ordering, the model not stopping, no request waiting for its model to load where
+        compute runs below the loop (the loop's thread computes at a loading thread's priority, and the requests
+        that wait for a load are the oldest: on its instance thread a request yields the core to it), and either
+        cheaper than a handoff with the server quiet (where the threads would gain from the load), or alone in the
+        server and within the lone budget (core/loop_gate.py), unless it would be split into parts for several
+        instances."""
         if self._queue.depth() or self._queue.closed or (self._policy.preserve_ordering and self._inflight):
             return False
-        if self._yields_to_loads and loading_threads.loading():
+        if self._yields_to_loads and loading_threads.requests_wait():
             return False
         if size > self._gate.max_size:
             split = self._policy.split_size

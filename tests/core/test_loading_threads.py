@@ -166,18 +166,13 @@ def test_only_marked_threads_started_in_the_window_are_lowered_and_a_wrap_looks_
         thread.join()
 
 
-def test_loading_tells_whether_a_job_is_under_way() -> None:
-    async def main() -> None:
-        release = threading.Event()
-        assert not loading_threads.loading()
-        jobs = [loading_threads.start_loading(lambda: release.wait(10)) for _ in range(2)]
-        assert loading_threads.loading()
-        release.set()
-        await asyncio.gather(*jobs)
-        assert not loading_threads.loading()
-        with pytest.raises(ZeroDivisionError):
-            await loading_threads.run_loading(lambda: 1 / 0)
-        assert not loading_threads.loading()  # a job that failed ended too
-
-    asyncio.run(main())
-
+def test_requests_wait_while_a_request_waits_for_its_model() -> None:
+    assert not loading_threads.requests_wait()
+    with loading_threads.waited_for():
+        with loading_threads.waited_for():
+            assert loading_threads.requests_wait()
+        assert loading_threads.requests_wait()
+    assert not loading_threads.requests_wait()
+    with pytest.raises(ZeroDivisionError), loading_threads.waited_for():
+        _ = 1 / 0
+    assert not loading_threads.requests_wait()  # a wait that failed ended too

@@ -382,23 +382,19 @@ def test_an_idle_instance_thread_holds_no_tensor_of_its_last_batch() -> None:
 
 
 @pytest.mark.parametrize("priority", ["low", "normal"])
-def test_while_a_model_loads_requests_compute_on_their_instance_threads(priority: Priority) -> None:
+def test_while_a_request_waits_for_a_load_others_compute_on_their_instance_threads(priority: Priority) -> None:
     """Where compute runs below the loop, a request that would run on the loop runs on its instance thread while
-    a model loads: the loop's thread computes at the loading thread's priority, and the requests waiting for the
-    load are the oldest. At the loop's priority there is nothing to yield: it runs on the loop as ever."""
+    another waits for its model to load: the loop's thread computes at the loading thread's priority, and the
+    request waiting for the load is the oldest. At the loop's priority there is nothing to yield: it runs on the
+    loop as ever."""
     async def scenario() -> None:
         model = Echo()
         h = Harness("max_batch_size: 8 " + on_loop_within(1_000_000), (model,))
         try:
             await h.call(1)  # (measured on its instance thread first)
             await h.call(2)
-            release = threading.Event()
-            load = loading_threads.start_loading(lambda: release.wait(10))
-            try:
+            with loading_threads.waited_for():
                 await h.call(3)
-            finally:
-                release.set()
-            await load
             await h.call(4)
             loop = threading.current_thread().name
             assert model.threads[1] == model.threads[3] == loop, model.threads

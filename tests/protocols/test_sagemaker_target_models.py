@@ -18,6 +18,7 @@ import onnx
 import pytest
 
 from modelhost.backends.onnx import OnnxModel
+from modelhost.core import loading_threads
 from modelhost.core.cache_memory import PEAK_OVERHEAD_BYTES, PEAK_PER_FILE_BYTE
 from modelhost.core.manager import ModelManager
 from modelhost.core.memory import COUNTS_FREES, held_bytes
@@ -409,9 +410,11 @@ def test_misses_making_room_at_once_evict_together(tmp_path: Path, monkeypatch: 
             await until(lambda: len(unloading) == 2, "both victims to unload at once")
             await asyncio.sleep(0.05)
             assert not any(miss.done() for miss in misses)
+            assert loading_threads.requests_wait()  # (others' requests yield to these: Scheduler._may_run_now)
         finally:
             gate.set()
         assert await asyncio.gather(*misses) == [2.0, 3.0]
+        assert not loading_threads.requests_wait()
         assert h.loaded() == ["model-2.tar.gz", "model-3.tar.gz"]
         await h.stop()
 

@@ -132,7 +132,8 @@ class TargetModels:
         else:
             statistics.misses += 1
             started = time.monotonic()
-            model = await self._loaded(target)
+            with loading_threads.waited_for():
+                model = await self._loaded(target)
             statistics.loading_wait.observe(time.monotonic() - started)
         async with self._cache.pinned(model.entry):
             yield model
