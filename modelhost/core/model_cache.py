@@ -19,7 +19,10 @@ on the event loop):
   alone. A load that warms a backend up, or is measured to its first request, runs alone: no other load is
   under way from its start to its end (a warm-up's memory is the process's) or to its first request's end (a
   measurement that others' loads and evictions do not disturb: at most ALONE_AFTER_LOAD_S after the load). Each
-  entry's charge is kept as its `size`.
+  entry's charge is kept as its `size`;
+- an entry kept for a request that has not run it yet is not evicted to make room: a load that could make room
+  only with it waits for that request (at most ALONE_AFTER_LOAD_S), since two loads whose expected peaks do not
+  fit the budget together would otherwise each evict the other's new model before its request ran, for ever.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class ModelCache:
         self._alone_for: Measurement | None = None  # the measurement that keeps `_alone` set once its load ended
         self._evicting: dict[str, asyncio.Future[None]] = {}  # key -> done when its eviction is
         self._freeing = 0  # the charges of those entries, uncharged when their evictions started
+        self._first_runs: asyncio.Future[None] | None = None  # done when an entry's first run is over
         self._removals: set[asyncio.Task[None]] = set()
         self.statistics = CacheStatistics()
 
@@ -274,6 +278,9 @@ class ModelCache:
         if entry.first_run:
             entry.first_run = False
             self._memory.first_run_ended()
+            if self._first_runs is not None:
+                self._first_runs.set_result(None)
+                self._first_runs = None
 
     def _end_alone(self, measuring: Measurement) -> None:
         """A measured load's window ends (its first request ended, it left, or ALONE_AFTER_LOAD_S passed): other
@@ -304,6 +311,10 @@ class ModelCache:
             try:
                 evictions = self._start_evictions(needed + self._reserved, key)
                 break
+            except _FirstRunPending:  # its request would load it again at once: choose again once it has run
+                if self._first_runs is None:
+                    self._first_runs = asyncio.get_running_loop().create_future()
+                await asyncio.shield(self._first_runs)
             except ModelhostError:
                 if self._evicting:  # memory being freed: choose again once it is
                     await asyncio.shield(asyncio.gather(*self._evicting.values()))
@@ -383,6 +394,8 @@ class ModelCache:
             victim = self._policy.victim(self._entries.values(), key, self._in_use)
             if victim is None:
                 raise self._no_memory(key, f"about {needed} bytes to load")
+            if victim.first_run:
+                raise _FirstRunPending
             started.append(self._start_eviction(victim))
         return [*started, *self._evicting.values()]
 
@@ -463,6 +476,10 @@ class ModelCache:
     async def stop(self) -> None:
         await asyncio.gather(*(self.evict(e) for e in list(self._entries.values())), return_exceptions=True)
         await asyncio.gather(*self._removals, return_exceptions=True)
+
+
+class _FirstRunPending(Exception):
+    """The only entry that could make room is one whose first request has not run yet (ModelCache.keep)."""
 
 
 class _NotLoaded(Exception):

@@ -382,6 +382,16 @@ def test_a_load_over_the_whole_budget_does_not_poison_later_loads(tmp_path: Path
 
 
 @pytest.mark.skipif(not COUNTS_FREES, reason="needs glibc's mallinfo2 (freed memory counted)")
+async def _known_then_two_loaded(h: Harness) -> None:
+    """Models 2 and 3 loaded once and unloaded (so their sizes are known, and their loads may run at once), then
+    models 0 and 1 loaded."""
+    for i in (2, 3):
+        await h.infer(f"model-{i}.tar.gz")
+        await h.models.unload(f"model-{i}.tar.gz")
+    for i in (0, 1):
+        await h.infer(f"model-{i}.tar.gz")
+
+
 def test_misses_making_room_at_once_evict_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two misses that each need a victim evict both at once, not one after the other (each reserves its room
     when it chooses), and neither loads before the memory of both victims is free."""
@@ -396,11 +406,7 @@ def test_misses_making_room_at_once_evict_together(tmp_path: Path, monkeypatch: 
 
     async def scenario() -> None:
         h = Harness(tmp_path, count=4)
-        for i in (2, 3):  # loaded once, so their sizes are known and their loads may run at once
-            await h.infer(f"model-{i}.tar.gz")
-            await h.models.unload(f"model-{i}.tar.gz")
-        for i in (0, 1):
-            await h.infer(f"model-{i}.tar.gz")
+        await _known_then_two_loaded(h)
         # Room for the two and a megabyte: each miss's expected peak (more than a model holds once run) needs a
         # victim, and both fit once both victims are gone.
         h.cache.budget_bytes = h.cache.used_bytes + (1 << 20)
@@ -416,6 +422,22 @@ def test_misses_making_room_at_once_evict_together(tmp_path: Path, monkeypatch: 
         assert await asyncio.gather(*misses) == [2.0, 3.0]
         assert not loading_threads.requests_wait()
         assert h.loaded() == ["model-2.tar.gz", "model-3.tar.gz"]
+        await h.stop()
+
+    asyncio.run(scenario())
+
+
+def test_misses_whose_peaks_do_not_fit_together_both_finish(tmp_path: Path) -> None:
+    """A budget that holds two models but not two loads' expected peaks: two misses at once both finish, one
+    after the other, instead of each evicting the other's new model before its request has run it (and so on)."""
+    async def scenario() -> None:
+        h = Harness(tmp_path, count=4)
+        await _known_then_two_loaded(h)
+        h.cache.budget_bytes = h.cache.used_bytes
+        evictions = h.cache.statistics.evictions
+        misses = asyncio.gather(h.infer("model-2.tar.gz"), h.infer("model-3.tar.gz"))
+        assert await asyncio.wait_for(misses, 10) == [2.0, 3.0]
+        assert h.cache.statistics.evictions - evictions <= 3  # models 0 and 1, then one of the two
         await h.stop()
 
     asyncio.run(scenario())
