@@ -70,6 +70,7 @@ class CacheMemory:
         self._first_runs = 0  # loaded models whose first request is yet to end
         self._events = 0  # loads started and memory released, ever: a measurement spanning one is not clean
         self._unloading = 0  # evictions under way: their memory may be freed at any moment
+        self._freeing = 0  # the charges of their models, uncharged (`forget`) when they started
         # Clean measurements' sizes and the first estimates of their peaks, added up: how the two compare.
         self._clean_sizes = 0
         self._clean_estimates = 0
@@ -161,12 +162,19 @@ class CacheMemory:
         """A cached model charged `size` bytes left the cache (its memory is freed with `released`)."""
         self._charged -= size
 
-    def unloading(self) -> None:
-        """An eviction starts unloading models (call `unloaded` once they have)."""
+    def unloading(self, size: int) -> None:
+        """An eviction starts unloading models charged `size` (call `unloaded` with it once they have)."""
         self._unloading += 1
+        self._freeing += size
 
-    def unloaded(self) -> None:
+    def unloaded(self, size: int) -> None:
         self._unloading -= 1
+        self._freeing -= size
+
+    @property
+    def freeing(self) -> int:
+        """What the evictions under way will have freed once they are done (not counted in `used`)."""
+        return self._freeing
 
     def released(self) -> None:
         """A load's models unloaded (their memory freed)."""

@@ -69,7 +69,6 @@ class ModelCache:
         self._alone = False  # a load runs alone (a backend's warm-up, or a measurement): no other starts
         self._alone_for: Measurement | None = None  # the measurement that keeps `_alone` set once its load ended
         self._evicting: dict[str, asyncio.Future[None]] = {}  # key -> done when its eviction is
-        self._freeing = 0  # the charges of those entries, uncharged when their evictions started
         self._first_runs: asyncio.Future[None] | None = None  # done when an entry's first run is over
         self._removals: set[asyncio.Task[None]] = set()
         self.statistics = CacheStatistics()
@@ -387,7 +386,7 @@ class ModelCache:
         """What to wait for before `needed` more bytes fit the budget: nothing when they fit with the memory of the
         evictions under way still counted; else idle entries' evictions started, in the policy's order, until they
         fit once every eviction under way is done, and all of those."""
-        if self._memory.used + self._freeing + needed <= self.budget_bytes:
+        if self._memory.used + self._memory.freeing + needed <= self.budget_bytes:
             return []
         started = []
         while self._memory.used + needed > self.budget_bytes:
@@ -426,8 +425,7 @@ class ModelCache:
         what unloading it raised; `_evicting` has its key until then (done without raising)."""
         self._uncharge(entry)
         self.statistics.evictions += 1
-        self._memory.unloading()
-        self._freeing += entry.size
+        self._memory.unloading(entry.size)
         self._evicting[entry.key] = asyncio.get_running_loop().create_future()
         task = asyncio.get_running_loop().create_task(self._unloaded(entry, entry.size))
         self._removals.add(task)
@@ -442,10 +440,9 @@ class ModelCache:
                 if entry.release is not None:
                     await entry.release()
             finally:
-                self._memory.unloaded()
+                self._memory.unloaded(size)
                 self._released(entry)
         finally:
-            self._freeing -= size
             self._evicting.pop(entry.key).set_result(None)
         self.statistics.unload.observe(time.monotonic() - started)
         log.debug("unloaded model %s (%d bytes)", entry.key, entry.size)  # counted: modelhost_model_cache_evictions

@@ -34,9 +34,9 @@ def test_an_eviction_under_way_at_the_start_makes_the_measurement_unclean() -> N
     meanwhile would look smaller than it is. It is charged what is typical of its size, and measured again."""
     memory = CacheMemory()
     victim: list[object] = [bytearray(3 * KEPT)]
-    memory.unloading()
+    memory.unloading(3 * KEPT)
     size = measured_charge(memory, "a", during=victim)
-    memory.unloaded()
+    memory.unloaded(3 * KEPT)
     memory.released()
     assert size == 2 * DISK + (1 << 20)  # typical: no clean measurement yet, the first estimate
     assert memory.known_size("a", DISK) is None
@@ -46,8 +46,8 @@ def test_an_eviction_finishing_during_the_measurement_makes_it_unclean() -> None
     memory = CacheMemory()
     measurement = memory.start("a", DISK)
     assert measurement is not None
-    memory.unloading()
-    memory.unloaded()
+    memory.unloading(KEPT)
+    memory.unloaded(KEPT)
     memory.released()
     memory.ended(measurement)
     memory.finish(measurement, first_use=True)
