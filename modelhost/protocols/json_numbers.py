@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from modelhost.errors import invalid
+from modelhost.protocols.json_tensors import JsonNumbers
 from modelhost.types import DATATYPE_DTYPES, DEFAULT_LIMITS, check_json_depth
 
 # numpy kinds of the parsed values each target kind accepts, and how a message names them.
@@ -21,7 +22,7 @@ DIRECT_MIN_ROWS = 16
 
 
 def json_numbers(value: Any, datatype: str, where: str, max_depth: int = DEFAULT_LIMITS.max_json_depth) -> np.ndarray:
-    """`value` (a JSON number, boolean or nested list of them) as an array of `datatype`.
+    """`value` (a JSON number, boolean or nested list of them, or JsonNumbers) as an array of `datatype`.
 
     `datatype` is a V2 name other than BYTES; `where` names the field in error messages ("input 'x'").
     Raises ModelhostError(INVALID_INPUT) for ragged lists, lists nested deeper than `max_depth`, values of the
@@ -30,6 +31,11 @@ def json_numbers(value: Any, datatype: str, where: str, max_depth: int = DEFAULT
     dtype = DATATYPE_DTYPES[datatype]
     if dtype.kind not in _ACCEPTED_KINDS:
         raise ValueError(f"datatype {datatype} is not numeric")
+    if isinstance(value, JsonNumbers):
+        array = value.to_array(dtype) if len(value.shape) <= max_depth else None
+        if array is not None:
+            return array
+        value = value.as_list()
     check_json_depth(value, where, max_depth)
     if dtype.kind in "iu":
         return _integers(value, dtype, datatype, where)

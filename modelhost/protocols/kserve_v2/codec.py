@@ -15,8 +15,10 @@ import numpy as np
 import orjson
 
 from modelhost.errors import client_value, invalid
+from modelhost.protocols import json_tensors
 from modelhost.protocols.json_body import json_object
 from modelhost.protocols.json_numbers import json_numbers
+from modelhost.protocols.json_tensors import JsonNumbers
 from modelhost.types import (
     DATATYPE_DTYPES,
     DEFAULT_LIMITS,
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from modelhost.core.shared_memory import SharedMemory
 
 _JSON_ONLY_BINARY = ("FP16", "BF16")
+_TENSOR_PATHS: tuple[json_tensors.TensorPath, ...] = (("inputs", json_tensors.ANY, "data"),)
 _U32 = struct.Struct("<I")
 
 
@@ -45,14 +48,17 @@ def decode_infer_request(
 
     Each input's shape is checked against `limits` before its array is made. Inputs and outputs that name a
     shared memory region are `regions`' (shm_tensors)."""
+    document = None
     if header_length is None:
         header_length = len(body)
+        document = json_tensors.load(body, _TENSOR_PATHS)
     elif not 0 < header_length <= len(body):
         raise invalid(
             f"Inference-Header-Content-Length {header_length} is outside the request body of {len(body)} bytes"
         )
     view = memoryview(body)
-    document = json_object(view[:header_length], holding="an 'inputs' list")
+    if not isinstance(document, dict):
+        document = json_object(view[:header_length], holding="an 'inputs' list")
     offset = header_length
     inputs: dict[str, np.ndarray] = {}
     budget = limits.budget()
@@ -177,10 +183,11 @@ def tensor_from_json(
     """The tensor in JSON `data`; the caller has checked `shape` (ElementBudget.take)."""
     if datatype in _JSON_ONLY_BINARY:
         raise invalid(f"input '{name}': {datatype} data cannot be sent as JSON; use binary tensor data")
-    if not isinstance(data, list):
+    if not isinstance(data, (list, JsonNumbers)):
         data = [data]
     count = math.prod(shape)
     if datatype == "BYTES":
+        data = json_tensors.plain(data)
         check_json_depth(data, f"input '{name}'", max_depth)
         flat = _flatten_strings(name, data)
         if len(flat) != count:

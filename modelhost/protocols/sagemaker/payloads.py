@@ -76,6 +76,7 @@ from modelhost.protocols.tfserving.json_codec import (
     decode_predict_document,
     encode_predict,
     parse_json,
+    parse_predict_json,
     row_predictions,
 )
 from modelhost.protocols.tfserving.tensor_proto import decode_predict_request, encode_predict_response
@@ -127,7 +128,7 @@ def decode_invocation(
 
 def _decode_json(body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits) -> Invocation:
     try:
-        document = parse_json(body)
+        document = parse_predict_json(body)
     except ModelhostError:
         lines = _json_lines(body)
         if lines is None:

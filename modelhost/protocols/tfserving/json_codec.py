@@ -15,7 +15,9 @@ import numpy as np
 import orjson
 
 from modelhost.errors import ModelhostError, invalid
+from modelhost.protocols import json_tensors
 from modelhost.protocols.json_numbers import json_numbers
+from modelhost.protocols.json_tensors import JsonNumbers
 from modelhost.types import (
     DATATYPE_DTYPES,
     DEFAULT_LIMITS,
@@ -34,6 +36,7 @@ _JSON_TYPES = {
     dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number",
 }
 _BYTES_SUFFIX = "_bytes"  # TF Serving always answers string outputs named like this in base64
+_TENSOR_PATHS: tuple[json_tensors.TensorPath, ...] = (("inputs",), ("inputs", json_tensors.ANY), ("instances",))
 
 
 def decode_predict(
@@ -43,7 +46,7 @@ def decode_predict(
 
     Each value's nesting is checked against `limits` before it becomes an array, and the arrays' sizes after
     (they hold no more elements than the body has values)."""
-    document = parse_json(body)
+    document = parse_predict_json(body)
     if not isinstance(document, dict):
         raise invalid("request body must be a JSON object with 'instances' or 'inputs'")
     return decode_predict_document(document, inputs, limits)
@@ -52,7 +55,7 @@ def decode_predict(
 def decode_predict_document(
     document: dict[str, Any], inputs: Sequence[TensorSpec], limits: RequestLimits = DEFAULT_LIMITS
 ) -> tuple[dict[str, np.ndarray], str]:
-    """decode_predict for a body already parsed (by parse_json)."""
+    """decode_predict for a body already parsed (by parse_predict_json or parse_json)."""
     signature = document.get("signature_name", "")
     if not isinstance(signature, str):
         raise invalid(f"'signature_name' must be a string, got {_json_type(signature)}")
@@ -93,15 +96,24 @@ def parse_json(body: bytes, what: str = "request body") -> Any:
             raise invalid(f"{what} is not valid JSON: {error}") from None
 
 
+def parse_predict_json(body: bytes) -> Any:
+    """parse_json for a :predict body, its tensors' numbers left as JsonNumbers where that pays."""
+    document = json_tensors.load(body, _TENSOR_PATHS)
+    return parse_json(body) if document is None else document
+
+
 def _decode_rows(instances: Any, specs: dict[str, TensorSpec], budget: ElementBudget) -> dict[str, np.ndarray]:
-    if not isinstance(instances, list):
+    if isinstance(instances, JsonNumbers) and len(specs) != 1:
+        instances = instances.as_list()  # refused below, by the usual way's words
+    if not isinstance(instances, (list, JsonNumbers)):
         raise invalid(f"'instances' must be a list, got {_json_type(instances)}")
     if not instances:
         raise invalid("'instances' is an empty list; send at least one instance")
-    if len(specs) == 1 and not _is_named(instances[0]):
+    columns: dict[str, list[Any] | JsonNumbers]
+    if len(specs) == 1 and (isinstance(instances, JsonNumbers) or not _is_named(instances[0])):
         columns = {next(iter(specs)): instances}
     else:
-        columns = _split_named_instances(instances, specs)
+        columns = dict(_split_named_instances(json_tensors.plain(instances), specs))
     arrays = {name: _stack_instances(specs[name], values, budget.limits.max_json_depth)
               for name, values in columns.items()}
     for name, array in arrays.items():
@@ -129,7 +141,7 @@ def _split_named_instances(instances: list[Any], specs: dict[str, TensorSpec]) -
     return columns
 
 
-def _stack_instances(spec: TensorSpec, values: list[Any], max_depth: int) -> np.ndarray:
+def _stack_instances(spec: TensorSpec, values: list[Any] | JsonNumbers, max_depth: int) -> np.ndarray:
     if not spec.shape:
         raise invalid(f"input '{spec.name}' is a scalar, so it cannot be sent in 'instances'; use 'inputs'")
     if spec.shape[0] not in (-1, len(values)):
@@ -149,7 +161,7 @@ def _stack_instances(spec: TensorSpec, values: list[Any], max_depth: int) -> np.
                                                                                        instance_shape)):
                 return whole
     arrays: list[np.ndarray] = []
-    for index, value in enumerate(values):
+    for index, value in enumerate(json_tensors.plain(values)):
         where = f"instances[{index}]: input '{spec.name}'"
         array = _to_array(spec, value, where, max_depth)
         _check_shape(array, instance_shape, where)
@@ -200,6 +212,7 @@ def _to_array(spec: TensorSpec, value: Any, where: str, max_depth: int) -> np.nd
     if spec.datatype not in DATATYPE_DTYPES:
         raise invalid(f"{where} is {spec.datatype}, which cannot be sent as JSON")
     if spec.datatype == "BYTES":
+        value = json_tensors.plain(value)
         check_json_depth(value, where, max_depth)
         return _bytes_array(value, where)
     return json_numbers(value, spec.datatype, where, max_depth)

@@ -22,7 +22,7 @@ from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.protocols.tfserving import apis_pb2 as pb
 from modelhost.protocols.tfserving import predict_pb2
 from modelhost.protocols.tfserving.examples import example_count, serialized_examples
-from modelhost.protocols.tfserving.json_codec import decode_predict_document, encode_predict, parse_json
+from modelhost.protocols.tfserving.json_codec import decode_predict_document, encode_predict, parse_predict_json
 from modelhost.protocols.tfserving.metrics import TfServingMetrics
 from modelhost.protocols.tfserving.signature_def import CLASSIFY_METHOD, REGRESS_METHOD
 from modelhost.protocols.tfserving.tensor_proto import (
@@ -87,7 +87,7 @@ class TfServing:
 
     async def predict_json(self, name: str, version: str, label: str, body: bytes) -> bytes:
         """A REST :predict, answered in the format (row or columnar) the body used."""
-        document = parse_json(body)
+        document = parse_predict_json(body)
         if not isinstance(document, dict):
             raise invalid("request body must be a JSON object with 'instances' or 'inputs'")
         signature_name = signature_name_of(document)
