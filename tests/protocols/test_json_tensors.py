@@ -148,7 +148,7 @@ def test_nesting_past_the_depth_limit_gets_the_usual_words(monkeypatch: pytest.M
 def test_sagemaker_json_bodies_decode_the_same_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = [TensorSpec("x", "FP32", (-1, 8))]
     rows = np.arange(4000, dtype=np.float32).reshape(500, 8).tolist()
-    for document in ({"instances": rows}, {"inputs": {"x": rows}}, {"inputs": rows}):
+    for document in ({"instances": rows}, {"inputs": {"x": rows}}, {"inputs": rows}, rows):
         body = orjson.dumps(document)
 
         def decode(body: bytes = body) -> dict[str, np.ndarray]:
@@ -156,6 +156,11 @@ def test_sagemaker_json_bodies_decode_the_same_both_ways(monkeypatch: pytest.Mon
 
         fast, usual = both_ways(monkeypatch, decode)
         assert fast == usual and fast["x"][1] == (500, 8)
+    scores = [TensorSpec("x", "FP64", (-1,))]
+    body = orjson.dumps(list(range(3000)))
+    assert isinstance(json_tensors.load(body, ((),)), JsonNumbers)
+    fast, usual = both_ways(monkeypatch, lambda: decode_invocation(body, "application/json", scores).request.inputs)
+    assert fast == usual and fast["x"][1] == (3000,)
 
 
 # Generated bodies: rank-1 and rank-2 lists of numbers, then one change that a fast reader could get wrong.

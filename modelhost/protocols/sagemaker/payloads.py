@@ -48,6 +48,7 @@ import numpy as np
 import orjson
 
 from modelhost.errors import ModelhostError, invalid
+from modelhost.protocols.json_tensors import JsonNumbers
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
 from modelhost.protocols.sagemaker.csv_payload import decode_csv, encode_csv
 from modelhost.protocols.sagemaker.media_types import (
@@ -128,7 +129,7 @@ def decode_invocation(
 
 def _decode_json(body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits) -> Invocation:
     try:
-        document = parse_predict_json(body)
+        document = parse_predict_json(body, bare=True)
     except ModelhostError:
         lines = _json_lines(body)
         if lines is None:
@@ -169,8 +170,12 @@ def _is_v2(document: dict[str, Any]) -> bool:
     )
 
 
-def _instances(document: Any, inputs: Sequence[TensorSpec]) -> list[Any]:
+def _instances(document: Any, inputs: Sequence[TensorSpec]) -> list[Any] | JsonNumbers:
     """A JSON value that is not a predict body as row-format instances (see the module docstring)."""
+    if isinstance(document, JsonNumbers):
+        if len(document.shape) == 2 or (len(inputs) == 1 and len(inputs[0].shape) == 1):
+            return document  # lists of numbers, or one number per row: the list is the batch, as below
+        document = document.as_list()
     if not isinstance(document, list):
         return [document]
     if not document:
@@ -188,7 +193,8 @@ def _is_named(value: Any) -> bool:
     return isinstance(value, dict) and not (len(value) == 1 and "b64" in value)
 
 
-def _rows(instances: list[Any], inputs: Sequence[TensorSpec], form: str, limits: RequestLimits) -> Invocation:
+def _rows(instances: list[Any] | JsonNumbers, inputs: Sequence[TensorSpec], form: str,
+          limits: RequestLimits) -> Invocation:
     arrays, _ = decode_predict_document({"instances": instances}, inputs, limits)
     return Invocation(InferRequest("", arrays), form)
 

@@ -37,6 +37,7 @@ _JSON_TYPES = {
 }
 _BYTES_SUFFIX = "_bytes"  # TF Serving always answers string outputs named like this in base64
 _TENSOR_PATHS: tuple[json_tensors.TensorPath, ...] = (("inputs",), ("inputs", json_tensors.ANY), ("instances",))
+_BARE_TENSOR_PATHS = ((), *_TENSOR_PATHS)
 
 
 def decode_predict(
@@ -96,9 +97,10 @@ def parse_json(body: bytes, what: str = "request body") -> Any:
             raise invalid(f"{what} is not valid JSON: {error}") from None
 
 
-def parse_predict_json(body: bytes) -> Any:
-    """parse_json for a :predict body, its tensors' numbers left as JsonNumbers where that pays."""
-    document = json_tensors.load(body, _TENSOR_PATHS)
+def parse_predict_json(body: bytes, bare: bool = False) -> Any:
+    """parse_json for a :predict body, its tensors' numbers left as JsonNumbers where that pays; with `bare`, a
+    body that is itself a list (SageMaker's row instances) too."""
+    document = json_tensors.load(body, _BARE_TENSOR_PATHS if bare else _TENSOR_PATHS)
     return parse_json(body) if document is None else document
 
 
@@ -127,18 +129,16 @@ def _split_named_instances(instances: list[Any], specs: dict[str, TensorSpec]) -
     if not _is_named(first):
         raise invalid(f"instances[0] must be an object keyed by input name; the model's inputs are {_names(specs)}")
     check_input_names(first.keys(), specs, "instances[0]")
-    columns: dict[str, list[Any]] = {name: [] for name in first}
+    names = first.keys()
     for index, instance in enumerate(instances):
         if not _is_named(instance):
             raise invalid(f"instances[{index}] must be an object keyed by input name, like instances[0]")
-        if instance.keys() != first.keys():
+        if instance.keys() != names:
             raise invalid(
                 f"instances[{index}] has inputs {_names(instance)}, but instances[0] has {_names(first)}; "
                 "every instance needs the same inputs"
             )
-        for name, value in instance.items():
-            columns[name].append(value)
-    return columns
+    return {name: [instance[name] for instance in instances] for name in names}
 
 
 def _stack_instances(spec: TensorSpec, values: list[Any] | JsonNumbers, max_depth: int) -> np.ndarray:
