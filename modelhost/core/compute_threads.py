@@ -118,6 +118,27 @@ def lower(thread: int) -> None:
         _lower(_priority, thread)
 
 
+def lower_process(pid: int) -> None:
+    """Lower every thread of a process this one started (`lower` for each), the threads it may already have
+    started too: a new thread inherits its creator's policy, so a pass that finds no thread it has not lowered
+    leaves none at its start's priority. Nothing unless `lowers()`."""
+    if not lowers():
+        return
+    lowered: set[int] = set()
+    while True:
+        try:
+            threads = {int(task) for task in os.listdir(f"/proc/{pid}/task")}
+        except OSError:  # it ended, or no /proc: its first thread, as `lower` does
+            if not lowered:
+                lower(pid)
+            return
+        if threads <= lowered:
+            return
+        for thread in sorted(threads - lowered):
+            lower(thread)
+        lowered |= threads
+
+
 def _lower(priority: Literal["low", "nice"], thread: int | None = None) -> None:
     if not hasattr(os, "sched_setscheduler"):  # the per-thread calls are Linux's
         return

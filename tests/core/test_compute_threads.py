@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,48 @@ def test_low_is_sched_idle_for_the_thread_only() -> None:
 
     assert _in_new_thread(job) == (os.SCHED_IDLE, os.SCHED_IDLE)
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's thread is untouched
+
+
+# A process that starts a thread at once, says so, then starts one more when told and prints its policy.
+_THREADED_CHILD = """
+import os, sys, threading
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+print("started", flush=True)
+sys.stdin.readline()
+later = []
+thread = threading.Thread(target=lambda: later.append(os.sched_getscheduler(0)))
+thread.start()
+thread.join()
+print(later[0], flush=True)
+sys.stdin.readline()
+"""
+
+
+@linux_only
+def test_a_started_process_is_lowered_with_the_threads_it_started_before() -> None:
+    # A worker started by a loading thread inherits its mark (SCHED_BATCH) and may start threads (numpy's,
+    # its interpreter's) before its starter gets to it: each of them computes below the loop too.
+    compute_threads.configure("low")
+
+    def start_and_lower() -> tuple[set[int], int]:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        child = subprocess.Popen([sys.executable, "-c", _THREADED_CHILD], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout.readline().strip() == "started"
+            compute_threads.lower_process(child.pid)
+            policies = {os.sched_getscheduler(int(task)) for task in os.listdir(f"/proc/{child.pid}/task")}
+            child.stdin.write("\n")
+            child.stdin.flush()
+            return policies, int(child.stdout.readline())
+        finally:
+            child.kill()
+            child.wait()
+
+    policies, later = _in_new_thread(start_and_lower)  # type: ignore[misc]
+    assert policies == {os.SCHED_IDLE}
+    assert later == os.SCHED_IDLE
 
 
 @linux_only

@@ -57,7 +57,7 @@ class WorkerProcess:
             except OSError as exc:
                 ours.close()
                 raise UserCodeError(f"{spec.path}: cannot start a worker process: {exc}") from exc
-        compute_threads.lower(self.process.pid)  # it computes; a loading thread's mark is no priority for it
+        compute_threads.lower_process(self.process.pid)  # it computes; a loading thread's mark is no priority for it
         self.channel = Channel(ours)
         try:
             reply = self.call(("init", spec), options.initialize_timeout_s)
