@@ -5,8 +5,8 @@
 What a front-end spends turning a JSON body into input arrays (parse and convert, no HTTP, no model): the
 recommender request (500 candidates: `sparse_ids` INT64 [500, 26] and `dense` FP32 [500, 13]) as KServe V2 JSON
 (flat `data`, as tritonclient sends it, and nested), as TF Serving REST (columnar `inputs`, row `instances` of
-objects) and as a SageMaker JSON body of bare rows; and a small V2 request (16 FP32) for what a body too small for
-the fast way pays. Every case is built once and checked to decode to the same arrays in both builds.
+objects) and as SageMaker JSON bodies (bare rows, a V2 request); and a small V2 request (16 FP32) for what a body
+too small for the fast way pays. Every case is built once and checked to decode to the same arrays in both builds.
 
 The base runs from a `git worktree` of REV, in a process of its own (PYTHONPATH, PYTHONSAFEPATH), the working tree
 in another; the two take turns for --rounds rounds, so a drift of the shared machine falls on both. Each round,
@@ -57,6 +57,7 @@ def bodies() -> dict[str, tuple[str, bytes]]:
         "TF Serving REST, columnar": ("tfs", orjson.dumps(columnar, option=numpy)),
         "TF Serving REST, row objects": ("tfs", orjson.dumps(rows, option=numpy)),
         "SageMaker JSON, bare rows (dense only)": ("sagemaker", orjson.dumps(dense, option=numpy)),
+        "SageMaker JSON, a V2 request": ("sagemaker-v2", v2(nested=False)),
         "V2 JSON, 16 values (small body)": ("v2", orjson.dumps(small)),
     }
 
@@ -72,6 +73,8 @@ def decoder(kind: str) -> Callable[[bytes], dict[str, np.ndarray]]:
         return lambda body: decode_infer_request(body, None, "m").inputs
     if kind == "tfs":
         return lambda body: decode_predict(body, specs)[0]
+    if kind == "sagemaker-v2":
+        return lambda body: decode_invocation(body, "application/json", specs).request.inputs
     dense = [TensorSpec("dense", "FP32", (-1, 13))]
     return lambda body: decode_invocation(body, "application/json", dense).request.inputs
 

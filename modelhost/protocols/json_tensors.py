@@ -114,7 +114,9 @@ class _Walk:
                     self.tensors += 1
                     self._lists += 1 + (numbers.shape[0] if len(numbers.shape) == 2 else 0)
                     return numbers
-            elif self._leads_to_tensor(path):
+                if not (len(value) and isinstance(value[0], simdjson.Object)):
+                    return self._keep(value.as_list())  # a tensor's own lists: JsonNumbers only at its top
+            if self._leads_to_tensor(path):  # objects at a tensor's path may hold tensors (V2 "inputs")
                 self._lists += 1
                 return [self.value(item, (*path, index)) for index, item in enumerate(value)]
             return self._keep(value.as_list())

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from modelhost.errors import ModelhostError
 from modelhost.protocols import json_tensors
 from modelhost.protocols.json_tensors import JsonNumbers
-from modelhost.protocols.kserve_v2.codec import decode_infer_request
+from modelhost.protocols.kserve_v2.codec import TENSOR_PATHS, decode_infer_request
 from modelhost.protocols.sagemaker.payloads import decode_invocation
-from modelhost.protocols.tfserving.json_codec import decode_predict
+from modelhost.protocols.tfserving.json_codec import decode_predict, parse_predict_json
 from modelhost.types import TensorSpec
 
 V2_PATHS = (("inputs", json_tensors.ANY, "data"),)
@@ -148,7 +148,8 @@ def test_nesting_past_the_depth_limit_gets_the_usual_words(monkeypatch: pytest.M
 def test_sagemaker_json_bodies_decode_the_same_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = [TensorSpec("x", "FP32", (-1, 8))]
     rows = np.arange(4000, dtype=np.float32).reshape(500, 8).tolist()
-    for document in ({"instances": rows}, {"inputs": {"x": rows}}, {"inputs": rows}, rows):
+    v2 = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [500, 8], "data": rows}]}
+    for document in ({"instances": rows}, {"inputs": {"x": rows}}, {"inputs": rows}, rows, v2):
         body = orjson.dumps(document)
 
         def decode(body: bytes = body) -> dict[str, np.ndarray]:
@@ -156,6 +157,8 @@ def test_sagemaker_json_bodies_decode_the_same_both_ways(monkeypatch: pytest.Mon
 
         fast, usual = both_ways(monkeypatch, decode)
         assert fast == usual and fast["x"][1] == (500, 8)
+    parsed = parse_predict_json(orjson.dumps(v2), also=((), *TENSOR_PATHS))
+    assert isinstance(parsed["inputs"][0]["data"], JsonNumbers)
     scores = [TensorSpec("x", "FP64", (-1,))]
     body = orjson.dumps(list(range(3000)))
     assert isinstance(json_tensors.load(body, ((),)), JsonNumbers)
@@ -183,7 +186,7 @@ def tensor_values(draw: st.DrawFn) -> Any:
               "float": st.floats(allow_nan=False, allow_infinity=False), "mixed": NUMBERS}[kind]
     value: Any = (draw(st.lists(number, min_size=rows, max_size=rows)) if width is None else
                   [draw(st.lists(number, min_size=width, max_size=width)) for _ in range(rows)])
-    change = draw(st.sampled_from(["none", "odd value", "ragged", "deeper row", "number among rows"]))
+    change = draw(st.sampled_from(["none", "odd value", "ragged", "deeper row", "number among rows", "rank 3"]))
     if change == "odd value" and (width is None or width):
         row = draw(st.integers(0, rows - 1))
         if width is None:
@@ -196,6 +199,8 @@ def tensor_values(draw: st.DrawFn) -> Any:
         value[draw(st.integers(0, rows - 1))] = [value[0]]
     elif change == "number among rows" and width is not None:
         value[draw(st.integers(0, rows - 1))] = 1
+    elif change == "rank 3":
+        value = [value] * draw(st.integers(1, 3))
     return value
 
 
@@ -219,11 +224,26 @@ def test_v2_json_data_decodes_the_same_both_ways(value: Any, datatype: str, flat
 
 
 @EXAMPLES
-@given(value=tensor_values(), datatype=st.sampled_from(NUMERIC), rows=st.booleans())
-def test_tf_serving_json_decodes_the_same_both_ways(value: Any, datatype: str, rows: bool) -> None:
+@given(value=tensor_values(), datatype=st.sampled_from(NUMERIC), form=st.sampled_from(["rows", "named", "bare"]))
+def test_tf_serving_json_decodes_the_same_both_ways(value: Any, datatype: str, form: str) -> None:
     shape = nested_shape(value)
     spec = [TensorSpec("x", datatype, tuple([-1] + [-1] * (len(shape) - 1)))]
-    body = json.dumps({"instances": value} if rows else {"inputs": {"x": value}}).encode()
+    document = {"rows": {"instances": value}, "named": {"inputs": {"x": value}}, "bare": {"inputs": value}}[form]
+    body = json.dumps(document).encode()
     with pytest.MonkeyPatch.context() as monkeypatch:
         fast, usual = both_ways(monkeypatch, lambda: decode_predict(body, spec)[0])
+    assert fast == usual
+
+
+@EXAMPLES
+@given(value=tensor_values(), datatype=st.sampled_from(NUMERIC), form=st.sampled_from(["inputs", "instances",
+                                                                                      "bare", "v2"]))
+def test_sagemaker_json_decodes_the_same_both_ways(value: Any, datatype: str, form: str) -> None:
+    shape = nested_shape(value)
+    spec = [TensorSpec("x", datatype, tuple([-1] + [-1] * (len(shape) - 1)))]
+    document = {"inputs": {"inputs": {"x": value}}, "instances": {"instances": value}, "bare": value,
+                "v2": {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": value}]}}[form]
+    body = json.dumps(document).encode()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        fast, usual = both_ways(monkeypatch, lambda: decode_invocation(body, "application/json", spec).request.inputs)
     assert fast == usual

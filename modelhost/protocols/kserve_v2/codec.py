@@ -35,23 +35,24 @@ if TYPE_CHECKING:
     from modelhost.core.shared_memory import SharedMemory
 
 _JSON_ONLY_BINARY = ("FP16", "BF16")
-_TENSOR_PATHS: tuple[json_tensors.TensorPath, ...] = (("inputs", json_tensors.ANY, "data"),)
+TENSOR_PATHS: tuple[json_tensors.TensorPath, ...] = (("inputs", json_tensors.ANY, "data"),)
 _U32 = struct.Struct("<I")
 
 
 def decode_infer_request(
     body: bytes, header_length: int | None, model_name: str, model_version: str = "",
-    limits: RequestLimits = DEFAULT_LIMITS, regions: SharedMemory | None = None,
+    limits: RequestLimits = DEFAULT_LIMITS, regions: SharedMemory | None = None, document: Any = None,
 ) -> InferRequest:
     """Parse a V2 infer body; `header_length` is Inference-Header-Content-Length (None: all JSON; 0, a raw
-    binary request, is read against the model's metadata by raw_codec instead).
+    binary request, is read against the model's metadata by raw_codec instead). `document`: an all-JSON body
+    already parsed (by json_tensors.load with TENSOR_PATHS among its paths).
 
     Each input's shape is checked against `limits` before its array is made. Inputs and outputs that name a
     shared memory region are `regions`' (shm_tensors)."""
-    document = None
     if header_length is None:
         header_length = len(body)
-        document = json_tensors.load(body, _TENSOR_PATHS)
+        if document is None:
+            document = json_tensors.load(body, TENSOR_PATHS)
     elif not 0 < header_length <= len(body):
         raise invalid(
             f"Inference-Header-Content-Length {header_length} is outside the request body of {len(body)} bytes"

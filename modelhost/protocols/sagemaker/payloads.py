@@ -49,7 +49,7 @@ import orjson
 
 from modelhost.errors import ModelhostError, invalid
 from modelhost.protocols.json_tensors import JsonNumbers
-from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
+from modelhost.protocols.kserve_v2.codec import TENSOR_PATHS, decode_infer_request, encode_infer_response
 from modelhost.protocols.sagemaker.csv_payload import decode_csv, encode_csv
 from modelhost.protocols.sagemaker.media_types import (
     CSV,
@@ -90,6 +90,7 @@ __all__ = [
 
 
 TRITON = "triton"
+_JSON_TENSOR_PATHS = ((), *TENSOR_PATHS)  # a bare list of rows, a V2 request's data
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +130,7 @@ def decode_invocation(
 
 def _decode_json(body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimits) -> Invocation:
     try:
-        document = parse_predict_json(body, bare=True)
+        document = parse_predict_json(body, also=_JSON_TENSOR_PATHS)
     except ModelhostError:
         lines = _json_lines(body)
         if lines is None:
@@ -137,7 +138,7 @@ def _decode_json(body: bytes, inputs: Sequence[TensorSpec], limits: RequestLimit
         return _rows(lines, inputs, "jsonlines", limits)
     if isinstance(document, dict) and ("instances" in document or "inputs" in document):
         if _is_v2(document):
-            return Invocation(decode_infer_request(body, None, "", limits=limits), "v2")
+            return Invocation(decode_infer_request(body, None, "", limits=limits, document=document), "v2")
         arrays, form = decode_predict_document(document, inputs, limits)
         return Invocation(InferRequest("", arrays), form)
     return _rows(_instances(document, inputs), inputs, ROW, limits)

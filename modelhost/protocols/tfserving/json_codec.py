@@ -38,7 +38,6 @@ _JSON_TYPES = {
 }
 _BYTES_SUFFIX = "_bytes"  # TF Serving always answers string outputs named like this in base64
 _TENSOR_PATHS: tuple[json_tensors.TensorPath, ...] = (("inputs",), ("inputs", json_tensors.ANY), ("instances",))
-_BARE_TENSOR_PATHS = ((), *_TENSOR_PATHS)
 _OBJECT_INSTANCES = re.compile(rb'"instances"\s*:\s*\[\s*\{')
 _OBJECT_INSTANCES_WITHIN = 1024  # bytes at the body's start: past them, the search would cost what it saves
 
@@ -100,15 +99,15 @@ def parse_json(body: bytes, what: str = "request body") -> Any:
             raise invalid(f"{what} is not valid JSON: {error}") from None
 
 
-def parse_predict_json(body: bytes, bare: bool = False) -> Any:
-    """parse_json for a :predict body, its tensors' numbers left as JsonNumbers where that pays; with `bare`, a
-    body that is itself a list (SageMaker's row instances) too.
+def parse_predict_json(body: bytes, also: tuple[json_tensors.TensorPath, ...] = ()) -> Any:
+    """parse_json for a :predict body, its tensors' numbers left as JsonNumbers where that pays, and those at the
+    paths `also` names (SageMaker's bodies: a bare list of rows, a V2 request's data).
 
     Instances that are objects have no list of numbers for the fast way to take, and simdjson's conversion of
     them costs more than orjson's (1.15x for 500): a body whose start shows them is parsed by orjson."""
     if _OBJECT_INSTANCES.search(body, 0, _OBJECT_INSTANCES_WITHIN):
         return parse_json(body)
-    document = json_tensors.load(body, _BARE_TENSOR_PATHS if bare else _TENSOR_PATHS)
+    document = json_tensors.load(body, _TENSOR_PATHS + also)
     return parse_json(body) if document is None else document
 
 
