@@ -30,10 +30,11 @@ only threads started for these jobs are lowered.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
 log = logging.getLogger("modelhost")
@@ -47,6 +48,7 @@ LONG_RUNS = 8
 
 _priority: Effective = "normal"
 _thread = threading.local()  # `entered`: the priority a compute thread entered at; `watched_down`: lowered since
+_refused = False  # raising a lowered thread was refused once: not tried again (runnable)
 
 
 def configure(priority: Priority, cpus: int | None = None) -> Effective:
@@ -116,6 +118,45 @@ def lower(thread: int) -> None:
     configured compute priority, whatever scheduling policy it inherited; nothing unless `lowers()`."""
     if _priority == "low" or _priority == "nice":
         _lower(_priority, thread)
+
+
+@contextlib.contextmanager
+def runnable(threads: Iterable[int]) -> Iterator[None]:
+    """While the body runs, `threads` (compute threads, lowered) at the loop's priority where this process may
+    raise them (CAP_SYS_NICE, or RLIMIT_NICE); those still alive after it are lowered again.
+
+    For a body that waits for them with the GIL held: ONNX Runtime's session destructor joins its intra-op
+    threads, and a lowered thread on busy cores waits for an idle one to run its exit, while every Python thread
+    waits for the GIL (beside one busy process per core: 0.3-9 ms a session; 0.5-1.3 s where its threads were
+    lowered before they first ran). Without the privilege nothing is raised, and the first refusal is logged."""
+    global _refused
+    raised: list[int] = []
+    if lowers() and not _refused and hasattr(os, "sched_setscheduler"):
+        for thread in threads:
+            if not os.path.exists(f"/proc/self/task/{thread}"):  # ended (its id could be another process's now)
+                continue
+            try:
+                if os.sched_getscheduler(thread) == os.SCHED_IDLE:
+                    os.sched_setscheduler(thread, os.SCHED_OTHER, os.sched_param(0))
+                elif os.getpriority(os.PRIO_PROCESS, thread) > 0:
+                    os.setpriority(os.PRIO_PROCESS, thread, 0)
+                else:
+                    continue
+            except ProcessLookupError:  # it ended
+                continue
+            except OSError as exc:
+                _refused = True
+                log.warning("cannot raise lowered compute threads before they exit (%s): unloading an ONNX model "
+                            "while other processes keep every core busy may stall this server until a core is "
+                            "idle; --compute-priority normal avoids it", exc)
+                break
+            raised.append(thread)
+    try:
+        yield
+    finally:
+        for thread in raised:
+            if os.path.exists(f"/proc/self/task/{thread}"):
+                lower(thread)
 
 
 def lower_process(pid: int) -> None:

@@ -121,6 +121,19 @@ def _read_last_id() -> int:
     return int(os.pread(_last_id, 32, 0))
 
 
+def threads_started(job: Callable[[], T]) -> tuple[T, tuple[int, ...]]:
+    """`job`'s result and the ids of this process's threads that may have started while it ran (by id: a thread
+    another job started meanwhile may be among them); no ids where the last id cannot be read."""
+    if _last_id is None:
+        return job(), ()
+    first = _read_last_id()
+    result = job()
+    last = _read_last_id()
+    if not 0 <= last - first <= _WINDOW:
+        return result, ()
+    return result, tuple(thread for thread in range(first + 1, last + 1) if os.path.exists(f"/proc/self/task/{thread}"))
+
+
 def lower_started(first: int, last: int) -> None:
     """Lower the threads that loading jobs started with ids in (first, last]: at SCHED_BATCH, not loading threads."""
     if 0 <= last - first <= _WINDOW:

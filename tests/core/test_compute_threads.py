@@ -216,3 +216,28 @@ def test_a_server_pinned_to_one_cpu_keeps_a_cheap_models_threads_at_the_loops_pr
         assert len(policies) >= 4 and set(policies) == {os.SCHED_OTHER}
     finally:
         server.stop()
+
+
+@linux_only
+def test_runnable_raises_lowered_threads_for_its_body_and_lowers_again_those_still_alive() -> None:
+    compute_threads.configure("low")
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait, args=(10,))
+    thread.start()
+    native = thread.native_id or 0
+    try:
+        os.sched_setscheduler(native, os.SCHED_IDLE, os.sched_param(0))
+        try:
+            os.sched_setscheduler(native, os.SCHED_OTHER, os.sched_param(0))
+        except PermissionError:
+            pytest.skip("raising a SCHED_IDLE thread needs CAP_SYS_NICE")
+        os.sched_setscheduler(native, os.SCHED_IDLE, os.sched_param(0))
+        with compute_threads.runnable([native, 2**22 + 7]):  # an id no thread has: skipped
+            assert os.sched_getscheduler(native) == os.SCHED_OTHER
+        assert os.sched_getscheduler(native) == os.SCHED_IDLE
+        compute_threads.configure("normal")
+        with compute_threads.runnable([native]):  # threads are not lowered at normal: nothing to raise
+            assert os.sched_getscheduler(native) == os.SCHED_IDLE
+    finally:
+        done.set()
+        thread.join()
