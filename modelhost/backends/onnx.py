@@ -17,7 +17,6 @@ concurrency 1: p99 2.0-2.8 ms without spinning, 4.9-6.2 ms with it; p50 the same
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -174,8 +173,7 @@ class OnnxModel(Model):
         )
 
     def unload(self) -> None:
-        # The session's destructor joins its threads with the GIL held, on this thread (an instance's, lowered too).
-        with compute_threads.runnable((threading.get_native_id(), *self._threads)):
+        with compute_threads.runnable(self._threads):  # the session's destructor joins them, the GIL held
             self._session = None
 
 

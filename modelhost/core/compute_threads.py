@@ -122,18 +122,20 @@ def lower(thread: int) -> None:
 
 @contextlib.contextmanager
 def runnable(threads: Iterable[int]) -> Iterator[None]:
-    """While the body runs, `threads` (compute threads, lowered) at the loop's priority where this process may
-    raise them (CAP_SYS_NICE, or RLIMIT_NICE); those still alive after it are lowered again.
+    """While the body runs, those of `threads` (compute threads, lowered) that wait for a core to run at all at
+    the loop's priority, where this process may raise them (CAP_SYS_NICE, or RLIMIT_NICE); afterwards those still
+    alive are lowered again.
 
     For a body that waits for them with the GIL held: ONNX Runtime's session destructor joins its intra-op
-    threads, and a lowered thread on busy cores waits for an idle one to run its exit, while every Python thread
-    waits for the GIL (beside one busy process per core: 0.3-9 ms a session; 0.5-1.3 s where its threads were
-    lowered before they first ran). Without the privilege nothing is raised, and the first refusal is logged."""
+    threads. One lowered before it first ran (a load's lowering can come first on busy cores) is still waiting
+    for an idle core to start, and every Python thread waits with it: 0.5-1.3 s beside one busy process per core.
+    Threads asleep are left as they are (raising them too made a multi-model endpoint's evictions 2 ms slower).
+    Without the privilege nothing is raised, and the first refusal is logged."""
     global _refused
     raised: list[int] = []
     if lowers() and not _refused and hasattr(os, "sched_setscheduler"):
         for thread in threads:
-            if not os.path.exists(f"/proc/self/task/{thread}"):  # ended (its id could be another process's now)
+            if not _waits_for_a_core(thread):
                 continue
             try:
                 if os.sched_getscheduler(thread) == os.SCHED_IDLE:
@@ -146,9 +148,9 @@ def runnable(threads: Iterable[int]) -> Iterator[None]:
                 continue
             except OSError as exc:
                 _refused = True
-                log.warning("cannot raise lowered compute threads before they exit (%s): unloading an ONNX model "
-                            "while other processes keep every core busy may stall this server until a core is "
-                            "idle; --compute-priority normal avoids it", exc)
+                log.warning("cannot raise a lowered compute thread that waits for a core (%s): unloading an ONNX "
+                            "model while other processes keep every core busy may stall this server until a core "
+                            "is idle; --compute-priority normal avoids it", exc)
                 break
             raised.append(thread)
     try:
@@ -157,6 +159,15 @@ def runnable(threads: Iterable[int]) -> Iterator[None]:
         for thread in raised:
             if os.path.exists(f"/proc/self/task/{thread}"):
                 lower(thread)
+
+
+def _waits_for_a_core(thread: int) -> bool:
+    """Whether this process's thread `thread` is runnable (state R), not asleep; False for no such thread."""
+    try:
+        with open(f"/proc/self/task/{thread}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split(None, 1)[0] == b"R"
+    except (OSError, IndexError):
+        return False
 
 
 def lower_process(pid: int) -> None:
