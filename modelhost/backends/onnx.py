@@ -16,7 +16,6 @@ concurrency 1: p99 2.0-2.8 ms without spinning, 4.9-6.2 ms with it; p50 the same
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import EXECUTION_MODE_PARAMETER, INTER_OP_PARAMETERS, INTRA_OP_PARAMETERS
 from modelhost.config.parameters import natural_parameter, string_parameters
 from modelhost.config.pbtxt import ConfigError
-from modelhost.core import compute_threads, loading_threads
 from modelhost.core.devices import visible_gpus
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.types import TensorSpec
@@ -98,9 +96,7 @@ class OnnxBackend(Backend):
         options = session_options(config, instance.threads * instances)
         if instance.gpu is not None:
             return OnnxModel(_cuda_session(path, options, instance.gpu), gpu=instance.gpu, shared=shared)
-        pool_size = (options.intra_op_num_threads or os.cpu_count() or 1) - 1 + options.inter_op_num_threads
-        session, pool = loading_threads.threads_started(
-            lambda: ort.InferenceSession(_model_file(path), options, providers=["CPUExecutionProvider"]), pool_size)
+        session = ort.InferenceSession(_model_file(path), options, providers=["CPUExecutionProvider"])
         # A session runs from several threads at once: a batching model's large batch may run as parts on cores
         # idle beyond its own (none when it has them all: one instance in one process).
         lender = instance.lender
@@ -108,7 +104,7 @@ class OnnxBackend(Backend):
         if lender is not None and config.max_batch_size > 0:
             threads = options.intra_op_num_threads or lender.total  # 0: ONNX Runtime's default, every core
             splitter = RowSplitter(lender, threads) if threads < lender.total else None
-        return OnnxModel(session, splitter, shared=shared, threads=pool)
+        return OnnxModel(session, splitter, shared=shared)
 
 
     def gpu_devices(self) -> tuple[int, str]:
@@ -132,9 +128,8 @@ class OnnxModel(Model):
     """`shared`: the model's instances on one device share this session (Triton's share_session_between_instances)."""
 
     def __init__(self, session: ort.InferenceSession, splitter: RowSplitter | None = None, gpu: int | None = None,
-                 shared: bool = False, threads: tuple[int, ...] = ()) -> None:
+                 shared: bool = False) -> None:
         self._session: ort.InferenceSession | None = session
-        self._threads = threads  # its intra-op pool's, as far as its load could tell (threads_started)
         self._string_inputs = {arg.name for arg in session.get_inputs() if arg.type == "tensor(string)"}
         self._splitter = splitter
         self._gpu = gpu
@@ -145,7 +140,7 @@ class OnnxModel(Model):
         ONNX Runtime's runs may go on at once on one session, whose weights are then held once."""
         if not self._shared or self._session is None or instance.gpu != self._gpu:
             return None
-        return OnnxModel(self._session, self._splitter, self._gpu, shared=True, threads=self._threads)
+        return OnnxModel(self._session, self._splitter, self._gpu, shared=True)
 
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         assert self._session is not None, "instance used after unload"
@@ -173,8 +168,7 @@ class OnnxModel(Model):
         )
 
     def unload(self) -> None:
-        with compute_threads.runnable(self._threads):  # the session's destructor joins them, the GIL held
-            self._session = None
+        self._session = None
 
 
 def session_options(config: ModelConfig, default_threads: int) -> ort.SessionOptions:

@@ -30,11 +30,10 @@ only threads started for these jobs are lowered.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Literal
 
 log = logging.getLogger("modelhost")
@@ -48,7 +47,6 @@ LONG_RUNS = 8
 
 _priority: Effective = "normal"
 _thread = threading.local()  # `entered`: the priority a compute thread entered at; `watched_down`: lowered since
-_refused = False  # raising a lowered thread was refused once: not tried again (runnable)
 
 
 def configure(priority: Priority, cpus: int | None = None) -> Effective:
@@ -118,56 +116,6 @@ def lower(thread: int) -> None:
     configured compute priority, whatever scheduling policy it inherited; nothing unless `lowers()`."""
     if _priority == "low" or _priority == "nice":
         _lower(_priority, thread)
-
-
-@contextlib.contextmanager
-def runnable(threads: Iterable[int]) -> Iterator[None]:
-    """While the body runs, those of `threads` (compute threads, lowered) that wait for a core to run at all at
-    the loop's priority, where this process may raise them (CAP_SYS_NICE, or RLIMIT_NICE); afterwards those still
-    alive are lowered again.
-
-    For a body that waits for them with the GIL held: ONNX Runtime's session destructor joins its intra-op
-    threads. One lowered before it first ran (a load's lowering can come first on busy cores) is still waiting
-    for an idle core to start, and every Python thread waits with it: 0.5-1.3 s beside one busy process per core.
-    Threads asleep are left as they are (raising them too made a multi-model endpoint's evictions 2 ms slower).
-    Without the privilege nothing is raised, and the first refusal is logged."""
-    global _refused
-    raised: list[int] = []
-    if lowers() and not _refused and hasattr(os, "sched_setscheduler"):
-        for thread in threads:
-            if not _waits_for_a_core(thread):
-                continue
-            try:
-                if os.sched_getscheduler(thread) == os.SCHED_IDLE:
-                    os.sched_setscheduler(thread, os.SCHED_OTHER, os.sched_param(0))
-                elif os.getpriority(os.PRIO_PROCESS, thread) > 0:
-                    os.setpriority(os.PRIO_PROCESS, thread, 0)
-                else:
-                    continue
-            except ProcessLookupError:  # it ended
-                continue
-            except OSError as exc:
-                _refused = True
-                log.warning("cannot raise a lowered compute thread that waits for a core (%s): unloading an ONNX "
-                            "model while other processes keep every core busy may stall this server until a core "
-                            "is idle; --compute-priority normal avoids it", exc)
-                break
-            raised.append(thread)
-    try:
-        yield
-    finally:
-        for thread in raised:
-            if os.path.exists(f"/proc/self/task/{thread}"):
-                lower(thread)
-
-
-def _waits_for_a_core(thread: int) -> bool:
-    """Whether this process's thread `thread` is runnable (state R), not asleep; False for no such thread."""
-    try:
-        with open(f"/proc/self/task/{thread}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split(None, 1)[0] == b"R"
-    except (OSError, IndexError):
-        return False
 
 
 def lower_process(pid: int) -> None:

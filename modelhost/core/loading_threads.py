@@ -121,20 +121,6 @@ def _read_last_id() -> int:
     return int(os.pread(_last_id, 32, 0))
 
 
-def threads_started(job: Callable[[], T], at_most: int) -> tuple[T, tuple[int, ...]]:
-    """`job`'s result and the ids of this process's threads it started, where it runs on a marking loading thread
-    and at most `at_most` ids were given out meanwhile (else none: the ids then are mostly other jobs' threads,
-    and checking each costs what a load's other steps cost)."""
-    if _last_id is None or threading.get_native_id() not in _marking:
-        return job(), ()
-    first = _read_last_id()
-    result = job()
-    last = _read_last_id()
-    if not 0 <= last - first <= at_most:
-        return result, ()
-    return result, tuple(thread for thread in range(first + 1, last + 1) if os.path.exists(f"/proc/self/task/{thread}"))
-
-
 def lower_started(first: int, last: int) -> None:
     """Lower the threads that loading jobs started with ids in (first, last]: at SCHED_BATCH, not loading threads."""
     if 0 <= last - first <= _WINDOW:

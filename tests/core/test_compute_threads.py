@@ -7,11 +7,9 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from modelhost.core import compute_threads
@@ -218,38 +216,3 @@ def test_a_server_pinned_to_one_cpu_keeps_a_cheap_models_threads_at_the_loops_pr
         assert len(policies) >= 4 and set(policies) == {os.SCHED_OTHER}
     finally:
         server.stop()
-
-
-@linux_only
-def test_runnable_raises_lowered_threads_that_wait_for_a_core_and_lowers_them_again() -> None:
-    compute_threads.configure("low")
-    done = threading.Event()
-    matrix = np.ones((200, 200))
-
-    def compute() -> None:  # runnable all along: numpy releases the GIL
-        while not done.is_set():
-            matrix @ matrix
-
-    busy, asleep = threading.Thread(target=compute), threading.Thread(target=done.wait, args=(10,))
-    busy.start()
-    asleep.start()
-    threads = [busy.native_id or 0, asleep.native_id or 0]
-    try:
-        for thread in threads:
-            os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
-        try:
-            os.sched_setscheduler(threads[0], os.SCHED_OTHER, os.sched_param(0))
-        except PermissionError:
-            pytest.skip("raising a SCHED_IDLE thread needs CAP_SYS_NICE")
-        os.sched_setscheduler(threads[0], os.SCHED_IDLE, os.sched_param(0))
-        time.sleep(0.05)
-        with compute_threads.runnable([*threads, 2**22 + 7]):  # an id no thread has: skipped
-            assert [os.sched_getscheduler(thread) for thread in threads] == [os.SCHED_OTHER, os.SCHED_IDLE]
-        assert [os.sched_getscheduler(thread) for thread in threads] == [os.SCHED_IDLE, os.SCHED_IDLE]
-        compute_threads.configure("normal")
-        with compute_threads.runnable(threads):  # threads are not lowered at normal: nothing to raise
-            assert os.sched_getscheduler(threads[0]) == os.SCHED_IDLE
-    finally:
-        done.set()
-        busy.join()
-        asleep.join()

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import onnxruntime as ort
 import pytest
 
-from modelhost.backends.onnx import OnnxModel
 from modelhost.backends.python.isolated import IsolatedModel
 from modelhost.core import compute_threads, loading_threads
 from tests.archives import weighted_model
@@ -179,63 +176,3 @@ def test_requests_wait_while_a_request_waits_for_its_model() -> None:
     with pytest.raises(ZeroDivisionError), loading_threads.waited_for():
         _ = 1 / 0
     assert not loading_threads.requests_wait()  # a wait that failed ended too
-
-
-def _may_raise_a_lowered_thread() -> bool:
-    done = threading.Event()
-    thread = threading.Thread(target=done.wait, args=(10,))
-    thread.start()
-    try:
-        os.sched_setscheduler(thread.native_id or 0, os.SCHED_IDLE, os.sched_param(0))
-        os.sched_setscheduler(thread.native_id or 0, os.SCHED_OTHER, os.sched_param(0))
-        return True
-    except PermissionError:
-        return False
-    finally:
-        done.set()
-        thread.join()
-
-
-@pytest.mark.skipif(not _may_raise_a_lowered_thread(), reason="raising a SCHED_IDLE thread needs CAP_SYS_NICE")
-def test_unloading_a_session_while_other_processes_keep_every_core_busy_does_not_hold_the_gil_for_long() -> None:
-    # ONNX Runtime's session destructor joins its intra-op threads with the GIL held. A pool thread lowered to
-    # SCHED_IDLE before it first ran (a load's lowering can come first on busy cores) then waits for an idle core
-    # to run at all, and every Python thread waits with it: 0.5-1.3 s here beside one busy process per core.
-    compute_threads.configure("low")
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
-    stop, gaps = threading.Event(), [0.0]
-
-    def tick() -> None:
-        last = time.perf_counter()
-        while not stop.is_set():
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-            time.sleep(0.001)
-
-    ticker = threading.Thread(target=tick)
-    try:
-        time.sleep(0.3)  # the spinners have the cores
-        before = _threads()
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 3
-        session = ort.InferenceSession(weighted_model(1.0, 4).SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
-        pool = tuple(_threads() - before)
-        for thread in pool:
-            os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
-        model = OnnxModel(session, threads=pool)
-        del session
-        ticker.start()
-        time.sleep(0.05)
-        model.unload()
-        time.sleep(0.05)
-    finally:
-        stop.set()
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-        if ticker.is_alive():
-            ticker.join()
-    assert len(pool) == 2
-    assert max(gaps) < 0.25, f"unload held the GIL for {max(gaps) * 1e3:.0f} ms"
