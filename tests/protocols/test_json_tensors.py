@@ -24,7 +24,6 @@ from modelhost.protocols.sagemaker.payloads import decode_invocation
 from modelhost.protocols.tfserving.json_codec import decode_predict, parse_predict_json
 from modelhost.types import TensorSpec
 
-V2_PATHS = (("inputs", json_tensors.ANY, "data"),)
 NUMERIC = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"]
 EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -70,7 +69,7 @@ def recommender_body() -> tuple[bytes, np.ndarray, np.ndarray]:
 def test_a_recommender_request_takes_the_fast_way_and_decodes_exactly() -> None:
     body, ids, dense = recommender_body()
     assert len(body) > json_tensors.MIN_BODY_BYTES
-    document = json_tensors.load(body, V2_PATHS)
+    document = json_tensors.load(body, TENSOR_PATHS)
     assert isinstance(document, dict)
     assert [type(entry["data"]) for entry in document["inputs"]] == [JsonNumbers, JsonNumbers]
     assert [entry["data"].shape for entry in document["inputs"]] == [(13000,), (500, 13)]
@@ -97,21 +96,21 @@ def test_a_list_hidden_in_a_row_is_not_read_as_its_number(monkeypatch: pytest.Mo
     rows: list[Any] = [[float(i), float(i + 1)] for i in range(2000)]
     rows[1500] = [1.0, [2.0]]  # as many numbers per row as the others, one of them in a list
     body = v2_body(rows, "FP32", [2000, 2])
-    assert json_tensors.load(body, V2_PATHS) is None
+    assert json_tensors.load(body, TENSOR_PATHS) is None
     fast, usual = both_ways(monkeypatch, v2_arrays(body))
     assert fast == usual and fast[0] == "error" and "ragged" in fast[2]
 
 
 def test_a_bracket_in_a_string_sends_the_body_the_usual_way() -> None:
     body = v2_body([[1, 2]] * 3000, "INT32", [3000, 2], name="x[0]")
-    assert json_tensors.load(body, V2_PATHS) is None
+    assert json_tensors.load(body, TENSOR_PATHS) is None
     assert decode_infer_request(body, None, "m").inputs["x[0]"].shape == (3000, 2)
 
 
 def test_a_key_given_twice_is_read_as_orjson_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
     entry = b'{"name": "x", "datatype": "INT64", "shape": [2], "data": [1, 2], "data": [3, 4]}'
     body = b'{"inputs": [' + entry + b'], "pad": "' + b" " * 9000 + b'"}'
-    assert json_tensors.load(body, V2_PATHS) is None
+    assert json_tensors.load(body, TENSOR_PATHS) is None
     fast, usual = both_ways(monkeypatch, v2_arrays(body))
     assert fast == usual
     assert np.frombuffer(fast["x"][2], dtype=np.int64).tolist() == [3, 4]
