@@ -33,7 +33,8 @@ def outcome(decode: Callable[[], dict[str, np.ndarray]]) -> Any:
         arrays = decode()
     except ModelhostError as error:
         return ("error", error.kind, str(error))
-    return {name: (array.dtype.str, array.shape, array.tobytes()) for name, array in arrays.items()}
+    return {name: (array.dtype.str, array.shape, array.tolist() if array.dtype == object else array.tobytes())
+            for name, array in arrays.items()}
 
 
 def both_ways(monkeypatch: pytest.MonkeyPatch, decode: Callable[[], dict[str, np.ndarray]]) -> tuple[Any, Any]:
@@ -105,6 +106,14 @@ def test_a_bracket_in_a_string_sends_the_body_the_usual_way() -> None:
     body = v2_body([[1, 2]] * 3000, "INT32", [3000, 2], name="x[0]")
     assert json_tensors.load(body, TENSOR_PATHS) is None
     assert decode_infer_request(body, None, "m").inputs["x[0]"].shape == (3000, 2)
+
+
+def test_a_large_tensor_of_strings_sends_the_body_the_usual_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    words = [f"candidate item number {i}" for i in range(500)]
+    body = v2_body(words, "BYTES", [500])
+    assert len(body) > json_tensors.MIN_BODY_BYTES and json_tensors.load(body, TENSOR_PATHS) is None
+    fast, usual = both_ways(monkeypatch, v2_arrays(body))
+    assert fast == usual and fast["x"][1] == (500,)
 
 
 def test_a_key_given_twice_is_read_as_orjson_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
