@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,23 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 parameters {{ key: "inline_max_microseconds" value: {{ string_value: "0" }} }}
 {extra}
 """
+
+
+def loop_iterations_for(seconds: float, run: Callable[[int], object], probe: int = 10_000,
+                        bounds: tuple[int, int] = (1000, 5_000_000)) -> int:
+    """The ITERATIONS that make one run of the slow loop take about `seconds`, timed through `run`.
+
+    The fastest of three probes: a probe slowed by a busy moment (the other xdist worker starting a server)
+    would give a block too short to outlast the deadlines a test sets once the machine is quiet again.
+    """
+    run(100)  # warm-up
+    timings = []
+    for _ in range(3):
+        started = time.monotonic()
+        run(probe)
+        timings.append(time.monotonic() - started)
+    per_iteration = max(min(timings) / probe, 1e-7)
+    return int(min(max(seconds / per_iteration, bounds[0]), bounds[1]))
 
 
 def scale_model(factor: float, width: int = 4) -> onnx.ModelProto:

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from modelhost.example_repository import repository_tag
-from tests.onnx_models import slow_loop_config, slow_loop_model, write_model
+from tests.onnx_models import loop_iterations_for, slow_loop_config, slow_loop_model, write_model
 from tests.server import ServerProcess, free_port
 
 SIZE = 256  # X is [SIZE, SIZE]; each loop iteration is one SIZE^3 MatMul
@@ -38,15 +38,9 @@ def slow_repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int
     options.intra_op_num_threads = 2  # what the server gives a single instance on a 2-core machine
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     x = np.zeros((SIZE, SIZE), np.float32)
-    probe = 300
-    session.run(None, {"X": x, "ITERATIONS": np.array([10], np.int64)})  # warm-up
-    timings = []
-    for _ in range(3):  # the fastest probe: other processes may still be busy on this 2-core machine
-        start = time.monotonic()
-        session.run(None, {"X": x, "ITERATIONS": np.array([probe], np.int64)})
-        timings.append(time.monotonic() - start)
-    per_iteration = min(timings) / probe
-    return repo, int(min(max(TARGET_SECONDS / per_iteration, 500), 500_000))
+    return repo, loop_iterations_for(
+        TARGET_SECONDS, lambda n: session.run(None, {"X": x, "ITERATIONS": np.array([n], np.int64)}),
+        probe=300, bounds=(500, 500_000))
 
 
 def slow_infer(base: str, x: np.ndarray, iterations: int) -> requests.Response:

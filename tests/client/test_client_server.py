@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as triton_http
 
 from modelhost.client import AsyncClient, Client, ClientError, DeadlineExceeded, RetryPolicy
-from tests.onnx_models import scale_model, slow_loop_config, slow_loop_model, write_model
+from tests.onnx_models import loop_iterations_for, scale_model, slow_loop_config, slow_loop_model, write_model
 from tests.server import ServerProcess
 
 PROTOCOLS = ["http", "grpc"]
@@ -148,17 +148,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     server = ServerProcess(repo, "--model-control-mode", "explicit", "--load-model", "*").wait_ready()
     try:
         with Client(server.url) as client:
-            slow_call(client, 100)  # warm-up
-            probe = 10_000
-            # The fastest of three probes: one slowed by a busy moment (the other xdist worker's server starting)
-            # made the blocker too short to outlast the deadlines below once the machine was quiet again.
-            timings = []
-            for _ in range(3):
-                started = time.monotonic()
-                slow_call(client, probe)
-                timings.append(time.monotonic() - started)
-            per_iteration = max(min(timings) / probe, 1e-7)
-        yield Served(server, int(min(max(BLOCK_SECONDS / per_iteration, 1000), 5_000_000)))
+            iterations = loop_iterations_for(BLOCK_SECONDS, lambda n: slow_call(client, n))
+        yield Served(server, iterations)
     finally:
         server.stop()
 

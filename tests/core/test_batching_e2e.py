@@ -29,7 +29,14 @@ import requests
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, slow_loop_config, slow_loop_model, write_model
+from tests.onnx_models import (
+    ADD_SUB_CONFIG,
+    add_sub_model,
+    loop_iterations_for,
+    slow_loop_config,
+    slow_loop_model,
+    write_model,
+)
 from tests.server import ServerProcess, pending, wait_for
 
 S = 64  # the slow model's X is [batch, S, S]; each loop iteration is a batched S^3 MatMul
@@ -63,12 +70,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     try:
         # Calibrate on the server itself: what it costs per loop iteration, there, now.
         x = np.zeros((1, S, S), np.float32)
-        assert infer_slow(server, "queued", x, 100).status_code == 200  # warm-up
-        probe = 10_000
-        started = time.monotonic()
-        assert infer_slow(server, "queued", x, probe).status_code == 200
-        per_iteration = max((time.monotonic() - started) / probe, 1e-7)
-        iterations = int(min(max(BLOCK_SECONDS / per_iteration, 1000), 5_000_000))
+
+        def run(n: int) -> None:
+            assert infer_slow(server, "queued", x, n).status_code == 200
+
+        iterations = loop_iterations_for(BLOCK_SECONDS, run)
         session = ort.InferenceSession(add_sub.SerializeToString(), providers=["CPUExecutionProvider"])
         yield Served(server, session, iterations)
     finally:

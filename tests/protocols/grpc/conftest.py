@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2_grpc
 
+from tests.onnx_models import loop_iterations_for
 from tests.protocols.grpc.models import (
     BLOCK_SECONDS,
     S,
@@ -33,12 +33,7 @@ def served(repository: Path) -> Iterator[Served]:
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         x = np.zeros((1, S, S), np.float32)
-        infer_slow(client, x, 100)  # warm-up
-        probe = 10_000
-        started = time.monotonic()
-        infer_slow(client, x, probe)
-        per_iteration = max((time.monotonic() - started) / probe, 1e-7)
-        yield Served(server, client, int(min(max(BLOCK_SECONDS / per_iteration, 1000), 5_000_000)))
+        yield Served(server, client, loop_iterations_for(BLOCK_SECONDS, lambda n: infer_slow(client, x, n)))
     finally:
         client.close()
         server.stop()
