@@ -139,6 +139,8 @@ class Backend(abc.ABC):
     name: str
     platform: str
     default_filename: str
+    # Each instance starts a thread pool of its own (InstanceSettings.threads) at its load and joins it at its unload.
+    pool_per_instance = False
 
     def warm_up(self) -> None:  # noqa: B027 - optional hook
         """Create the framework's process-wide state (runtime environment, kernel registries) now, so that

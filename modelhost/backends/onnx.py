@@ -65,6 +65,7 @@ class OnnxBackend(Backend):
     name = "onnxruntime"
     platform = "onnxruntime_onnx"
     default_filename = "model.onnx"
+    pool_per_instance = True
 
     def describe(self, path: Path) -> ModelSignature:
         options = ort.SessionOptions()

@@ -255,7 +255,7 @@ class ModelManager:
             else:
                 served = await loading_threads.run_loading(
                     load_version, source, version, plan, self._cpu_count, self._default_max_batch_size,
-                    self._in_flight, self._warmup_reader,
+                    self._in_flight, self._warmup_reader, self._budget is not None,
                 )
         except Exception as exc:
             reason = reason_of(exc)
@@ -373,7 +373,7 @@ class ModelManager:
         for version in plan.versions:
             try:
                 loaded[version] = load_version(source, version, plan, self._cpu_count, self._default_max_batch_size,
-                                               self._in_flight, self._warmup_reader)
+                                               self._in_flight, self._warmup_reader, self._budget is not None)
             except Exception as exc:  # noqa: BLE001 - `add` reports it as its own load's failure
                 loaded[version] = exc
         return loaded

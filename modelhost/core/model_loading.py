@@ -180,8 +180,9 @@ def select_versions(config: ModelConfig, source: ModelSource) -> tuple[int, ...]
 
 def load_version(
     source: ModelSource, version: int, plan: LoadPlan, cpu_count: int, default_max_batch_size: int,
-    in_flight: InFlight | None = None, warmup_reader: WarmupReader | None = None,
+    in_flight: InFlight | None = None, warmup_reader: WarmupReader | None = None, on_demand: bool = False,
 ) -> ServedModel:
+    """`on_demand`: the model is loaded for a request and unloaded for another model's (a multi-model endpoint)."""
     backend = plan.backend
     assert backend is not None, "an ensemble loads with load_ensemble_version"
     filename = plan.config.default_model_filename or backend.default_filename
@@ -192,7 +193,11 @@ def load_version(
     # The first instance loads before config completion (which needs the model's tensors): its own
     # signature spares the backend a second load just to describe the model.
     count = sum(group.count for group in plan.config.instance_group)
-    threads = max(1, cpu_count // count)
+    # A model loaded on demand computes on one thread per instance where the backend would start a pool per instance:
+    # the miss that loads it then starts no threads, and the one that evicts it joins none (ONNX Runtime's session
+    # destructor joins its pool holding the GIL, and those threads, at the compute priority, wait for an idle core).
+    # A large batch of a model that batches still borrows idle cores, as parts (backends/row_split.py).
+    threads = 1 if on_demand and backend.pool_per_instance else max(1, cpu_count // count)
     lender = spare_cores.current()
     instances = [backend.load(path, plan.config, _instance(plan.config, 0, threads, lender))]
     try:

@@ -4,6 +4,7 @@ several models, NO_MEMORY. (A multi-model endpoint's archives through it: test_s
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +30,11 @@ def write_repository(root: Path, count: int, width: int = WIDTH) -> LocalStore:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, count: int = 3, budget: int = 1 << 40, width: int = WIDTH) -> None:
+    def __init__(self, tmp_path: Path, count: int = 3, budget: int = 1 << 40, width: int = WIDTH,
+                 cpu_count: int = 1) -> None:
         self.store = write_repository(tmp_path / "repository", count, width)
         self.width = width
-        self.manager = ModelManager(self.store, cpu_count=1, default_max_batch_size=4)
+        self.manager = ModelManager(self.store, cpu_count=cpu_count, default_max_batch_size=4)
         self.cache = ModelCache(self.manager, budget)
         self.manager.set_budget(self.cache)
         self.released: list[str] = []
@@ -137,6 +139,37 @@ def test_store_models_the_manager_loads_are_charged_and_evicted_by_their_request
         assert h.cache.used_bytes == 0
 
     asyncio.run(scenario())
+
+
+def test_models_loaded_on_demand_start_no_onnx_runtime_pools(tmp_path: Path) -> None:
+    """With a budget, an ONNX instance computes on one thread: a model holds no ONNX Runtime pool (which its load
+    would start and its eviction join, holding the GIL); without one, each instance has its share of the cores, here
+    two, and its session a pool thread. Counted as the threads that end when the models unload (instance threads
+    wait for the next instance, core/instance_threads.py)."""
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    async def ended(manager: ModelManager, names: list[str]) -> int:
+        for name in names:
+            await manager.load(name)
+        loaded = threads()
+        for name in names:
+            await manager.unload(name)
+        await asyncio.sleep(0.2)
+        return loaded - threads()
+
+    async def scenario() -> tuple[int, int]:
+        h = Harness(tmp_path, count=6, cpu_count=2)
+        await h.manager.load("m0")
+        assert await h.infer("m0") == 0.0
+        on_demand = await ended(h.manager, ["m1", "m2", "m3"])
+        everyday = ModelManager(h.store, cpu_count=2, default_max_batch_size=4)
+        always = await ended(everyday, ["m3", "m4", "m5"])
+        await everyday.stop()
+        await h.cache.stop()
+        return on_demand, always
+
+    assert asyncio.run(scenario()) == (0, 3)
 
 
 def test_a_store_model_never_used_goes_first_once_its_grace_is_over(tmp_path: Path,
