@@ -40,9 +40,10 @@ from modelhost.core.worker_control import WorkerControl
 from modelhost.core.worker_statistics import StatisticsPeers, WorkerStatistics
 from modelhost.embeddings.store import StoreSettings, configure_store, shared_store
 from modelhost.embeddings.watcher import TableWatcher
-from modelhost.errors import ModelhostError, hide_paths_under
+from modelhost.errors import hide_paths_under
 from modelhost.log_settings import LogSettings, update_refusal
 from modelhost.metrics import MetricsExporter
+from modelhost.model_sources import open_model_sources
 from modelhost.protocols import openapi
 from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.grpc_server import GrpcOptions, GrpcServer, ListenError
@@ -74,13 +75,6 @@ from modelhost.settings import (
     request_limits,
     unpacked_cache_bytes,
 )
-from modelhost.store.archive_repository import ArchiveRepository
-from modelhost.store.archive_store import ArchiveStore, holds_only_archives, open_archive_store
-from modelhost.store.layout import ModelLayout, find_layout
-from modelhost.store.local import LocalStore
-from modelhost.store.mar_repository import MarRepository
-from modelhost.store.model_list import ModelListStore
-from modelhost.store.model_store import ModelStore
 
 log = logging.getLogger("modelhost")
 GC_YOUNG_THRESHOLD = 10_000
@@ -125,26 +119,8 @@ class Server:
         self.tls = self._server_tls()
         self.http_access = AccessPolicy(settings.http_restricted_apis + settings.token_restrictions)
         self.grpc_access = AccessPolicy(settings.grpc_restricted_protocols + settings.token_restrictions)
-        self.root: Path | None = None  # the directory served (one endpoint), None with a multi-model cache
-        self.layout: ModelLayout | None = None
-        self.source = ""  # where the models come from, for the log
-        self.model_list: ModelListStore | None = None
-        self.mar_repository: MarRepository | None = None
-        if settings.multi_model:  # the archives, if any, are the manager's store as well as the cache's
-            archives = self._archive_store()
-            store: ModelStore | None = None if archives is None else self._archive_repository(archives)
-        elif tfserving is not None:
-            (self.work_dir / "models").mkdir()
-            self.model_list = ModelListStore(self.work_dir / "models", tfserving.listed())
-            archives, store = None, self.model_list
-            self.source = f"{len(tfserving.models)} model base path(s)"
-        elif torchserve is not None:
-            (self.work_dir / "models").mkdir()
-            self.mar_repository = MarRepository(self.work_dir / "models")
-            archives, store = None, self.mar_repository
-            self.source = f"TorchServe model store {torchserve.config.model_store or '(none)'}"
-        else:
-            archives, store = None, self._model_store()
+        self.sources = open_model_sources(settings, self.work_dir, tfserving, torchserve)
+        store = self.sources.store
         self.code_policy = CodePolicy(settings.user_code)
         # TF Serving's warmup requests (assets.extra/tf_serving_warmup_requests) are replayed unless
         # `modelhost tfserving --enable_model_warmup=false` says not to.
@@ -160,8 +136,9 @@ class Server:
                                         process=f"worker {settings.worker_index}" if settings.workers > 1 else "")
         self.tfserving = TfServing(self.dataplane, typed_outputs=tfserving is None or tfserving.typed_outputs)
         self.model_config_poller = None if tfserving is None else ModelConfigPoller(tfserving, self.tfserving.labels)
-        self.torchserving = None if torchserve is None or self.mar_repository is None else TorchServing(
-            self.dataplane, self.manager, self.mar_repository, torchserve.config, settings.cpu_count)
+        mar_repository = self.sources.mar_repository
+        self.torchserving = None if torchserve is None or mar_repository is None else TorchServing(
+            self.dataplane, self.manager, mar_repository, torchserve.config, settings.cpu_count)
         # TorchServe's token authorization: its key file is written now, in the working directory, as TorchServe's.
         self.torchserve_tokens = None if torchserve is None or torchserve.config.disable_token_authorization \
             else TokenKeys(Path.cwd(), torchserve.config.token_expiration_min)
@@ -170,7 +147,6 @@ class Server:
         self.peers = peers or self.worker_statistics
         if self.peers is not None:
             self.dataplane.sum_statistics_with(self.peers)
-        self.archives = archives  # a multi-model endpoint's TargetModel archives
         # A multi-model endpoint: every model in memory is within the cache's budget.
         self.cache = (ModelCache(self.manager, settings.model_cache_bytes, settings.model_cache_policy)
                       if settings.multi_model or settings.models_on_demand else None)
@@ -222,47 +198,6 @@ class Server:
             return
         log.info("SIGHUP: reloaded the TLS certificate %s (open connections keep theirs)", self.tls.files.cert)
 
-    def _model_store(self) -> ModelStore:
-        """The models of a directory in any layout find_layout knows (a repository, one model, a model file),
-        or of a repository of archives: an S3 prefix, or a directory holding only `*.tar.gz` files."""
-        location = self.settings.model_repository
-        if location is not None and (location.startswith("s3://") or holds_only_archives(Path(location))):
-            archives = self._archive_store()
-            assert archives is not None
-            self.source = archives.description
-            return self._archive_repository(archives)
-        if self.settings.model_repository is None:
-            from modelhost.example_repository import ensure_example_repository
-
-            self.root = ensure_example_repository(self.settings.cache_dir)
-        else:
-            self.root = Path(self.settings.model_repository)
-            if not self.root.is_dir():
-                raise SystemExit(f"--model-repository {self.root} is not a directory")
-        try:
-            # An empty repository serves nothing, as Triton's does.
-            self.layout = find_layout(self.root, self.settings.default_model_name, self.work_dir / "layout",
-                                      program=self.settings.sagemaker_program,
-                                      allow_empty=True)
-        except ModelhostError as exc:
-            raise SystemExit(f"--model-repository {self.root}: {exc.message}") from None
-        self.source = str(self.root)
-        return LocalStore(self.layout.repository)
-
-    def _archive_repository(self, archives: ArchiveStore) -> ArchiveRepository:
-        s = self.settings
-        return ArchiveRepository(archives, self.work_dir / "archives", s.max_unpacked_bytes, s.max_archive_members)
-
-    def _archive_store(self) -> ArchiveStore | None:
-        """The archives at --model-repository (a directory or an S3 prefix), if it is given."""
-        s = self.settings
-        if s.model_repository is None:
-            return None
-        try:
-            return open_archive_store(s.model_repository, s.s3_endpoint_url)
-        except ModelhostError as exc:
-            raise SystemExit(f"--model-repository {s.model_repository}: {exc.message}") from None
-
     def _grpc_server(self) -> GrpcServer:
         s = self.settings
         options = GrpcOptions(s.grpc_max_message_bytes, s.grpc_keepalive_time_seconds,
@@ -311,11 +246,12 @@ class Server:
             s.grpc_port if s.grpc_port and (self.tls is None or "grpc" in s.tls_off) else None,
         )
         target_models = None if self.cache is None else TargetModels(
-            self.cache, self.manager, self.archives, self.work_dir / "cache",
+            self.cache, self.manager, self.sources.archives, self.work_dir / "cache",
             ArchiveLimits(s.max_unpacked_bytes, s.max_archive_members, unpacked_cache_bytes(s, self.work_dir)),
             s.default_model_name, model_load_roots(s), program=s.sagemaker_program)
         return SageMakerFrontEnd(options, self.dataplane, lambda: [e.name for e in self.manager.index()], target_models,
-                                 self.layout, self.root, self.work_dir, self.code_policy, self.http_access)
+                                 self.sources.layout, self.sources.root, self.work_dir, self.code_policy,
+                                 self.http_access)
 
     def _metrics_front_end(self) -> MetricsFrontEnd:
         return MetricsFrontEnd(self.metrics, self.settings.metrics_port, self.http_access, self.peers)
@@ -355,7 +291,8 @@ class Server:
         if self.cache is not None:
             log.info("multi-model endpoint: models load on first use (cache %d bytes)", self.cache.budget_bytes)
         else:
-            log.info("loading models from %s (model control mode %s)", self.source, self.settings.model_control_mode)
+            log.info("loading models from %s (model control mode %s)", self.sources.description,
+                     self.settings.model_control_mode)
         await self.manager.load_all(self._models_at_start())
         if self.torchserving is not None:
             await self.torchserving.register_at_start()
@@ -370,9 +307,10 @@ class Server:
             self.poller.start()
         if self.settings.embedding_poll_seconds > 0:
             self.table_watcher.start()
-        if self.model_config_poller is not None and self.model_list is not None:
-            apply = (self.poller or RepositoryPoller(self.manager, self.model_list, 1.0)).poll
-            self.model_config_poller.start(self.model_list, apply)
+        model_list = self.sources.model_list
+        if self.model_config_poller is not None and model_list is not None:
+            apply = (self.poller or RepositoryPoller(self.manager, model_list, 1.0)).poll
+            self.model_config_poller.start(model_list, apply)
         self.dataplane.mark_started()
         grpc = f", gRPC on {self.settings.host}:{self.settings.grpc_port}" if self.grpc else ""
         http = f"HTTP on {self.settings.host}:{self.settings.http_port}" if self._serves_http() else "no HTTP"

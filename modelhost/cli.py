@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from modelhost import __version__
 from modelhost.sagemaker_triton import default_model_error
 from modelhost.serve_flags import add_serve_flags
-from modelhost.settings import ServerSettings, SettingsError, check_settings
+from modelhost.settings import ServerSettings, SettingsError
+from modelhost.settings_checks import check_settings
 from modelhost.settings_sources import resolve_settings, sagemaker_repository, unused_variables
 
 if TYPE_CHECKING:

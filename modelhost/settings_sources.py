@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from modelhost.config.overrides import ModelOverrides
 from modelhost.sagemaker_triton import triton_values, triton_warnings
-from modelhost.settings import ServerSettings, SettingsError, check_settings, read_token_file
+from modelhost.settings import ServerSettings, SettingsError, read_token_file
+from modelhost.settings_checks import check_settings
 
 
 def settings_from_environment(base: ServerSettings, environ: Mapping[str, str]) -> ServerSettings:

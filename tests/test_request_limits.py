@@ -26,7 +26,8 @@ from modelhost.protocols.sagemaker.npy_payload import decode_npy
 from modelhost.protocols.tfserving import predict_pb2 as tf
 from modelhost.protocols.tfserving.json_codec import decode_predict
 from modelhost.protocols.tfserving.tensor_proto import tensor_to_array
-from modelhost.settings import ServerSettings, SettingsError, check_settings, request_limits
+from modelhost.settings import ServerSettings, SettingsError, request_limits
+from modelhost.settings_checks import check_settings
 from modelhost.types import MAX_RANK, RequestedOutput, RequestLimits, TensorSpec
 
 

@@ -15,12 +15,12 @@ from modelhost.settings import (
     GIB,
     ServerSettings,
     SettingsError,
-    check_settings,
     handler_threads,
     memory_bytes,
     parse_byte_size,
     unpacked_cache_bytes,
 )
+from modelhost.settings_checks import check_settings
 from modelhost.settings_sources import (
     resolve_settings,
     sagemaker_repository,

@@ -14,7 +14,8 @@ from modelhost.core.trace_config import BatchExport, TraceValues, check_trace_co
 from modelhost.core.trace_file import TraceFile
 from modelhost.core.trace_settings import TraceSettings
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.settings import ServerSettings, SettingsError, check_settings
+from modelhost.settings import ServerSettings, SettingsError
+from modelhost.settings_checks import check_settings
 
 
 def test_trace_config_reads_triton_syntax() -> None:

@@ -21,7 +21,8 @@ from modelhost.embeddings.store import EmbeddingStore, StoreSettings
 from modelhost.embeddings.table import EmbeddingTable
 from modelhost.embeddings.table_files import CURRENT, write_version
 from modelhost.embeddings.watcher import TableWatcher
-from modelhost.settings import ServerSettings, SettingsError, check_settings
+from modelhost.settings import ServerSettings, SettingsError
+from modelhost.settings_checks import check_settings
 
 DIM = 8
 ROWS = 3000

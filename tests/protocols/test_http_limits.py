@@ -27,7 +27,8 @@ from modelhost.core.in_flight import InFlight
 from modelhost.protocols.http.connection import HttpConnection
 from modelhost.protocols.http.limits import HttpLimits
 from modelhost.protocols.http.server import HttpServer
-from modelhost.settings import ServerSettings, SettingsError, check_settings
+from modelhost.settings import ServerSettings, SettingsError
+from modelhost.settings_checks import check_settings
 from tests.protocols.http_wire import (
     Wire,
     assert_json_error,
