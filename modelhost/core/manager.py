@@ -5,32 +5,30 @@ another model's. A reload is zero-downtime: the new version loads (and warms up)
 which keeps serving; then requests route to the new one, and the old one finishes what it has queued
 before it unloads. A failed reload keeps the old version serving. An ensemble's composing models are
 found per request, so an ensemble follows their reloads.
+
+The manager routes requests and reports the index; its loads are core/model_loader.py's, and versions leave
+through core/version_retirement.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Iterable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Collection, Iterable
 from pathlib import Path
-from typing import Protocol
 
 from modelhost.backends import freeze_long_lived
-from modelhost.backends.base import Backend
-from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.overrides import ModelOverrides
-from modelhost.core import loading_threads
-from modelhost.core.classification import read_labels
 from modelhost.core.code_policy import CodePolicy
-from modelhost.core.ensemble_plan import PLATFORM as ENSEMBLE
 from modelhost.core.in_flight import InFlight
 from modelhost.core.lifecycle import ModelState
-from modelhost.core.load_request import LoadOverride, write_override
+from modelhost.core.load_request import LoadOverride
 from modelhost.core.model_hold import ModelHold
-from modelhost.core.model_loading import LoadPlan, load_ensemble_version, load_version, plan_model
-from modelhost.core.model_record import IndexEntry, ModelRecord, VersionStatus, reason_of
+from modelhost.core.model_loader import LoadBudget, Loaded, ModelLoader, discard_loaded
+from modelhost.core.model_loading import LoadPlan
+from modelhost.core.model_record import IndexEntry, ModelRecord, reason_of
 from modelhost.core.served_model import ServedModel
+from modelhost.core.version_retirement import VersionRetirement
 from modelhost.core.warmup import WarmupReader
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
 from modelhost.store.local import ModelFingerprint, ModelSource
@@ -39,26 +37,7 @@ from modelhost.store.paths import check_model_name
 
 log = logging.getLogger("modelhost.manager")
 
-Loaded = dict[int, ServedModel | Exception]  # versions loaded before `ModelManager.add` (load_now), or their failures
-
-__all__ = ["IndexEntry", "Loaded", "ModelManager", "discard_loaded"]
-
-
-class LoadBudget(Protocol):
-    """What admits a model of the store into memory, or refuses it (a multi-model endpoint's byte budget)."""
-
-    def admitting(self, name: str, source: ModelSource) -> AbstractAsyncContextManager[None]:
-        """Around a model's first load: room is made before, its memory measured during, and NO_MEMORY raised
-        after, when it cannot fit (the manager then unloads it)."""
-        ...
-
-    def removed(self, name: str) -> None:
-        """The model left the manager (unloaded or evicted): whatever it was charged is released."""
-        ...
-
-    def used(self, name: str) -> None:
-        """A request holds the model now (what the budget evicts by)."""
-        ...
+__all__ = ["IndexEntry", "ModelManager"]
 
 
 class ModelManager:
@@ -70,23 +49,17 @@ class ModelManager:
         """`warmup_reader`: warmup requests in another server's format that a version's directory may hold
         (TF Serving's), replayed with the config's model_warmup before the version serves."""
         self._store = store
-        self._warmup_reader = warmup_reader
-        self._code_policy = code_policy or CodePolicy()
-        self._overrides = overrides
-        self._in_flight = in_flight or InFlight()
-        self._cpu_count = cpu_count
-        self._default_max_batch_size = default_max_batch_size
-        self._work_dir = work_dir
         self._records: dict[str, ModelRecord] = {}
         self._budget: LoadBudget | None = None
-        self._retiring: set[asyncio.Task[None]] = set()
-        # Reloaded-away versions whose sequences go on (hold_sequence); a list: a ServedModel does not hash.
-        self._finishing: list[ServedModel] = []
-        self._depends: dict[str, set[str]] = {}  # ensemble -> its composing models, as last planned
+        self._retirement = VersionRetirement()
+        self._loader = ModelLoader(
+            self._records, self._retirement, self.get, self.acquire, store, cpu_count, default_max_batch_size,
+            in_flight or InFlight(), overrides, work_dir, code_policy or CodePolicy(), warmup_reader,
+        )
 
     def set_budget(self, budget: LoadBudget) -> None:
         """Every later load of a model of the store goes through `budget` (a multi-model endpoint's cache)."""
-        self._budget = budget
+        self._budget = self._loader.budget = budget
 
     # loading
 
@@ -96,7 +69,8 @@ class ModelManager:
         if self._store is None:
             return
         wanted = list(names) if names is not None else await asyncio.to_thread(self._store.list)
-        results = await asyncio.gather(*(self._load_named(n, None, None) for n in wanted), return_exceptions=True)
+        results = await asyncio.gather(*(self._loader.load_named(n, None, None) for n in wanted),
+                                       return_exceptions=True)
         for name, result in zip(wanted, results):
             if isinstance(result, BaseException) and not isinstance(result, Exception):
                 raise result
@@ -110,172 +84,12 @@ class ModelManager:
         Raises when the model or any of its versions fails; a version that was serving keeps serving."""
         if self._store is None:
             raise ModelhostError(ErrorKind.UNSUPPORTED, f"cannot load model '{name}': this server has no repository")
-        await self._load_named(name, override, None)
+        await self._loader.load_named(name, override, None)
 
     async def reload_changed(self, name: str, versions: Collection[int] | None) -> None:
         """Apply a repository change: load new versions, reload `versions` (None: all), unload the
         versions the policy no longer selects. Raises as `load` does."""
-        await self._load_named(name, None, versions)
-
-    async def _load_named(
-        self, name: str, override: LoadOverride | None, reload: Collection[int] | None, if_needed: bool = False
-    ) -> None:
-        check_model_name(name)  # before any record or path: a name from a client or a config is just a name
-        record = self._records.setdefault(name, ModelRecord(name))
-        async with record.lock:
-            if if_needed and record.ready_versions() and not record.unloaded:
-                return
-            # Read before the files are: a change made while the model loads shows at the next poll.
-            record.fingerprint = await asyncio.to_thread(self._fingerprint, name, override)
-            try:
-                source = await asyncio.to_thread(self._source, name, override)
-                config = override.config if override else None
-                uploaded = override is not None and bool(override.files)
-                plan = await asyncio.to_thread(plan_model, source, self._overrides, config,
-                                               self._code_check(name, uploaded))
-            except FileNotFoundError as exc:
-                if not record.versions and self._records.get(name) is record:
-                    del self._records[name]  # not in the repository: nothing to report in the index
-                log.error("cannot load model %s: %s", name, exc)
-                raise not_found(f"failed to load '{name}', failed to poll from model repository: {exc}") from exc
-            except ModelhostError as exc:  # the request's own fault (a bad name or path, refused code): its kind
-                self._fail(record, exc)
-                raise
-            except Exception as exc:
-                self._fail(record, exc)
-                raise unavailable(f"failed to load '{name}': {reason_of(exc)}") from exc
-            record.unloaded = False
-            self._depends.pop(name, None)
-            if plan.ensemble is not None:
-                await self._prepare_ensemble(record, plan)
-            if self._budget is None or record.ready_versions():  # a reload keeps the admission it had
-                await self._load_versions(record, source, plan, reload)
-                return
-            try:
-                async with self._budget.admitting(name, source):
-                    await self._load_versions(record, source, plan, reload)
-            except BaseException as exc:  # not admitted (refused, or a version failed): none of it stays charged
-                for version in record.ready_versions():
-                    self._retire(record, version, f"not loaded: {reason_of(exc)}", keep=True)
-                if isinstance(exc, ModelhostError) and exc.kind is ErrorKind.NO_MEMORY:
-                    self._fail(record, exc)
-                raise
-
-    def _source(self, name: str, override: LoadOverride | None) -> ModelSource:
-        if override is not None and override.files:
-            assert self._work_dir is not None
-            return write_override(name, override.files, self._work_dir / "overrides")
-        assert self._store is not None
-        return self._store.fetch(name)
-
-    def _code_check(self, name: str, uploaded: bool) -> Callable[[Backend, ModelConfig], None]:
-        """The code policy's check of `name`, which plan_model runs before any of the model's code may run."""
-
-        def check(backend: Backend, config: ModelConfig) -> None:
-            code = backend.code_in(config.default_model_filename or backend.default_filename)
-            if code is not None:
-                self._code_policy.check(name, code, uploaded)
-
-        return check
-
-    def _fingerprint(self, name: str, override: LoadOverride | None) -> ModelFingerprint | None:
-        # A model loaded from an override is not the repository's: polling must not take it back.
-        if override is not None or self._store is None:
-            return None
-        return self._store.fingerprint(name)
-
-    def _fail(self, record: ModelRecord, exc: Exception) -> None:
-        reason = reason_of(exc)
-        if record.ready_versions():
-            log.error("model %s failed to reload, the loaded versions keep serving: %s", record.name, reason)
-            return
-        record.failure = reason
-        log.error("model %s failed to load: %s", record.name, reason)
-
-    async def _prepare_ensemble(self, record: ModelRecord, plan: LoadPlan) -> None:
-        """Load the composing models an ensemble needs (those loaded already stay as they are)."""
-        assert plan.ensemble is not None
-        names = sorted({name for name, _ in plan.ensemble.composing_models()})
-        # Recorded before the first await, so that of two ensembles that need each other (loading at
-        # once, each holding its own lock), the second to get here sees the cycle instead of deadlocking.
-        self._depends[record.name] = set(names)
-        try:
-            cycle = self._cycle(record.name)
-            if cycle:
-                raise invalid(f"ensemble '{record.name}' depends on itself: {' -> '.join(cycle)}")
-            for name in names:
-                await self._load_named(name, None, None, if_needed=True)
-            plan.ensemble.check_models(self.get)
-        except Exception as exc:
-            self._fail(record, exc)
-            raise unavailable(f"failed to load '{record.name}' (an ensemble): {reason_of(exc)}") from exc
-        record.composing = tuple(names)
-
-    def _cycle(self, start: str) -> list[str]:
-        """A path from `start` back to itself through ensembles' composing models, or []."""
-        stack: list[tuple[str, list[str]]] = [(start, [start])]
-        seen: set[str] = set()
-        while stack:
-            name, path = stack.pop()
-            for dependency in self._depends.get(name, ()):
-                if dependency == start:
-                    return [*path, start]
-                if dependency not in seen:
-                    seen.add(dependency)
-                    stack.append((dependency, [*path, dependency]))
-        return []
-
-    async def _load_versions(
-        self, record: ModelRecord, source: ModelSource, plan: LoadPlan, reload: Collection[int] | None,
-        loaded: Loaded | None = None,
-    ) -> None:
-        record.failure = ""
-        wanted = [v for v in plan.versions if reload is None or v in reload or not record.has_served(v)]
-        failures = await asyncio.gather(*(self._load_version(record, source, plan, v, loaded) for v in wanted))
-        for version in [v for v in record.versions if v not in plan.versions]:
-            self._retire(record, version, "no longer selected by the version policy", finish_sequences=True)
-        errors = [f"version {v}: {f}" for v, f in zip(wanted, failures) if f]
-        if errors:
-            raise unavailable(f"failed to load '{record.name}': {'; '.join(errors)}")
-
-    async def _load_version(self, record: ModelRecord, source: ModelSource, plan: LoadPlan, version: int,
-                            loaded: Loaded | None = None) -> str:
-        """Load one version beside what serves now (or take it from `loaded`) and swap it in; returns the failure,
-        or ""."""
-        status = record.versions.get(version)
-        if status is None or status.served is None:
-            status = record.versions[version] = VersionStatus(ModelState.LOADING)
-        log.debug("loading model %s version %d from %s", record.name, version, source.path)
-        try:
-            if plan.ensemble is not None:
-                labels = await asyncio.to_thread(read_labels, plan.config, source.path)
-                served = load_ensemble_version(record.name, version, plan, self.acquire, labels, self._in_flight)
-            elif loaded is not None and version in loaded:
-                served = taken(loaded.pop(version))
-            else:
-                served = await loading_threads.run_loading(
-                    load_version, source, version, plan, self._cpu_count, self._default_max_batch_size,
-                    self._in_flight, self._warmup_reader, self._budget is not None,
-                )
-        except Exception as exc:
-            reason = reason_of(exc)
-            if status.served is None:
-                status.state, status.reason = ModelState.UNAVAILABLE, reason
-                log.error("model %s version %d failed to load: %s", record.name, version, reason)
-            else:
-                log.error("model %s version %d failed to reload, the loaded one keeps serving: %s",
-                          record.name, version, reason)
-            return reason
-        previous = status.served
-        status.served, status.state, status.reason = served, ModelState.READY, ""
-        if previous is not None:
-            self._retire_served(previous, finish_sequences=True)
-        backend = plan.backend.name if plan.backend else ENSEMBLE
-        # A multi-model endpoint's models (not the store's) load and leave hundreds of times a second: a line each
-        # would cost its loop a tenth of a miss; the cache's metrics count them.
-        log.log(logging.INFO if record.from_store else logging.DEBUG, "%s model %s version %d from %s (%s)",
-                "reloaded" if previous else "loaded", record.name, version, source.path, backend)
-        return ""
+        await self._loader.load_named(name, None, versions)
 
     # unloading
 
@@ -287,7 +101,7 @@ class ModelManager:
         if record is None:
             raise _unknown(name)
         async with record.lock:
-            drained = [self._retire(record, v, "unloaded", keep=True) for v in list(record.versions)]
+            drained = [self._retirement.retire(record, v, "unloaded", keep=True) for v in list(record.versions)]
             record.failure, record.unloaded, record.fingerprint = "", True, None
             await asyncio.gather(*(task for task in drained if task is not None))
         await self._removed(record)
@@ -297,49 +111,17 @@ class ModelManager:
                 if not any(composing in r.composing for r in self._records.values() if r.ready_versions()):
                     await self.unload(composing, unload_dependents=True)
 
-    def _retire(self, record: ModelRecord, version: int, reason: str, keep: bool = False,
-                finish_sequences: bool = False) -> asyncio.Task[None] | None:
-        """Stop routing to a version; its queued requests finish on it, then it unloads. `finish_sequences` (a
-        reload: another version takes the new requests): its open sequences go on on it until they end or idle
-        out (`hold_sequence`)."""
-        status = record.versions[version] if keep else record.versions.pop(version)
-        served, status.served = status.served, None
-        status.state, status.reason = ModelState.UNAVAILABLE, reason
-        return self._retire_served(served, finish_sequences) if served is not None else None
-
-    def _retire_served(self, served: ServedModel, finish_sequences: bool = False) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._stop_when_released(served, finish_sequences))
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-        return task
-
-    async def _stop_when_released(self, served: ServedModel, finish_sequences: bool) -> None:
-        """Requests holding the version finish on it (ModelManager.acquire), and, after a reload, its open
-        sequences (each ends or idles out); then its queue closes and drains."""
-        if finish_sequences and served.sequences is not None:
-            self._finishing.append(served)
-            try:
-                await served.sequences.finished()
-            finally:
-                self._finishing = [other for other in self._finishing if other is not served]
-        await served.pins.released()
-        await served.scheduler.stop()
-
     def hold_sequence(self, name: str, sequence_id: int | str) -> ServedModel | None:
         """A reloaded-away version of the model on which this sequence is open, pinned as `hold` pins; None when
         there is none (the rare path: a sequence request the serving version does not know)."""
-        for served in self._finishing:
-            if served.name == name and served.sequences is not None and served.sequences.is_open(sequence_id):
-                served.pins.hold()
-                return served
-        return None
+        return self._retirement.hold_sequence(name, sequence_id)
 
     # models that are not the store's (a multi-model endpoint's archives)
 
     def plan(self, source: ModelSource) -> LoadPlan:
         """How `add` would load `source` (its config read and completed by the overrides); blocking, for a caller
         that prepares a load in a thread of its own."""
-        return plan_model(source, self._overrides, check_code=self._code_check(source.name, uploaded=False))
+        return self._loader.plan(source)
 
     async def add(self, source: ModelSource, plan: LoadPlan | None = None, loaded: Loaded | None = None) -> None:
         """Load a model the store does not list under `source.name`, as `plan` says (by default, `plan(source)`);
@@ -353,10 +135,10 @@ class ModelManager:
         record = self._records[source.name] = ModelRecord(source.name, from_store=False)
         try:
             if plan is None:
-                plan = await asyncio.to_thread(self.plan, source)
+                plan = await asyncio.to_thread(self._loader.plan, source)
             elif plan.backend is not None:  # a plan made elsewhere: the policy still decides
-                self._code_check(source.name, uploaded=False)(plan.backend, plan.config)
-            await self._load_versions(record, source, plan, None, loaded)
+                self._loader.code_check(source.name, uploaded=False)(plan.backend, plan.config)
+            await self._loader.load_versions(record, source, plan, None, loaded)
         except BaseException as exc:
             await discard_loaded(loaded)  # what it did not take in
             await self._evict_record(record)
@@ -368,15 +150,7 @@ class ModelManager:
         """Blocking, for a caller's own thread (one that fetched the model's files and planned it with `plan`): the
         versions `plan` selects, each loaded as `add` loads it, or what failed. Give them to `add` (`loaded`), or to
         `discard_loaded`."""
-        assert plan.backend is not None, "an ensemble loads on the event loop"
-        loaded: Loaded = {}
-        for version in plan.versions:
-            try:
-                loaded[version] = load_version(source, version, plan, self._cpu_count, self._default_max_batch_size,
-                                               self._in_flight, self._warmup_reader, self._budget is not None)
-            except Exception as exc:  # noqa: BLE001 - `add` reports it as its own load's failure
-                loaded[version] = exc
-        return loaded
+        return self._loader.load_now(source, plan)
 
     async def evict(self, name: str) -> None:
         """Stop routing to a model at once, then let its in-flight requests finish, unload it and drop its record
@@ -389,7 +163,7 @@ class ModelManager:
     async def _evict_record(self, record: ModelRecord) -> None:
         if self._records.get(record.name) is record:
             del self._records[record.name]
-        drained = [self._retire(record, v, "unloaded") for v in list(record.versions)]
+        drained = [self._retirement.retire(record, v, "unloaded") for v in list(record.versions)]
         await asyncio.gather(*(task for task in drained if task is not None))
         await self._removed(record)
 
@@ -508,25 +282,8 @@ class ModelManager:
 
     async def stop(self) -> None:
         """Drain every model's in-flight requests, then unload them."""
-        for served in self._finishing:  # a reloaded-away version's open sequences do not hold the stop up
-            assert served.sequences is not None
-            served.sequences.close_all()
-        await asyncio.gather(*(served.scheduler.stop() for served in self.served()), *self._retiring)
-
-
-def taken(version: ServedModel | Exception) -> ServedModel:
-    """A version `load_now` loaded, or its failure raised."""
-    if isinstance(version, Exception):
-        raise version
-    return version
-
-
-async def discard_loaded(loaded: Loaded | None) -> None:
-    """Stop the versions `load_now` loaded that no model took in."""
-    if loaded:
-        versions = list(loaded.values())
-        loaded.clear()
-        await asyncio.gather(*(v.scheduler.stop() for v in versions if isinstance(v, ServedModel)))
+        self._retirement.close_sequences()  # a reloaded-away version's open sequences do not hold the stop up
+        await asyncio.gather(*(served.scheduler.stop() for served in self.served()), *self._retirement.under_way())
 
 
 def _unknown(name: str) -> ModelhostError:

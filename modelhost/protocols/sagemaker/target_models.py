@@ -26,8 +26,9 @@ from pathlib import Path
 from modelhost.backends import backend_is_warm
 from modelhost.core import loading_threads
 from modelhost.core.cache_entry import CacheEntry
-from modelhost.core.manager import Loaded, ModelManager, discard_loaded
+from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import ModelCache
+from modelhost.core.model_loader import Loaded, discard_loaded
 from modelhost.core.model_loading import LoadPlan, warm_up_backend_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.protocols.sagemaker.file_releases import FileReleases
