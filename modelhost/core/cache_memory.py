@@ -21,7 +21,7 @@
   measurement peaked at; its charge is never less than its files on disk. A key's figures are kept while its
   files keep their size (an archive replaced by another of a different size is measured again).
 - A framework's process-wide state (importing torch alone holds about 85 MB) is no model's: the cache warms a
-  backend up before a load is measured (ModelCache._measured).
+  backend up before a load is measured (CacheLoads.measured).
 
 Runs on the event loop only (the meter's sampler thread aside).
 """

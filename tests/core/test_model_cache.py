@@ -12,8 +12,9 @@ import onnx
 import pytest
 
 from modelhost.core import model_cache
+from modelhost.core.cache_loads import CONCURRENT_LOADS
 from modelhost.core.manager import ModelManager
-from modelhost.core.model_cache import CONCURRENT_LOADS, ModelCache
+from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.local import LocalStore, ModelSource
 from tests.archives import WIDTH, weighted_model
