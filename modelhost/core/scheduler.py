@@ -3,14 +3,12 @@
 One scheduler per loaded model version, shared by every protocol. The contract is
 submit (awaitable) / inflight / stop; backends see batches and never batch.
 
-Each instance owns a thread that takes the next batch from the model's RequestQueue as soon as
-it finishes the last one, so an instance never idles while the event loop hands it work (a
-thread pool fed from the loop held the instance across two handoffs per request and capped the
-tiny model near 7,000 requests/s). Results go back to the loop with one call per batch; the
-loop resolves futures, keeps arrival order when asked, and expires requests that wait too long.
+The scheduler decides where each request runs; it queues, splits, admits and times out the ones it queues.
+Each instance owns a thread that runs the batches it takes from the model's RequestQueue
+(core/batch_threads.py); the loop answers their requests, in arrival order when asked (core/answer_order.py).
 
-A cheap request runs on the event loop instead: handing it to a thread and back costs two wake-ups,
-more latency and more of the loop's CPU than a tiny model's whole run. It runs there, synchronously in
+A cheap request runs on the event loop instead (core/loop_runner.py): handing it to a thread and back costs
+two wake-ups, more latency and more of the loop's CPU than a tiny model's whole run. It runs there, synchronously in
 submit, the way a naive server calls its model, when all of these hold: the model's measured
 executions for its size fit the loop gate's budget (core/loop_gate.py: what a handoff takes, learned
 from the model's own requests, or the model's inline_max_microseconds), nothing is queued for the
@@ -31,26 +29,26 @@ adds to it (docs/benchmarks.md, "Lone requests on the event loop").
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-import time
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from modelhost.backends.base import Model, RowUpdates
-from modelhost.core import compute_threads, instance_threads, loading_threads
-from modelhost.core.batch_run import Outputs, call, check_batch_dim, run_batch, run_each
+from modelhost.core import compute_threads, loading_threads
+from modelhost.core.answer_order import AnswerOrder
+from modelhost.core.batch_run import Outputs, run_batch, run_each
+from modelhost.core.batch_threads import BatchRun, BatchThreads
 from modelhost.core.clock import MONOTONIC, Clock
 from modelhost.core.in_flight import InFlight
 from modelhost.core.latency_target import LatencyTarget
 from modelhost.core.loop_gate import LoopGate
+from modelhost.core.loop_runner import LoopRunner, input_elements
 from modelhost.core.policy import SchedulingPolicy
 from modelhost.core.request_queue import Pending, RequestQueue
 from modelhost.core.spare_cores import SpareCores
-from modelhost.core.statistics import ExecutionTiming, ModelStatistics
+from modelhost.core.statistics import ModelStatistics
 from modelhost.core.trace import QUEUE_START, Trace
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
@@ -72,14 +70,12 @@ class Scheduler:
         direct sequence model's batches are laid out by slot (core/sequence_slots.py)."""
         self._label = label
         self._policy = policy
-        self._statistics = statistics
         self._clock = clock
         self.target = target
         self._queue = RequestQueue(policy, clock, target.limits if target is not None else None)
         self._inflight = 0
-        self._sequence = 0
-        self._next_to_settle = 0
-        self._finished: dict[int, tuple[asyncio.Future[Outputs], Outputs | None, BaseException | None]] = {}
+        self._sequence = 0  # the next request's Pending.sequence, the order `_answers` keeps
+        self._answers = AnswerOrder(policy.preserve_ordering)
         # Each instance's lock keeps it to one call at a time between its thread and the loop.
         self._instances = [(instance, threading.Lock()) for instance in instances]
         # A padded batch (TF Serving's allowed sizes) is formed on an instance thread, never run as it came.
@@ -92,22 +88,16 @@ class Scheduler:
                             and not policy.pad_sizes)
         self._in_flight = in_flight or InFlight()
         self._yields_to_loads = compute_threads.lowers()  # (_may_run_now)
-        self._spare = spare
-        self._threads_per_instance = threads_per_instance
-        # Instance threads still serving, and what `stop` awaits: the last of them resolves it on the loop.
-        self._serving = len(self._instances)
-        self._stopped: asyncio.Future[None] | None = None
-        self._serving_lock = threading.Lock()
         # Models that take a batch's requests one by one (Triton's Python API) are handed them so.
         self._takes_requests = all(i.takes_requests for i in instances) and bool(instances)
-        self._run_batch = run_each if self._takes_requests else run_batch
-        if slots is not None:
-            self._run_batch = slots.run
         # A direct sequence's lone request may run on the loop, padded to its row, where its instance is the
         # only one (the loop takes any free instance) and the model takes batches whole.
         self._slots = slots if slots is not None and len(instances) == 1 and not self._takes_requests else None
-        for index, (instance, lock) in enumerate(self._instances):
-            instance_threads.start(partial(self._serve, instance, lock, index), f"{label}#{index}")
+        self._loop_runner = LoopRunner(self._instances, self._gate, statistics, target, spare, threads_per_instance)
+        batch_run: BatchRun = slots.run if slots is not None else run_each if self._takes_requests else run_batch
+        self._batch_threads = BatchThreads(label, self._instances, self._queue, batch_run, policy.pad_sizes, clock,
+                                           spare, threads_per_instance, statistics, target, self._gate,
+                                           self._answers.finish)
 
     async def submit(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int, priority: int = 0,
@@ -131,17 +121,17 @@ class Scheduler:
         level = self._level(priority)
         timeout = self._timeout(level, timeout_us)
         if self._runs_async and instance < 0 and self._may_run_async():
-            result = await self._run_async(inputs, outputs, rows, entry, spent_s, trace)
+            result = await self._loop_runner.run_async(inputs, outputs, rows, entry, spent_s, trace)
             if result is not None:
                 return result
-        size = _elements(inputs)
+        size = input_elements(inputs)
         if instance < 0:
             if self._may_run_now(size, rows):
-                result = self._run_on_loop(inputs, outputs, rows, size, entry, spent_s, trace)
+                result = self._loop_runner.run(inputs, outputs, rows, size, entry, spent_s, trace)
                 if result is not None:
                     return result
         elif self._slots is not None and self._may_run_now(size, 1):  # a direct sequence's, on its one instance
-            result = self._run_slot_on_loop(self._slots, inputs, outputs, size, entry, spent_s, trace, row)
+            result = self._loop_runner.run_at_row(self._slots, inputs, outputs, size, entry, spent_s, trace, row)
             if result is not None:
                 return result
         if self.target is not None:
@@ -206,7 +196,7 @@ class Scheduler:
         for pending in pendings:
             self._inflight -= 1
             if self._queue.withdraw(pending):
-                self._finish(pending, None, None)
+                self._answers.finish(pending, None, None)
 
     def _admit(self, rows: int, spent_s: float = 0.0) -> None:
         assert self.target is not None
@@ -233,7 +223,7 @@ class Scheduler:
         except asyncio.CancelledError:
             # The client is gone: a request still queued is dropped before it runs.
             if self._queue.withdraw(pending):
-                self._finish(pending, None, None)
+                self._answers.finish(pending, None, None)
             raise
         finally:
             self._inflight -= 1
@@ -257,13 +247,7 @@ class Scheduler:
     async def stop(self) -> None:
         """Stop accepting; the instances finish what is queued, then unload. Returns once every one has (the
         last instance thread to finish says so on the loop: no thread waits in a join)."""
-        if self._stopped is None:
-            self._stopped = asyncio.get_running_loop().create_future()
-            self._queue.close()
-            with self._serving_lock:
-                if not self._serving:
-                    self._stopped.set_result(None)
-        await asyncio.shield(self._stopped)
+        await self._batch_threads.stop()
 
     def _may_run_now(self, size: int, rows: int) -> bool:
         """Whether a request may run on the loop at once: nothing queued ahead of it, no earlier answer it could
@@ -295,82 +279,6 @@ class Scheduler:
             and self._in_flight.requests <= LOOP_MAX_IN_PROGRESS
         )
 
-    async def _run_async(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
-                         entry: str, spent_s: float = 0.0, trace: Trace | None = None) -> Outputs | None:
-        """Run one request from the loop on a free instance; None when none is free or its model cannot now. The
-        call finishes (and frees the instance) even when the caller goes away: the worker's answer must be read."""
-        for instance, lock in self._instances:
-            if lock.acquire(blocking=False):
-                call = asyncio.get_running_loop().create_task(self._call_async(instance, lock, inputs, outputs,
-                                                                               entry))
-                result = await asyncio.shield(call)
-                if result is not None:
-                    self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, result[1], 0))
-                    self._learn_alone(rows, result[1], spent_s)
-                    if trace is not None:
-                        _traced_alone(trace, result[1])
-                    return result[0]
-                return None
-        return None
-
-    async def _call_async(self, instance: Model, lock: threading.Lock, inputs: dict[str, np.ndarray],
-                          outputs: Sequence[str], entry: str) -> tuple[Outputs, int] | None:
-        spare, cores = self._spare, self._threads_per_instance
-        if spare is not None:  # its cores are busy, as an instance thread's are while it runs a batch
-            spare.computing(cores)
-        try:
-            started = time.monotonic_ns()
-            result = await instance.infer_async(inputs, outputs, entry)
-            return None if result is None else (result, time.monotonic_ns() - started)
-        finally:
-            lock.release()
-            if spare is not None:
-                spare.computing(-cores)
-
-    def _run_on_loop(self, inputs: dict[str, np.ndarray], outputs: Sequence[str], rows: int,
-                     size: int, entry: str, spent_s: float = 0.0, trace: Trace | None = None) -> Outputs | None:
-        """Run one request right here with a free instance; None when every instance is busy on its thread."""
-        # A lone request's cores are busy, as an instance thread's are while it runs a batch (a cheap one's
-        # run is over before anyone could use them).
-        spare = self._spare if size > self._gate.max_size else None
-        cores = self._threads_per_instance
-        for instance, lock in self._instances:
-            if lock.acquire(blocking=False):
-                if spare is not None:
-                    spare.computing(cores)
-                try:
-                    started = time.monotonic_ns()
-                    result = call(instance, entry, inputs, outputs)
-                    elapsed = time.monotonic_ns() - started
-                finally:
-                    lock.release()
-                    if spare is not None:
-                        spare.computing(-cores)
-                self._statistics.record_execution(rows, 1, ExecutionTiming([0], 0, elapsed, 0))
-                self._gate.learn(size, elapsed, on_loop=True)
-                self._learn_alone(rows, elapsed, spent_s)
-                if trace is not None:
-                    _traced_alone(trace, elapsed)
-                return result
-        return None
-
-    def _run_slot_on_loop(self, slots: SlotPadding, inputs: dict[str, np.ndarray], outputs: Sequence[str],
-                          size: int, entry: str, spent_s: float, trace: Trace | None, row: int) -> Outputs | None:
-        """`_run_on_loop` for a direct sequence's request: run at its batch row, padding rows before it."""
-        if row > 0:
-            inputs = slots.alone(inputs, row)
-        result = self._run_on_loop(inputs, outputs, 1, size, entry, spent_s, trace)
-        if result is None or row <= 0:
-            return result
-        check_batch_dim(result, row + 1)
-        return {name: array[row:] for name, array in result.items()}
-
-    def _learn_alone(self, rows: int, elapsed_ns: int, spent_s: float) -> None:
-        """A request that ran at once, without queueing: its latency was what came before and its execution."""
-        if self.target is not None:
-            self.target.executed(rows, elapsed_ns / 1e9)
-            self.target.completed(spent_s + elapsed_ns / 1e9)
-
     def _level(self, priority: int) -> int:
         if priority == 0:
             return self._policy.default_level
@@ -400,7 +308,7 @@ class Scheduler:
                 f"answered within the model's p99 target of {self.target.target_s * 1000:g} ms; retry later",
                 retry_after=waited,
             )
-            self._finish(pending, None, error)
+            self._answers.finish(pending, None, error)
 
     def _expire(self, pending: Pending) -> None:
         if self._policy.levels[pending.level].delay_on_timeout:
@@ -409,105 +317,8 @@ class Scheduler:
             error = ModelhostError(
                 ErrorKind.TIMEOUT, f"request for model {self._label} timed out in the queue before it ran"
             )
-            self._finish(pending, None, error)
-
-    # instance threads
-
-    def _serve(self, instance: Model, lock: threading.Lock, index: int) -> None:
-        try:
-            self._serve_until_closed(instance, lock, index)
-        finally:
-            with self._serving_lock:
-                self._serving -= 1
-                stopped = self._stopped if not self._serving else None
-            if stopped is not None:
-                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it
-                    stopped.get_loop().call_soon_threadsafe(_set_done, stopped)
-
-    def _serve_until_closed(self, instance: Model, lock: threading.Lock, index: int) -> None:
-        compute_threads.enter()
-        watch = compute_threads.execution_watch()
-        spare, cores = self._spare, self._threads_per_instance
-        while (batch := self._queue.take(index)) is not None:
-            loop = batch[0].future.get_loop()
-            try:
-                with lock:
-                    if spare is not None:
-                        spare.computing(cores)
-                    try:
-                        results, timing = self._run_batch(instance, batch, self._clock.now(), self._policy.pad_sizes)
-                    finally:
-                        if spare is not None:
-                            spare.computing(-cores)
-            except BaseException as exc:  # delivered to every request of the batch
-                loop.call_soon_threadsafe(self._complete, batch, None, exc, None)
-            else:
-                loop.call_soon_threadsafe(self._complete, batch, results, None, timing)
-                if watch is not None and watch(timing.infer_ns):
-                    watch = None
-                del results
-            del batch  # its tensors go with its requests, not when this thread next takes a batch
-        with lock:
-            instance.unload()
-
-    # event loop
-
-    def _complete(
-        self, batch: list[Pending], results: list[Outputs] | None, error: BaseException | None,
-        timing: ExecutionTiming | None,
-    ) -> None:
-        if timing is not None:
-            rows = sum(p.rows for p in batch)
-            self._statistics.record_execution(rows, len(batch), timing)
-            if self.target is not None:
-                self.target.executed(rows, (timing.input_ns + timing.infer_ns + timing.output_ns) / 1e9)
-                now = self._clock.now()
-                for pending in batch:
-                    self.target.completed(now - pending.enqueued + pending.spent)
-            self._gate.learn(sum(_elements(p.inputs) for p in batch), timing.infer_ns, on_loop=False)
-            if len(batch) == 1 and batch[0].measures_handoff:
-                round_trip_ns = int((self._clock.now() - batch[0].enqueued) * 1e9)
-                self._gate.learn_handoff(max(0, round_trip_ns - timing.input_ns - timing.infer_ns - timing.output_ns))
-        for index, pending in enumerate(batch):
-            self._finish(pending, results[index] if results is not None else None, error)
-
-    def _finish(self, pending: Pending, result: Outputs | None, error: BaseException | None) -> None:
-        if not self._policy.preserve_ordering:
-            _resolve(pending.future, result, error)
-            return
-        self._finished[pending.sequence] = (pending.future, result, error)
-        while self._next_to_settle in self._finished:
-            _resolve(*self._finished.pop(self._next_to_settle))
-            self._next_to_settle += 1
-
-
-def _set_done(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-def _elements(inputs: dict[str, np.ndarray]) -> int:
-    return sum(array.size for array in inputs.values())
+            self._answers.finish(pending, None, error)
 
 
 def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str], entry: str) -> Any:
     return tuple((name, array.shape[1:], array.dtype.str) for name, array in inputs.items()), tuple(outputs), entry
-
-
-def _traced_alone(trace: Trace, elapsed_ns: int) -> None:
-    """The stages of a request that ran at once, not queued: it computed for the `elapsed_ns` just past."""
-    ended = time.monotonic_ns()
-    started = ended - elapsed_ns
-    trace.stamp(QUEUE_START, started)
-    trace.computed(started, started, ended, ended)
-
-
-def _resolve(future: asyncio.Future[Outputs], result: Outputs | None, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    elif isinstance(result, Exception):  # one request's own error, from a model that takes requests one by one
-        future.set_exception(result)
-    else:
-        future.set_result(result)  # type: ignore[arg-type]
