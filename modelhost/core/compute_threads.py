@@ -21,7 +21,7 @@ priority (Linux):
   thread starts at `normal` and lowers itself to `low` once LONG_RUNS executions in a row took
   LONG_EXECUTION_NS or more (`adaptive`).
 
-Which threads: model instances (core/scheduler.py); the thread pools a framework creates while loading a
+Which threads: model instances (core/batch_threads.py); the thread pools a framework creates while loading a
 model (ONNX Runtime's intra-op threads), which core/loading_threads.py finds and lowers (loading itself is
 not hot-path compute and runs at the loop's priority); threads a model creates as it first runs (torch's)
 inherit it from the instance thread. A lowered thread cannot raise itself back without privileges, so

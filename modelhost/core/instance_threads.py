@@ -1,6 +1,6 @@
 """The threads model instances run on, kept for the next instance once theirs has unloaded.
 
-Each instance has a thread of its own while it is loaded (core/scheduler.py). A multi-model endpoint loads
+Each instance has a thread of its own while it is loaded (core/batch_threads.py). A multi-model endpoint loads
 and unloads models many times a second, and creating an OS thread, handing it its first job and ending it
 costs each load 0.3-0.5 ms of CPU on the 2-core VM (a Python thread started and joined, 50 in a row,
 user plus system time). So a thread whose instance has unloaded waits up to IDLE_SECONDS for the next

@@ -7,7 +7,7 @@ none get a padding row. A padding row is not a request: its READY, START and END
 CORRID 0, its other inputs (state inputs included) zeros shaped as a real request's; its outputs are dropped.
 (Triton's padding rows carry unspecified data; zeros are as good, and cannot leak another request's data.)
 
-`SlotPadding.run` is the instance thread's way to run such a model's batch (core/scheduler.py), in place of
+`SlotPadding.run` is the instance thread's way to run such a model's batch (core/batch_threads.py), in place of
 plain concatenation; each queued request carries its row (`Pending.row`). A lone request that runs on the
 event loop (the scheduler's inline path, for a model with one instance) is padded by `alone`. A model that
 takes requests one by one (Triton's Python API) gets its padding rows as requests of their own, at their
