@@ -52,7 +52,7 @@ DATATYPES: dict[str, tuple[int, type, str | None]] = {
     "BYTES": (TensorProto.STRING, np.object_, "bytes_contents"),
 }
 S = 64  # the slow model's X is [batch, S, S]
-BLOCK_SECONDS = 0.4  # how long a blocking request holds the slow model's only instance
+BLOCK_SECONDS = 0.8  # how long a blocking request holds the slow model's only instance
 SHARED_DELAY_US = 300_000
 UNKNOWN = "Request for unknown model: 'nope' is not found"
 
