@@ -26,6 +26,8 @@ ANY = None  # in a TensorPath: any key of an object, any index of a list
 # A tensor of more values than this that is not numbers sends the body orjson's way (500 strings: 1.33x the time
 # through simdjson's conversion; 20,000 booleans 1.90x); fewer, beside numeric tensors, are converted here.
 _FEW_VALUES = 64
+_OPEN_BRACKET = ord("[")
+_COUNT_CHUNK = 64 * 1024  # bytes compared at once: below malloc's mmap threshold, whatever the body's size
 
 TensorPath = tuple[str | None, ...]
 _NUMBERS = (int, float)
@@ -81,9 +83,24 @@ def load(body: bytes, tensor_paths: tuple[TensorPath, ...]) -> Any | None:
         document = walk.value(parser.parse(body), ())
     except (ValueError, RuntimeError, _Unproven):  # simdjson: invalid JSON (ValueError), a big integer (RuntimeError)
         return None
-    if walk.tensors and not walk.lists_are(body.count(b"[")):
+    if walk.tensors and not walk.lists_are(_count_brackets(body)):
         return None  # a list may hide inside a tensor's rows: no proof, so the usual way
     return document
+
+
+def _count_brackets(body: bytes) -> int:
+    """How many `[` bytes `body` holds, compared a chunk at a time into one small buffer. bytes.count of one byte
+    runs a byte at a time (about 200 µs for a 287 KB body); a temporary the size of the body (a `replace`, one
+    comparison) is mapped fresh by malloc above its threshold, and its page faults cost as much. This: 66 µs."""
+    view = np.frombuffer(body, np.uint8)
+    matches = np.empty(min(_COUNT_CHUNK, len(view)), np.bool_)
+    count = 0
+    for start in range(0, len(view), _COUNT_CHUNK):
+        chunk = view[start:start + _COUNT_CHUNK]
+        found = matches[:len(chunk)]
+        np.equal(chunk, _OPEN_BRACKET, out=found)
+        count += int(np.count_nonzero(found))
+    return count
 
 
 class _Unproven(Exception):

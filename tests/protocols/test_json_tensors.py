@@ -93,10 +93,13 @@ def test_tf_serving_columnar_and_row_bodies_take_the_fast_way() -> None:
         assert arrays["ids"].dtype == np.int64 and (arrays["ids"] == ids).all()
 
 
-def test_a_list_hidden_in_a_row_is_not_read_as_its_number(monkeypatch: pytest.MonkeyPatch) -> None:
-    rows: list[Any] = [[float(i), float(i + 1)] for i in range(2000)]
-    rows[1500] = [1.0, [2.0]]  # as many numbers per row as the others, one of them in a list
-    body = v2_body(rows, "FP32", [2000, 2])
+@pytest.mark.parametrize("count", [2000, 80_000], ids=["small", "past-the-first-chunk"])
+def test_a_list_hidden_in_a_row_is_not_read_as_its_number(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    rows: list[Any] = [[float(i), float(i + 1)] for i in range(count)]
+    assert isinstance(json_tensors.load(v2_body(rows, "FP32", [count, 2]), TENSOR_PATHS)["inputs"][0]["data"],
+                      JsonNumbers)  # every bracket counted, however long the body
+    rows[count * 3 // 4] = [1.0, [2.0]]  # as many numbers per row as the others, one of them in a list
+    body = v2_body(rows, "FP32", [count, 2])
     assert json_tensors.load(body, TENSOR_PATHS) is None
     fast, usual = both_ways(monkeypatch, v2_arrays(body))
     assert fast == usual and fast[0] == "error" and "ragged" in fast[2]
