@@ -20,6 +20,8 @@ from typing import Any, Literal
 import numpy as np
 import simdjson
 
+from modelhost.protocols.byte_counts import count_byte
+
 # Below this many bytes a body holds too few numbers for the way in to pay (orjson's parse is the cheaper one).
 MIN_BODY_BYTES = 8 * 1024
 ANY = None  # in a TensorPath: any key of an object, any index of a list
@@ -27,7 +29,6 @@ ANY = None  # in a TensorPath: any key of an object, any index of a list
 # through simdjson's conversion; 20,000 booleans 1.90x); fewer, beside numeric tensors, are converted here.
 _FEW_VALUES = 64
 _OPEN_BRACKET = ord("[")
-_COUNT_CHUNK = 64 * 1024  # bytes compared at once: below malloc's mmap threshold, whatever the body's size
 
 TensorPath = tuple[str | None, ...]
 _NUMBERS = (int, float)
@@ -83,24 +84,9 @@ def load(body: bytes, tensor_paths: tuple[TensorPath, ...]) -> Any | None:
         document = walk.value(parser.parse(body), ())
     except (ValueError, RuntimeError, _Unproven):  # simdjson: invalid JSON (ValueError), a big integer (RuntimeError)
         return None
-    if walk.tensors and not walk.lists_are(_count_brackets(body)):
+    if walk.tensors and not walk.lists_are(count_byte(body, _OPEN_BRACKET)):
         return None  # a list may hide inside a tensor's rows: no proof, so the usual way
     return document
-
-
-def _count_brackets(body: bytes) -> int:
-    """How many `[` bytes `body` holds, compared a chunk at a time into one small buffer. bytes.count of one byte
-    runs a byte at a time (about 200 µs for a 287 KB body); a temporary the size of the body (a `replace`, one
-    comparison) is mapped fresh by malloc above its threshold, and its page faults cost as much. This: 66 µs."""
-    view = np.frombuffer(body, np.uint8)
-    matches = np.empty(min(_COUNT_CHUNK, len(view)), np.bool_)
-    count = 0
-    for start in range(0, len(view), _COUNT_CHUNK):
-        chunk = view[start:start + _COUNT_CHUNK]
-        found = matches[:len(chunk)]
-        np.equal(chunk, _OPEN_BRACKET, out=found)
-        count += int(np.count_nonzero(found))
-    return count
 
 
 class _Unproven(Exception):
