@@ -1,12 +1,13 @@
-"""Whole JSON request bodies decoded in-process: the working tree against a base revision.
+"""Whole JSON (and SageMaker CSV) request bodies decoded in-process: the working tree against a base revision.
 
     python benchmarks/json_bodies.py [--base REV] [--rounds 5] [--repeat 7]
 
 What a front-end spends turning a JSON body into input arrays (parse and convert, no HTTP, no model): the
 recommender request (500 candidates: `sparse_ids` INT64 [500, 26] and `dense` FP32 [500, 13]) as KServe V2 JSON
 (flat `data`, as tritonclient sends it, and nested), as TF Serving REST (columnar `inputs`, row `instances` of
-objects) and as SageMaker JSON bodies (bare rows, a V2 request); and a small V2 request (16 FP32) for what a body
-too small for the fast way pays. Every case is built once and checked to decode to the same arrays in both builds.
+objects), as SageMaker JSON bodies (bare rows, a V2 request) and as SageMaker CSV (`dense`'s 500 lines; one line of
+256 values, the multi-model benchmark's request); and a small V2 request (16 FP32) for what a body too small for the
+fast way pays. Every case is built once and checked to decode to the same arrays in both builds.
 
 The base runs from a `git worktree` of REV, in a process of its own (PYTHONPATH, PYTHONSAFEPATH), the working tree
 in another; the two take turns for --rounds rounds, so a drift of the shared machine falls on both. Each round,
@@ -50,6 +51,7 @@ def bodies() -> dict[str, tuple[str, bytes]]:
     columnar = {"inputs": {"sparse_ids": ids, "dense": dense}}
     rows = {"instances": [{"sparse_ids": i, "dense": d} for i, d in zip(ids, dense)]}
     small = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": list(range(16))}]}
+    wide = rng.random((1, 256), dtype=np.float32)
     numpy = orjson.OPT_SERIALIZE_NUMPY
     return {
         "V2 JSON, flat data": ("v2", v2(nested=False)),
@@ -58,8 +60,14 @@ def bodies() -> dict[str, tuple[str, bytes]]:
         "TF Serving REST, row objects": ("tfs", orjson.dumps(rows, option=numpy)),
         "SageMaker JSON, bare rows (dense only)": ("sagemaker", orjson.dumps(dense, option=numpy)),
         "SageMaker JSON, a V2 request": ("sagemaker-v2", v2(nested=False)),
+        "SageMaker CSV, 500 lines (dense only)": ("sagemaker-csv", csv_lines(dense)),
+        "SageMaker CSV, one line of 256 values": ("sagemaker-csv-wide", csv_lines(wide)),
         "V2 JSON, 16 values (small body)": ("v2", orjson.dumps(small)),
     }
+
+
+def csv_lines(rows: np.ndarray) -> bytes:
+    return "".join(",".join(repr(float(value)) for value in row) + "\n" for row in rows).encode()
 
 
 def decoder(kind: str) -> Callable[[bytes], dict[str, np.ndarray]]:
@@ -75,7 +83,12 @@ def decoder(kind: str) -> Callable[[bytes], dict[str, np.ndarray]]:
         return lambda body: decode_predict(body, specs)[0]
     if kind == "sagemaker-v2":
         return lambda body: decode_invocation(body, "application/json", specs).request.inputs
+    if kind == "sagemaker-csv-wide":
+        wide = [TensorSpec("x", "FP32", (-1, 256))]
+        return lambda body: decode_invocation(body, "text/csv", wide).request.inputs
     dense = [TensorSpec("dense", "FP32", (-1, 13))]
+    if kind == "sagemaker-csv":
+        return lambda body: decode_invocation(body, "text/csv", dense).request.inputs
     return lambda body: decode_invocation(body, "application/json", dense).request.inputs
 
 
