@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,15 @@ class ArchiveRepository:
     def fingerprint(self, name: str) -> ModelFingerprint | None:
         stamp = self._stamp(check_model_name(name))
         return None if stamp is None else ModelFingerprint(stamp, {})
+
+    def fingerprints(self, names: Iterable[str]) -> dict[str, ModelFingerprint | None]:
+        """Each model's fingerprint from one listing of the store (one request to S3, not one per archive)."""
+        stamps = self.archives.stamps()
+        found = {}
+        for name in names:
+            stamp = stamps.get(check_model_name(name) + ARCHIVE_SUFFIX)
+            found[name] = None if stamp is None else ModelFingerprint(stamp, {})
+        return found
 
     def _stamp(self, name: str) -> str | None:
         try:

@@ -6,10 +6,11 @@ lists the targets it holds and downloads one to a local file, which archive.unpa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -42,6 +43,10 @@ class ArchiveStore(Protocol):
         object's ETag): it changes when the archive is replaced. NOT_FOUND when it is missing."""
         ...
 
+    def stamps(self) -> dict[str, str]:
+        """Every archive `list` finds, with its `stamp`, read in one listing."""
+        ...
+
 
 def check_target(target: str) -> str:
     """A TargetModel checked and normalized ("./a/b.tar.gz" -> "a/b.tar.gz"); raises INVALID_INPUT otherwise.
@@ -72,16 +77,28 @@ class LocalArchiveStore:
         return write_atomically(into, source.name, lambda path: shutil.copyfile(source, path))
 
     def stamp(self, target: str) -> str:
-        stat = self.local_path(target).stat()
-        return f"{stat.st_size}-{stat.st_mtime_ns}"
+        return _stamp(self.local_path(target))
 
     def list(self) -> list[str]:
-        found = []
+        return sorted(target for target, _ in self._archives())
+
+    def stamps(self) -> dict[str, str]:
+        found = {}
+        for target, path in self._archives():
+            with contextlib.suppress(FileNotFoundError):  # removed since it was listed
+                found[target] = _stamp(path)
+        return found
+
+    def _archives(self) -> Iterator[tuple[str, Path]]:
         for path in self.root.rglob(f"*{ARCHIVE_SUFFIX}"):
             relative = path.relative_to(self.root)
             if path.is_file() and not any(part.startswith(".") for part in relative.parts):
-                found.append(relative.as_posix())
-        return sorted(found)
+                yield relative.as_posix(), path
+
+
+def _stamp(path: Path) -> str:
+    stat = path.stat()
+    return f"{stat.st_size}-{stat.st_mtime_ns}"
 
 
 def holds_only_archives(root: Path) -> bool:

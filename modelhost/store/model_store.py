@@ -3,6 +3,7 @@ model archives (store/archive_repository.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from modelhost.store.local import ModelFingerprint, ModelSource
@@ -22,6 +23,10 @@ class ModelStore(Protocol):
 
     def fingerprint(self, name: str) -> ModelFingerprint | None:
         """What the model's files are now (polling compares two), or None when the store no longer has it."""
+        ...
+
+    def fingerprints(self, names: Iterable[str]) -> dict[str, ModelFingerprint | None]:
+        """`fingerprint` of each of `names`, read together (a poll reads every loaded model's)."""
         ...
 
     def release(self, name: str) -> None:

@@ -66,22 +66,25 @@ class S3ArchiveStore:
             raise self._answer_error(exc, f"model archive '{target}' not found in {self.description}") from None
         except self._failures as exc:
             raise unavailable(f"cannot read model archive '{target}' in {self.description}: {exc}") from None
-        return f"{head.get('ETag', '')}-{head.get('ContentLength', '')}"
+        return _stamp(head.get("ETag", ""), head.get("ContentLength", ""))
 
     def list(self) -> list[str]:
+        return sorted(self.stamps())
+
+    def stamps(self) -> dict[str, str]:
         start = f"{self.prefix}/" if self.prefix else ""
-        targets = []
+        found = {}
         try:
             for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start):
                 for entry in page.get("Contents", []):
                     key: str = entry["Key"]
                     if key.endswith(ARCHIVE_SUFFIX):
-                        targets.append(key[len(start):])
+                        found[key[len(start):]] = _stamp(entry.get("ETag", ""), entry.get("Size", ""))
         except self._client_error as exc:
             raise self._answer_error(exc, f"bucket of {self.description} does not exist") from None
         except self._failures as exc:
             raise unavailable(f"cannot list model archives in {self.description}: {exc}") from None
-        return sorted(targets)
+        return found
 
     def _key(self, target: str) -> str:
         return f"{self.prefix}/{target}" if self.prefix else target
@@ -92,3 +95,8 @@ class S3ArchiveStore:
         if code in _MISSING:
             return not_found(missing)
         return unavailable(f"S3 refused a request for {self.description}: {exc}")
+
+
+def _stamp(etag: object, size: object) -> str:
+    """HeadObject's ETag and ContentLength, or a listing's ETag and Size: the same stamp either way."""
+    return f"{etag}-{size}"

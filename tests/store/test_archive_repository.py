@@ -107,6 +107,19 @@ def test_an_unchanged_archive_is_not_fetched_again_and_a_replaced_one_is(tmp_pat
     assert not first.path.resolve().exists()  # the copy before the previous one is removed
 
 
+def test_fingerprints_of_several_models_read_together_are_each_ones(tmp_path: Path) -> None:
+    root = tmp_path / "archives"
+    root.mkdir()
+    for name, factor in (("a", 1.0), ("b", 2.0)):
+        model_archive(root / f"{name}.tar.gz", factor)
+    store = repository(root, tmp_path / "work")
+    together = store.fingerprints(["a", "b", "absent"])
+    assert together == {"a": store.fingerprint("a"), "b": store.fingerprint("b"), "absent": None}
+    replace(root / "b.tar.gz", 3.0)
+    now = store.fingerprints(["a", "b"])
+    assert now == {"a": together["a"], "b": store.fingerprint("b")} and now["b"] != together["b"]
+
+
 def test_a_missing_archive_is_not_found_without_the_servers_paths(tmp_path: Path) -> None:
     root = tmp_path / "archives"
     root.mkdir()

@@ -114,3 +114,12 @@ def test_unreachable_endpoint_is_unavailable(s3: MotoS3Server, tmp_path: Path, m
     message = raises(ErrorKind.UNAVAILABLE, store.download, "a.tar.gz", tmp_path)
     assert "Could not connect to the endpoint URL" in message
     assert "Could not connect" in raises(ErrorKind.UNAVAILABLE, store.list)
+
+
+def test_one_listing_stamps_every_archive_as_each_head_does(s3: MotoS3Server, bucket: str) -> None:
+    store = S3ArchiveStore(bucket, "models", s3.endpoint_url)
+    stamps = store.stamps()
+    assert sorted(stamps) == store.list()
+    assert stamps == {target: store.stamp(target) for target in store.list()}
+    s3.client().put_object(Bucket=bucket, Key="models/a.tar.gz", Body=b"replaced")
+    assert store.stamps()["a.tar.gz"] == store.stamp("a.tar.gz") != stamps["a.tar.gz"]

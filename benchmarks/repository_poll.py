@@ -1,0 +1,128 @@
+"""What poll mode costs a server of many models: its requests' tail while it polls, and its CPU per poll.
+
+    python benchmarks/repository_poll.py [--models 300] [--poll-secs 2] [--seconds 12] [--base REV]
+
+A Triton-layout repository of --models small ONNX models (tests/archives.py's weighted_model, 16 FP32 features,
+each with its config.pbtxt) served by `modelhost serve` three ways in turn: without polling (`none`), polling every
+--poll-secs, and, with --base, the base build polling too (a `git worktree` of REV first on PYTHONPATH). Each way:
+one client sends one model's V2 JSON request back to back (requests, one connection) for --seconds; p50, p99,
+p99.9 and the slowest; then --seconds with no requests for the server's CPU per poll (from /proc, 10 ms ticks).
+Client and server share the machine's cores: compare the rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.builds import base_tree, check_source, remove_tree  # noqa: E402
+from tests.archives import weighted_model  # noqa: E402
+from tests.server import free_port  # noqa: E402
+
+WIDTH = 16
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def write_repository(root: Path, count: int) -> None:
+    for i in range(count):
+        model = root / f"m{i:03d}"
+        (model / "1").mkdir(parents=True)
+        onnx.save_model(weighted_model(float(i), WIDTH), str(model / "1" / "model.onnx"))
+        (model / "config.pbtxt").write_text(f'name: "m{i:03d}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n')
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def measure(repository: Path, tree: Path, poll_secs: float, seconds: float) -> dict[str, float]:
+    port = free_port()
+    mode = ["--model-control-mode", "poll", "--repository-poll-secs", str(poll_secs)] if poll_secs else [
+        "--model-control-mode", "none"]
+    env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"}
+    check_source(env, tree)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "modelhost", "serve", "--model-repository", str(repository), *mode,
+         "--http-port", str(port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
+        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    session = requests.Session()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if session.get(f"{url}/v2/health/ready", timeout=5).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise SystemExit("the server did not become ready")
+            time.sleep(0.2)
+        time.sleep(max(2.0, poll_secs))  # past the first poll
+        body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, WIDTH], "datatype": "FP32",
+                                       "data": [1.0] * WIDTH}]})
+        latencies = []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            started = time.perf_counter()
+            answer = session.post(f"{url}/v2/models/m007/infer", data=body, timeout=30)
+            latencies.append(time.perf_counter() - started)
+            answer.raise_for_status()
+        idle_from = cpu_seconds(server.pid)
+        time.sleep(seconds)
+        idle_cpu = cpu_seconds(server.pid) - idle_from
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    ms = np.asarray(latencies) * 1e3
+    polls = seconds / poll_secs if poll_secs else 0
+    return {"requests": len(ms), "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)),
+            "p99.9": float(np.percentile(ms, 99.9)), "max": float(ms.max()),
+            "idle_cpu_ms_per_s": idle_cpu / seconds * 1e3, "cpu_ms_per_poll": idle_cpu / polls * 1e3 if polls else 0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", type=int, default=300)
+    parser.add_argument("--poll-secs", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--base", help="a git revision whose polling to measure beside this build's")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="modelhost-poll-"))
+    repository = workdir / "repository"
+    write_repository(repository, args.models)
+    every = f"poll every {args.poll_secs:g} s"
+    ways = [("this build, no polling", ROOT, 0.0), (f"this build, {every}", ROOT, args.poll_secs)]
+    if args.base:
+        ways.append((f"{args.base}, {every}", base_tree(args.base, workdir), args.poll_secs))
+    try:
+        print(f"{args.models} models; one client, back to back, {args.seconds:g} s a way\n")
+        print("| server | requests | p50 ms | p99 ms | p99.9 ms | max ms | idle CPU ms/s | CPU ms per poll |\n"
+              "|---|---|---|---|---|---|---|---|")
+        for label, tree, poll_secs in ways:
+            r = measure(repository, tree, poll_secs, args.seconds)
+            print(f"| {label} | {r['requests']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['p99.9']:.2f} | "
+                  f"{r['max']:.1f} | {r['idle_cpu_ms_per_s']:.1f} | {r['cpu_ms_per_poll']:.0f} |", flush=True)
+    finally:
+        if args.base:
+            remove_tree(workdir / "base")
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+
+
+if __name__ == "__main__":
+    main()
