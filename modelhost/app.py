@@ -265,7 +265,7 @@ class Server:
         if self.worker_statistics is not None:  # before the models load: the other workers may ask any time
             control = WorkerControl(self.control, self.worker_statistics, self.settings.worker_index)
             self.control.on_change(control.announced)
-            await self.worker_statistics.serve(self.dataplane.local_statistics, self.metrics.render, control.adopt)
+            await self.worker_statistics.serve(self.dataplane.local_statistics, self.metrics.scrape, control.adopt)
         if self.settings.workers > 1:
             # Workers share the port: one that binds before its models load would take connections
             # it can only answer 503, so it loads first and binds after.

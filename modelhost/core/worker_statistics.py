@@ -56,7 +56,7 @@ class WorkerStatistics:
     def socket_path(self, index: int) -> Path:
         return self._directory / f"{index}.sock"
 
-    async def serve(self, local: Callable[[str, str], Statistics], metrics: Callable[[], bytes],
+    async def serve(self, local: Callable[[str, str], Statistics], metrics: Callable[[], Awaitable[bytes]],
                     adopt: Callable[[bytes], Awaitable[str]] | None = None) -> None:
         """Answer the other workers with this worker's own: `local(model, version)`, and `metrics()`; and apply
         the repository changes they made (`adopt(change)`, worker_control.py: what went wrong, or "")."""
@@ -67,7 +67,7 @@ class WorkerStatistics:
                 kind, _, query = line[:MAX_QUERY_BYTES].decode().rstrip("\n").partition("\t")
                 name, _, version = query.partition("\t")
                 if kind == "metrics":
-                    body = metrics()
+                    body = await metrics()
                 elif kind == "control" and adopt is not None:
                     change = await asyncio.wait_for(reader.readexactly(int(query)), ANSWER_TIMEOUT_S)
                     body = (await adopt(change)).encode()

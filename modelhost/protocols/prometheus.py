@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from modelhost.access import AccessPolicy, Api
 from modelhost.core.worker_statistics import StatisticsPeers
 from modelhost.metrics import MetricsExporter
@@ -14,9 +16,10 @@ def routes(exporter: MetricsExporter, workers: StatisticsPeers | None = None) ->
     content_type = exporter.content_type.encode()
 
     async def metrics(request: HttpRequest) -> HttpResponse:
-        body = exporter.render()
+        body = await exporter.scrape()
         if workers is not None:  # every worker's, summed: a scrape of any of them is the server's
-            body = sum_expositions([body.decode(), *await workers.gather_metrics()])
+            texts = [body.decode(), *await workers.gather_metrics()]
+            body = await asyncio.to_thread(sum_expositions, texts)
         return HttpResponse(200, [body], [(b"content-type", content_type)])
 
     return [Route("GET", "/metrics", metrics, Api.METRICS)]

@@ -103,7 +103,7 @@ class ModelhostReplica:
             return self.replica_id, []
 
     async def local_metrics(self) -> tuple[str, str]:
-        return self.replica_id, self.server.metrics.render().decode()
+        return self.replica_id, (await self.server.metrics.scrape()).decode()
 
     async def local_index(self, ready_only: bool) -> tuple[str, list[IndexEntry]]:
         return self.replica_id, await self.server.control.local_index(ready_only)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,11 @@ def test_each_worker_answers_for_itself_and_a_silent_one_fails_the_request(tmp_p
 
     async def main() -> None:
         workers = [WorkerStatistics(tmp_path, index, 3) for index in range(3)]
+        async def metrics(index: int) -> bytes:
+            return f"metric {index}.0\n".encode()
+
         for index in (1, 2):
-            await workers[index].serve(local(index), lambda index=index: f"metric {index}.0\n".encode())
+            await workers[index].serve(local(index), partial(metrics, index))
         gathered = await workers[0].gather("m", "")
         assert merge([own[0], *gathered])[0]["inference_count"] == 5
         assert await workers[0].gather_metrics() == ["metric 1.0\n", "metric 2.0\n"]

@@ -6,6 +6,7 @@ codes of http.STATUS. Also what a SageMaker TF Serving `inference.py` posts to (
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -71,7 +72,8 @@ def routes(dataplane: DataPlane, serving: TfServing | None = None, metrics_path:
         raise invalid("Missing model name in request.")
 
     async def metrics(request: HttpRequest) -> HttpResponse:
-        return HttpResponse(200, [api.metrics.render()], [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+        body = await asyncio.to_thread(api.metrics.render)  # many models' exposition: off the loop
+        return HttpResponse(200, [body], [(b"content-type", CONTENT_TYPE_LATEST.encode())])
 
     extra = [] if metrics_path is None else [Route("GET", re.escape(metrics_path), metrics, Api.METRICS)]
     return extra + [

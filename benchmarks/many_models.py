@@ -1,13 +1,15 @@
-"""What poll mode costs a server of many models: its requests' tail while it polls, and its CPU per poll.
+"""What a server of many models pays for being watched: its requests' tail while it polls the repository or is
+scraped for metrics, and the CPU each poll and scrape takes.
 
-    python benchmarks/repository_poll.py [--models 300] [--poll-secs 2] [--seconds 12] [--base REV]
+    python benchmarks/many_models.py [--models 300] [--poll-secs 2] [--scrape-secs 1] [--seconds 12] [--base REV]
 
 A Triton-layout repository of --models small ONNX models (tests/archives.py's weighted_model, 16 FP32 features,
-each with its config.pbtxt) served by `modelhost serve` three ways in turn: without polling (`none`), polling every
---poll-secs, and, with --base, the base build polling too (a `git worktree` of REV first on PYTHONPATH). Each way:
-one client sends one model's V2 JSON request back to back (requests, one connection) for --seconds; p50, p99,
-p99.9 and the slowest; then --seconds with no requests for the server's CPU per poll (from /proc, 10 ms ticks).
-Client and server share the machine's cores: compare the rows of one run.
+each with its config.pbtxt) served by `modelhost serve` in turn: left alone, polling the repository every
+--poll-secs, and scraped (GET /metrics on the metrics port) every --scrape-secs; with --base, the base build (a
+`git worktree` of REV first on PYTHONPATH) polled and scraped too. Each way: one client sends one model's V2 JSON
+request back to back (requests, one connection) for --seconds, while a second process scrapes where the way does;
+p50, p99, p99.9 and the slowest; then --seconds with no requests for the server's CPU per poll or scrape (from
+/proc, 10 ms ticks). Client and server share the machine's cores: compare the rows of one run.
 """
 
 from __future__ import annotations
@@ -50,18 +52,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def measure(repository: Path, tree: Path, poll_secs: float, seconds: float) -> dict[str, float]:
-    port = free_port()
+def scrape_every(url: str, seconds: float) -> subprocess.Popen[bytes]:
+    """A process that GETs `url` every `seconds` until killed (apart from the client: no GIL shared with it)."""
+    loop = (f"import time, urllib.request\nwhile True:\n    urllib.request.urlopen({url!r}, timeout=60).read()\n"
+            f"    time.sleep({seconds})\n")
+    return subprocess.Popen([sys.executable, "-c", loop], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def measure(repository: Path, tree: Path, poll_secs: float, scrape_secs: float, seconds: float) -> dict[str, float]:
+    port, metrics_port = free_port(), free_port()
     mode = ["--model-control-mode", "poll", "--repository-poll-secs", str(poll_secs)] if poll_secs else [
         "--model-control-mode", "none"]
     env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"}
     check_source(env, tree)
     server = subprocess.Popen(
         [sys.executable, "-m", "modelhost", "serve", "--model-repository", str(repository), *mode,
-         "--http-port", str(port), "--grpc-port", str(free_port()), "--metrics-port", str(free_port())],
+         "--http-port", str(port), "--grpc-port", str(free_port()), "--metrics-port", str(metrics_port)],
         env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     session = requests.Session()
     url = f"http://127.0.0.1:{port}"
+    scraper: subprocess.Popen[bytes] | None = None
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -74,6 +84,8 @@ def measure(repository: Path, tree: Path, poll_secs: float, seconds: float) -> d
                 raise SystemExit("the server did not become ready")
             time.sleep(0.2)
         time.sleep(max(2.0, poll_secs))  # past the first poll
+        if scrape_secs:
+            scraper = scrape_every(f"http://127.0.0.1:{metrics_port}/metrics", scrape_secs)
         body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, WIDTH], "datatype": "FP32",
                                        "data": [1.0] * WIDTH}]})
         latencies = []
@@ -87,37 +99,44 @@ def measure(repository: Path, tree: Path, poll_secs: float, seconds: float) -> d
         time.sleep(seconds)
         idle_cpu = cpu_seconds(server.pid) - idle_from
     finally:
+        if scraper is not None:
+            scraper.kill()
+            scraper.wait()
         server.terminate()
         server.wait(timeout=60)
     ms = np.asarray(latencies) * 1e3
-    polls = seconds / poll_secs if poll_secs else 0
+    events = seconds / poll_secs if poll_secs else seconds / scrape_secs if scrape_secs else 0
     return {"requests": len(ms), "p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)),
             "p99.9": float(np.percentile(ms, 99.9)), "max": float(ms.max()),
-            "idle_cpu_ms_per_s": idle_cpu / seconds * 1e3, "cpu_ms_per_poll": idle_cpu / polls * 1e3 if polls else 0}
+            "idle_cpu_ms_per_s": idle_cpu / seconds * 1e3, "cpu_ms_per_event": idle_cpu / events * 1e3 if events else 0}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=300)
     parser.add_argument("--poll-secs", type=float, default=2.0)
+    parser.add_argument("--scrape-secs", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=12.0)
-    parser.add_argument("--base", help="a git revision whose polling to measure beside this build's")
+    parser.add_argument("--base", help="a git revision to poll and scrape beside this build")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="modelhost-poll-"))
     repository = workdir / "repository"
     write_repository(repository, args.models)
-    every = f"poll every {args.poll_secs:g} s"
-    ways = [("this build, no polling", ROOT, 0.0), (f"this build, {every}", ROOT, args.poll_secs)]
+    poll, scrape = f"polled every {args.poll_secs:g} s", f"scraped every {args.scrape_secs:g} s"
+    ways = [("this build, alone", ROOT, 0.0, 0.0), (f"this build, {poll}", ROOT, args.poll_secs, 0.0),
+            (f"this build, {scrape}", ROOT, 0.0, args.scrape_secs)]
     if args.base:
-        ways.append((f"{args.base}, {every}", base_tree(args.base, workdir), args.poll_secs))
+        base = base_tree(args.base, workdir)
+        ways += [(f"{args.base}, {poll}", base, args.poll_secs, 0.0), (f"{args.base}, {scrape}", base, 0.0,
+                                                                          args.scrape_secs)]
     try:
         print(f"{args.models} models; one client, back to back, {args.seconds:g} s a way\n")
-        print("| server | requests | p50 ms | p99 ms | p99.9 ms | max ms | idle CPU ms/s | CPU ms per poll |\n"
-              "|---|---|---|---|---|---|---|---|")
-        for label, tree, poll_secs in ways:
-            r = measure(repository, tree, poll_secs, args.seconds)
+        print("| server | requests | p50 ms | p99 ms | p99.9 ms | max ms | idle CPU ms/s | CPU ms a poll or scrape |"
+              "\n|---|---|---|---|---|---|---|---|")
+        for label, tree, poll_secs, scrape_secs in ways:
+            r = measure(repository, tree, poll_secs, scrape_secs, args.seconds)
             print(f"| {label} | {r['requests']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['p99.9']:.2f} | "
-                  f"{r['max']:.1f} | {r['idle_cpu_ms_per_s']:.1f} | {r['cpu_ms_per_poll']:.0f} |", flush=True)
+                  f"{r['max']:.1f} | {r['idle_cpu_ms_per_s']:.1f} | {r['cpu_ms_per_event']:.0f} |", flush=True)
     finally:
         if args.base:
             remove_tree(workdir / "base")
