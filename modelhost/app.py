@@ -55,7 +55,8 @@ from modelhost.protocols.kserve_v2 import logging_api, shm_rest
 from modelhost.protocols.kserve_v2 import rest as kserve_v2_rest
 from modelhost.protocols.prometheus import MetricsFrontEnd
 from modelhost.protocols.sagemaker.front_end import SageMakerFrontEnd, SageMakerOptions, local_url
-from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetModels
+from modelhost.protocols.sagemaker.target_model import ArchiveLimits
+from modelhost.protocols.sagemaker.target_models import TargetModels
 from modelhost.protocols.tfserving import grpc as tfserving_grpc
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.protocols.tfserving.model_config_poll import ModelConfigPoller

@@ -15,7 +15,8 @@ import pytest
 from modelhost.core.manager import ModelManager
 from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetModels
+from modelhost.protocols.sagemaker.target_model import ArchiveLimits
+from modelhost.protocols.sagemaker.target_models import TargetModels
 from modelhost.store.archive_models import FetchedModels
 from modelhost.store.archive_store import LocalArchiveStore
 from modelhost.store.local import ModelSource

@@ -24,7 +24,8 @@ from modelhost.core.manager import ModelManager
 from modelhost.core.memory import COUNTS_FREES, held_bytes
 from modelhost.core.model_cache import ModelCache
 from modelhost.errors import ErrorKind, ModelhostError
-from modelhost.protocols.sagemaker.target_models import ArchiveLimits, TargetModel, TargetModels
+from modelhost.protocols.sagemaker.target_model import ArchiveLimits, TargetModel
+from modelhost.protocols.sagemaker.target_models import TargetModels
 from modelhost.store.archive_store import LocalArchiveStore
 from modelhost.types import InferRequest
 from tests.archives import WIDTH, write_archives

@@ -25,7 +25,8 @@ from modelhost.protocols.sagemaker.handler_api import Handler
 from modelhost.protocols.sagemaker.handlers import load_handler
 from modelhost.protocols.sagemaker.invoke import Invoker
 from modelhost.protocols.sagemaker.runtime_errors import RuntimeErrors
-from modelhost.protocols.sagemaker.target_models import TargetModel, TargetModels
+from modelhost.protocols.sagemaker.target_model import TargetModel
+from modelhost.protocols.sagemaker.target_models import TargetModels
 from modelhost.protocols.sagemaker.user_code import REQUIREMENTS, find_program, install_requirements
 from modelhost.protocols.tfserving import rest as tfserving_rest
 from modelhost.store.layout import ModelLayout

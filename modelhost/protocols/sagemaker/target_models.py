@@ -17,7 +17,7 @@ import itertools
 import re
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -33,48 +33,16 @@ from modelhost.core.model_loading import LoadPlan, warm_up_backend_of
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 from modelhost.protocols.sagemaker.file_releases import FileReleases
 from modelhost.protocols.sagemaker.planned_copies import PlannedCopies
+from modelhost.protocols.sagemaker.target_model import ArchiveLimits, Hook, TargetModel
 from modelhost.store.archive_models import ArchiveModels, FetchedModels
 from modelhost.store.archive_store import ArchiveStore, check_target
-from modelhost.store.layout import TOOLKIT_PROGRAM, ModelLayout
+from modelhost.store.layout import TOOLKIT_PROGRAM
 from modelhost.store.local import LocalStore, ModelSource
 from modelhost.store.paths import check_model_name, within
 from modelhost.store.unpacked_copies import UnpackedCopies
 
 REMEMBERED_KEYS = 10_000  # keys whose files' size is kept, for loading them in one hop
 PLANNED_KEYS = 1_000  # keys whose kept copy's plans are kept, for a reload without planning (about 1-2 KB each)
-
-
-@dataclass(frozen=True, slots=True)
-class TargetModel:
-    key: str  # the TargetModel, or `model_name` of `POST /models`
-    url: str  # where it came from, as the management API lists it
-    served: dict[str, str]  # model name inside the archive -> the manager's name for it
-    entry: CacheEntry
-    fetched: FetchedModels | None  # its files; None for a model the manager loaded from its store (repository API)
-
-    @property
-    def root(self) -> Path | None:
-        """The model's directory (the unpacked archive): what inference.py's model_fn gets."""
-        return None if self.fetched is None else self.fetched.root
-
-    @property
-    def layout(self) -> ModelLayout | None:
-        return None if self.fetched is None else self.fetched.layout
-
-    @property
-    def work_dir(self) -> Path | None:
-        """Its own files (the unpacked archive, its layout's links)."""
-        return None if self.fetched is None else self.fetched.directory
-
-
-Hook = Callable[[TargetModel], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
-class ArchiveLimits:
-    max_unpacked_bytes: int
-    max_archive_members: int
-    unpacked_cache_bytes: int = 0  # what the unpacked archives of unloaded models may keep on disk (0: none kept)
 
 
 class TargetModels:
