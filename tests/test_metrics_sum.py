@@ -12,9 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from modelhost.core.cache_entry import CacheStatistics
 from modelhost.core.in_flight import InFlight
-from modelhost.core.statistics import ExecutionTiming, ModelStatistics
+from modelhost.core.statistics import ExecutionTiming
 from modelhost.metrics import MetricsExporter
 from modelhost.metrics_sum import sum_expositions
+from tests.measured_models import MeasuredVersion, QueueDepth
 
 
 def _reference(texts: list[str]) -> bytes:
@@ -43,22 +44,6 @@ def _reference(texts: list[str]) -> bytes:
 
 
 @dataclass
-class _Scheduler:
-    depth: int
-
-    def queued(self) -> int:
-        return self.depth
-
-
-@dataclass
-class _Model:
-    name: str
-    version: int
-    statistics: ModelStatistics = field(default_factory=ModelStatistics)
-    scheduler: _Scheduler = field(default_factory=lambda: _Scheduler(0))
-
-
-@dataclass
 class _Cache:
     statistics: CacheStatistics = field(default_factory=CacheStatistics)
     used_bytes: int = 0
@@ -74,7 +59,7 @@ def _worker_text(rng: random.Random, names: list[str]) -> str:
     for name in names:
         if rng.random() < 0.3:
             continue  # not loaded on this worker
-        model = _Model(name, rng.randrange(1, 4), scheduler=_Scheduler(rng.randrange(5)))
+        model = MeasuredVersion(name, rng.randrange(1, 4), scheduler=QueueDepth(rng.randrange(5)))
         for _ in range(rng.randrange(20)):
             model.statistics.record_request(rng.random() < 0.9, rng.randrange(1, 10**9))
             model.statistics.record_execution(rng.randrange(1, 600), 1, ExecutionTiming(

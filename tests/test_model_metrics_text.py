@@ -4,35 +4,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
 
 from modelhost.core.statistics import ExecutionTiming, ModelStatistics
 from modelhost.model_metrics_text import COUNTERS, HISTOGRAMS, PENDING, model_families
-
-
-@dataclass
-class _Scheduler:
-    depth: int
-
-    def queued(self) -> int:
-        return self.depth
-
-
-@dataclass
-class _Model:
-    name: str
-    version: int
-    statistics: ModelStatistics
-    scheduler: _Scheduler
+from tests.measured_models import MeasuredVersion, QueueDepth
 
 
 class _Reference:
     """The same families through prometheus_client's Metric objects."""
 
-    def __init__(self, models: list[_Model]) -> None:
+    def __init__(self, models: list[MeasuredVersion]) -> None:
         self.models = models
 
     def collect(self) -> Iterator[Metric]:
@@ -58,11 +42,11 @@ class _Reference:
             yield histograms
 
     @staticmethod
-    def _labels(model: _Model) -> dict[str, str]:
+    def _labels(model: MeasuredVersion) -> dict[str, str]:
         return {"model": model.name, "version": str(model.version)}
 
 
-def _models(count: int, seed: int) -> list[_Model]:
+def _models(count: int, seed: int) -> list[MeasuredVersion]:
     rng = random.Random(seed)
     names = ["rank", 'a"quoted', "back\\slash", "new\nline", "ünï", "x" * 200]
     models = []
@@ -73,8 +57,8 @@ def _models(count: int, seed: int) -> list[_Model]:
             rows = rng.randrange(1, 2000)
             statistics.record_execution(rows, 1, ExecutionTiming([rng.randrange(10**9)], rng.randrange(10**6),
                                                                  rng.randrange(10**9), rng.randrange(10**6)))
-        models.append(_Model(f"{names[i % len(names)]}-{i}", rng.randrange(1, 3000), statistics,
-                             _Scheduler(rng.randrange(0, 10**7))))
+        models.append(MeasuredVersion(f"{names[i % len(names)]}-{i}", rng.randrange(1, 3000), statistics,
+                             QueueDepth(rng.randrange(0, 10**7))))
     return models
 
 
