@@ -16,6 +16,7 @@ from modelhost.access import Restriction, parse_token_file
 from modelhost.config.overrides import ModelOverrides
 from modelhost.core.compute_threads import Priority
 from modelhost.cpus import available_cpus
+from modelhost.digits import is_digits
 from modelhost.types import RequestLimits
 
 GIB = 1024**3
@@ -46,7 +47,7 @@ def memory_bytes() -> int:
             text = Path(path).read_text().strip()
         except OSError:
             continue
-        if text.isdigit() and 0 < int(text) < total:
+        if is_digits(text) and 0 < int(text) < total:
             total = int(text)
     return total
 

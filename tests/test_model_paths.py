@@ -155,7 +155,8 @@ def test_config_override_default_model_filename_stays_in_the_version_directory(
 
 def test_load_files_cannot_leave_the_override_directory(server: ServerProcess, layout: Layout) -> None:
     content = base64.b64encode(b"x").decode()
-    for key in ("file:1/../../escape", "file:/tmp/escape", "file:1/a\x00b", "file:1//a", "file:1\\..\\x"):
+    for key in ("file:1/../../escape", "file:/tmp/escape", "file:1/a\x00b", "file:1//a", "file:1\\..\\x",
+                "file:²/model.onnx", "file:٣/model.onnx"):  # digits to str.isdigit, not version directories
         response = post(server, "/v2/repository/models/a/load", {"parameters": {"config": CONFIG_JSON, key: content}})
         assert response.status_code == 400 and "file:<version>/<path>" in response.json()["error"], (key, response.text)
 

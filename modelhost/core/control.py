@@ -11,6 +11,7 @@ from modelhost.core.lifecycle import ModelState
 from modelhost.core.load_request import LoadOverride, LoadRequest, check_load_request
 from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.core.model_record import for_clients
+from modelhost.digits import is_digits
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.model_store import ModelStore
 
@@ -130,4 +131,4 @@ def merged_index(indexes: Iterable[list[IndexEntry]]) -> list[IndexEntry]:
                 best[(entry.name, entry.version)] = entry
     versioned = {name for name, version in best if version}
     return sorted((entry for (name, version), entry in best.items() if version or name not in versioned),
-                  key=lambda entry: (entry.name, int(entry.version) if entry.version.isdigit() else -1))
+                  key=lambda entry: (entry.name, int(entry.version) if is_digits(entry.version) else -1))

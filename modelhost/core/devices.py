@@ -18,6 +18,7 @@ from pathlib import Path
 from modelhost.backends.base import Backend
 from modelhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError
+from modelhost.digits import is_digits
 
 log = logging.getLogger("modelhost.devices")
 
@@ -39,7 +40,7 @@ def visible_gpus(environ: Mapping[str, str] = os.environ, driver_gpus: Path = _D
     ids = [part.strip() for part in chosen.split(",") if part.strip()]
     usable = 0
     for part in ids:  # CUDA stops at the first invalid entry
-        if not part.lstrip("-").isdigit() or int(part) < 0:
+        if not is_digits(part.lstrip("-")) or int(part) < 0:
             break
         usable += 1
     return min(usable, present)

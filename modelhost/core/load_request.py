@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 
 from modelhost.config.model_config_pb2 import ModelConfig
 from modelhost.config.pbtxt import ConfigError, config_from_json
+from modelhost.digits import is_digits
 from modelhost.errors import ModelhostError, invalid
 from modelhost.store.local import ModelSource, model_versions
 from modelhost.store.paths import check_model_name, check_relative, inside
@@ -62,7 +63,7 @@ def _file_path(name: str, key: str) -> PurePosixPath:
         path = check_relative(key[len(FILE_PREFIX):], "the path")
     except ModelhostError as exc:
         raise invalid(f"{expected} ({exc.message})") from None
-    if len(path.parts) < 2 or not path.parts[0].isdigit():
+    if len(path.parts) < 2 or not is_digits(path.parts[0]):
         raise invalid(expected)
     return path
 

@@ -30,6 +30,7 @@ from modelhost.core.model_record import IndexEntry, ModelRecord, reason_of
 from modelhost.core.served_model import ServedModel
 from modelhost.core.version_retirement import VersionRetirement
 from modelhost.core.warmup import WarmupReader
+from modelhost.digits import is_digits
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found, unavailable
 from modelhost.store.local import ModelFingerprint, ModelSource
 from modelhost.store.model_store import ModelStore
@@ -221,7 +222,7 @@ class ModelManager:
                 raise unavailable(f"model '{name}' is not ready: {record.why_not_ready()}")
             served = record.versions[ready[-1]].served
         else:
-            if not version.isdigit():
+            if not is_digits(version):
                 raise invalid(f"model version '{version}' of model '{name}' is not a number")
             status = record.versions.get(int(version))
             if status is None and record.failure:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from modelhost.client import Client
+from modelhost.digits import is_digits
 from modelhost.perf import inputs as request_inputs
 
 
@@ -20,7 +21,7 @@ def parse_processes(text: str) -> int | str:
     """--processes: a whole number of at least 1, or "auto"; ValueError naming the flag otherwise."""
     if text == "auto":
         return text
-    if not text.isdigit() or int(text) < 1:
+    if not is_digits(text) or int(text) < 1:
         raise ValueError(f"--processes takes a whole number of at least 1 or 'auto', got {text!r}")
     return int(text)
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from modelhost.backends import backend_for_filename
 from modelhost.config.mar_manifest import MAR_SUFFIX
 from modelhost.config.pbtxt import CONFIG_FILENAME, ConfigError, read_config
+from modelhost.digits import is_digits
 from modelhost.errors import invalid
 from modelhost.store.paths import check_model_name
 
@@ -193,7 +194,7 @@ def _versions(directory: Path) -> list[Path]:
     # Triton ignores version directories that are not numbers or that start with "0".
     return [
         entry for entry in _entries(directory)
-        if entry.is_dir() and entry.name.isascii() and entry.name.isdigit() and not entry.name.startswith("0")
+        if entry.is_dir() and is_digits(entry.name) and not entry.name.startswith("0")
     ]
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelhost.digits import is_digits
 from modelhost.store.paths import check_model_name
 
 
@@ -84,7 +85,7 @@ class LocalStore:
 def model_versions(path: Path) -> tuple[int, ...]:
     # Triton ignores version directories that are not numbers or that start with "0".
     return tuple(sorted(
-        int(p.name) for p in path.iterdir() if p.is_dir() and p.name.isdigit() and not p.name.startswith("0")
+        int(p.name) for p in path.iterdir() if p.is_dir() and is_digits(p.name) and not p.name.startswith("0")
     ))
 
 
@@ -96,7 +97,7 @@ def fingerprint(path: Path) -> ModelFingerprint | None:
         with os.scandir(path) as scan:
             entries = sorted(scan, key=lambda entry: entry.name)
         for entry in entries:
-            if entry.is_dir() and entry.name.isdigit() and not entry.name.startswith("0"):
+            if entry.is_dir() and is_digits(entry.name) and not entry.name.startswith("0"):
                 versions[int(entry.name)] = _tree_digest(entry.path)
             elif entry.is_dir():
                 top.update(f"{entry.name}/{_tree_digest(entry.path)}\0".encode())

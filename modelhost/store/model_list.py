@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelhost.config.pbtxt import CONFIG_FILENAME
+from modelhost.digits import is_digits
 from modelhost.store.local import LocalStore
 from modelhost.store.paths import check_model_name
 
@@ -133,7 +134,7 @@ def _versions(base_path: Path) -> dict[str, Path]:
         return {}
     versions: dict[str, Path] = {}
     for entry in entries:
-        if entry.name.isdigit() and int(entry.name) > 0 and (entry / SAVED_MODEL_FILE).is_file():
+        if is_digits(entry.name) and int(entry.name) > 0 and (entry / SAVED_MODEL_FILE).is_file():
             versions[str(int(entry.name))] = entry.resolve()
     return versions
 

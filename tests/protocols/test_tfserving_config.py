@@ -215,6 +215,22 @@ def test_model_list_layout_links_versions_and_writes_the_policy(tmp_path: Path) 
     assert store.list() == ["n"] and not (root / "m").exists() and base.exists()
 
 
+def test_model_list_links_resolved_versions_of_ascii_numbers(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    saved_model_version(base, "1")
+    saved_model_version(base, "²")  # a digit to str.isdigit, not a version
+    elsewhere = saved_model_version(tmp_path / "elsewhere", "7")
+    os.symlink(elsewhere, base / "7")
+    os.symlink(base, tmp_path / "current")  # a deployment that swaps a link to the base path
+    root = tmp_path / "layout"
+    root.mkdir()
+    store = ModelListStore(root, [ListedModel("m", tmp_path / "current", "all")])
+    assert store.list() == ["m"]
+    assert sorted(p.name for p in (root / "m").iterdir()) == ["1", "7", "config.pbtxt"]
+    assert os.readlink(root / "m" / "1") == str(base / "1") and os.readlink(root / "m" / "7") == str(elsewhere)
+    assert store.fetch("m").versions == (1, 7)
+
+
 def test_model_list_refuses_names_that_are_not_model_names(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="model name"):
         ModelListStore(tmp_path, [ListedModel("../x", tmp_path)])

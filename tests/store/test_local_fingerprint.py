@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from modelhost.store.local import LocalStore
+from modelhost.store.local import LocalStore, model_versions
 
 
 def _model(root: Path) -> Path:
@@ -65,3 +65,12 @@ def test_fingerprints_read_together_are_each_ones_and_a_gone_model_is_none(tmp_p
     _model(tmp_path)
     store = LocalStore(tmp_path)
     assert store.fingerprints(["m", "absent"]) == {"m": store.fingerprint("m"), "absent": None}
+
+
+def test_only_ascii_digits_name_a_version(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    for name in ("²", "٣", "01"):  # str.isdigit's, and one Triton skips
+        (model / name).mkdir()
+    fingerprint = LocalStore(tmp_path).fingerprint("m")
+    assert fingerprint is not None and sorted(fingerprint.versions) == [1, 2]
+    assert model_versions(model) == (1, 2)

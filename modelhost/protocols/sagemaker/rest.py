@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from modelhost.access import Api
+from modelhost.digits import is_digits
 from modelhost.errors import ModelhostError, invalid, not_found
 from modelhost.protocols.http.app import (
     HttpRequest,
@@ -66,7 +67,7 @@ def select_model(served: dict[str, str], attributes: str, default_name: str, han
     """The model that `tfs-model-name=...,tfs-model-version=...` picks among `served` (archive name -> served)."""
     pairs = dict(part.strip().split("=", 1) for part in attributes.split(",") if "=" in part)
     name, version = pairs.get("tfs-model-name", ""), pairs.get("tfs-model-version", "")
-    if version and not version.isdigit():
+    if version and not is_digits(version):
         raise invalid(f"custom attribute tfs-model-version '{version}' is not a version number")
     if not name:
         if len(served) == 1:
@@ -248,6 +249,6 @@ def _header(headers: dict[bytes, bytes], name: bytes) -> str:
 
 
 def _natural(text: str, name: str) -> int:
-    if not text.isdigit():
+    if not is_digits(text):
         raise invalid(f"query parameter '{name}' must be a non-negative integer, got '{text}'")
     return int(text)

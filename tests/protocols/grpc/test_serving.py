@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,9 @@ def test_unknown_model_and_version_are_not_found(client: grpcclient.InferenceSer
     assert error.status() == "StatusCode.NOT_FOUND" and UNKNOWN in error.message()
     error = grpc_error(lambda: client.infer("simple", simple_inputs(a, b), model_version="9"))
     assert error.status() == "StatusCode.NOT_FOUND" and "simple" in error.message()
+    for version in ("²", "٣", "1x"):  # digits to str.isdigit, not a version number
+        error = grpc_error(partial(client.get_model_metadata, "simple", version))
+        assert error.status() == "StatusCode.INVALID_ARGUMENT" and "is not a number" in error.message(), version
 
 
 def block(pool: ThreadPoolExecutor, served: Served) -> Any:
