@@ -115,6 +115,13 @@ def test_http_lookups_of_names_that_are_not_names_are_400(server: ServerProcess,
     assert_refused_name(post(server, "/v1/models/a%00b:predict", {"instances": [[1.0]]}))  # TF Serving REST
 
 
+def test_http_versions_past_what_int_converts_are_400(server: ServerProcess) -> None:
+    version = "9" * 5000  # int() refuses more than 4,300 digits
+    for response in (requests.get(f"{server.base}/v2/models/a/versions/{version}", timeout=10),
+                     post(server, f"/v2/models/a/versions/{version}/infer", {"inputs": []})):
+        assert response.status_code == 400 and "is not a number" in response.json()["error"], response.text
+
+
 @pytest.mark.parametrize("name", ["..", "../evil", "a/../../evil", "\\..\\evil", "a\x00b", "\x01", "."])
 def test_grpc_load_refuses_names_that_are_not_names(server: ServerProcess, layout: Layout, name: str) -> None:
     client = grpcclient.InferenceServerClient(server.grpc_url)

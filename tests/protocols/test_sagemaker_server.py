@@ -178,6 +178,9 @@ def test_custom_attributes_select_a_model_in_a_repository(tmp_path: Path, start_
     superscript = invoke(server, body, "text/csv", None,  # the header's byte 0xB2 is '²' in latin-1: not a version
                          **{"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=triple, tfs-model-version=\xb2"})
     assert superscript.status_code == 400 and "tfs-model-version" in superscript.json()["error"]
+    endless = invoke(server, body, "text/csv", None,  # past the digits int() converts
+                     **{"X-Amzn-SageMaker-Custom-Attributes": "tfs-model-name=triple, tfs-model-version=" + "9" * 5000})
+    assert endless.status_code == 400 and "tfs-model-version" in endless.json()["error"]
 
 
 def test_two_input_model_takes_named_json(tmp_path: Path, start_server: Any) -> None:
