@@ -166,3 +166,11 @@ def test_register_by_url_downloads_into_the_model_store(server: TorchServeProces
     assert refused.status_code == 400 and "does not match any allowed URL" in refused.json()["message"]
     outside = manage(server, "POST", "/models", params={"url": "/etc/passwd"})
     assert outside.status_code == 400 and outside.json()["message"] == "passwd is not in the model store"
+
+
+def test_a_register_body_that_is_not_usable_json_is_a_bad_request(server: TorchServeProcess) -> None:
+    for body in (b"[" * 200_000, b"{\"url\": ", b"[1, 2]"):  # nested past any parser's depth, cut short, not an object
+        response = manage(server, "POST", "/models", data=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, (body[:20], response.text)
+        assert response.json()["type"] == "BadRequestException"
+    assert manage(server, "GET", "/models").status_code == 200  # and it serves on

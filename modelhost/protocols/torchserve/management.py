@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import parse_qsl
 
+import orjson
+
 from modelhost.access import Api
 from modelhost.errors import ModelhostError
 from modelhost.handler_messages import HandlerRequest
@@ -207,8 +209,8 @@ async def _customized(serving: TorchServing, name: str, registered: RegisteredVe
     if answer.error:
         raise TorchServeError(answer.status, "InternalServerException", answer.body.decode("utf-8", "replace"))
     try:
-        return json.loads(answer.body)
-    except ValueError:
+        return orjson.loads(answer.body)
+    except orjson.JSONDecodeError:
         return answer.body.decode("utf-8", "replace")
 
 
@@ -227,8 +229,8 @@ def _parameters(request: HttpRequest, json_body: bool = False) -> dict[str, str]
     content_type = request.headers.get(b"content-type", b"").split(b";")[0].strip().lower()
     if json_body and content_type == b"application/json" and request.body:
         try:
-            document = json.loads(request.body)
-        except ValueError as exc:
+            document = orjson.loads(request.body)  # (depth-limited: json.loads recursed until RecursionError)
+        except orjson.JSONDecodeError as exc:
             raise TorchServeError(400, "BadRequestException", f"the JSON body does not parse: {exc}") from None
         if not isinstance(document, dict):
             raise TorchServeError(400, "BadRequestException", "the JSON body must be an object of parameters")
