@@ -8,10 +8,11 @@ keys modelhost does not use stay in `MarConfig.raw` (TorchServe hands the whole 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from modelhost.errors import ErrorKind, ModelhostError, invalid
 
@@ -79,8 +80,8 @@ def parse_manifest(data: bytes, label: str) -> MarManifest:
     """A MANIFEST.json's text, read as read_manifest reads the file."""
     where = f"model archive {label}: {MANIFEST.as_posix()}"
     try:
-        document = json.loads(data)
-    except ValueError as exc:
+        document = orjson.loads(data)  # depth-limited: json.loads recursed until RecursionError on a hostile one
+    except orjson.JSONDecodeError as exc:
         raise invalid(f"{where} is not valid JSON: {exc}") from None
     model = document.get("model") if isinstance(document, dict) else None
     if not isinstance(model, dict):

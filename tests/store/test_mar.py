@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from modelhost.config.mar_manifest import MarConfig, MarManifest
+from modelhost.config.mar_manifest import MarConfig, MarManifest, parse_manifest
 from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.mar import open_mar
 
@@ -109,6 +109,13 @@ def test_manifests_torchserve_would_refuse(tmp_path: Path, manifest: dict | None
         open_mar(rewritten(tmp_path, manifest), tmp_path / "unpacked", LIMIT)
     assert caught.value.kind is ErrorKind.INVALID_INPUT
     assert message in caught.value.message, caught.value.message
+
+
+def test_a_manifest_nested_past_any_parsers_depth_is_invalid_not_a_crash() -> None:
+    for data in (b"[" * 200_000, b'{"model": ' * 100_000):
+        with pytest.raises(ModelhostError) as caught:
+            parse_manifest(data, "m.mar")
+        assert caught.value.kind is ErrorKind.INVALID_INPUT and "is not valid JSON" in caught.value.message
 
 
 def test_a_handler_by_builtin_name_or_module_function_needs_no_file(tmp_path: Path) -> None:
