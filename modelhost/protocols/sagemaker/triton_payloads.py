@@ -14,15 +14,13 @@ application/json V2 request so too, and so does modelhost when such a request as
 
 from __future__ import annotations
 
-import re
-
+from modelhost.digits import is_digits
 from modelhost.errors import client_value, invalid
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
 from modelhost.protocols.sagemaker.media_types import JSON, TRITON_BINARY, media_type
 from modelhost.types import InferRequest, InferResponse, RequestLimits
 
 HEADER_SIZE = "json-header-size"
-_DIGITS = re.compile(r"[0-9]{1,19}")  # ASCII digits only (str.isdigit takes other scripts' digits too)
 
 
 def header_size(content_type: str, body_length: int) -> int:
@@ -35,7 +33,7 @@ def header_size(content_type: str, body_length: int) -> int:
     if value is None:
         raise invalid(f"Content-Type {TRITON_BINARY} needs the parameter {HEADER_SIZE}=<bytes of the JSON header "
                       f"that starts the body>, e.g. '{TRITON_BINARY};{HEADER_SIZE}=120'")
-    if not _DIGITS.fullmatch(value):
+    if not is_digits(value):
         raise invalid(f"Content-Type parameter {HEADER_SIZE} must be a non-negative whole number of bytes, "
                       f"got {client_value(value)}")
     size = int(value)
