@@ -120,13 +120,16 @@ def _tree_digest(directory: str) -> str:
 
 
 def _collect(directory: str, prefix: str, keys: list[tuple[str, bytes]]) -> None:
-    with os.scandir(directory) as scan:
-        for entry in scan:
-            name = prefix + entry.name
-            if not entry.is_dir():
-                keys.append((name, _file_key(entry, name)))
-            elif not entry.is_symlink():
-                _collect(entry.path, name + "/", keys)
+    pending = [(directory, prefix)]  # a stack, not recursion: a tree of any depth is walked
+    while pending:
+        where, under = pending.pop()
+        with os.scandir(where) as scan:
+            for entry in scan:
+                name = under + entry.name
+                if not entry.is_dir():
+                    keys.append((name, _file_key(entry, name)))
+                elif not entry.is_symlink():
+                    pending.append((entry.path, name + "/"))
 
 
 def _file_key(entry: os.DirEntry[str], name: str) -> bytes:

@@ -74,3 +74,16 @@ def test_only_ascii_digits_name_a_version(tmp_path: Path) -> None:
     fingerprint = LocalStore(tmp_path).fingerprint("m")
     assert fingerprint is not None and sorted(fingerprint.versions) == [1, 2]
     assert model_versions(model) == (1, 2)
+
+
+def test_a_tree_deeper_than_the_recursion_limit_is_walked(tmp_path: Path) -> None:
+    model = _model(tmp_path)
+    deep = model / "1"
+    for _ in range(1_200):  # past Python's default recursion limit of 1,000, one level at a time (mkdir's
+        deep = deep / "d"  # parents=True recurses too)
+        deep.mkdir()
+    store = LocalStore(tmp_path)
+    first = store.fingerprint("m")
+    (deep / "weights.bin").write_bytes(b"w")
+    changed = store.fingerprint("m")
+    assert first is not None and changed is not None and first.changed_versions(changed) == {1}
