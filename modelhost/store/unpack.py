@@ -3,8 +3,10 @@
 Model archives come from users (SageMaker ModelDataUrl, multi-model TargetModel), so every member is
 checked here rather than trusted to `tarfile`'s extraction filters (absent on Python 3.10):
 
-- names must be relative, with no `..` component; regular files, directories, symlinks and hard links
-  only (no devices, fifos or sparse files); a link must resolve inside the unpacked tree;
+- names must be relative, with no `..` component, at most MAX_DEPTH directories deep (a few hundred bytes of
+  archive can hold a chain of thousands, which every recursive walk of the tree, rmtree's included, fails on);
+  regular files, directories, symlinks and hard links only (no devices, fifos or sparse files); a link must
+  resolve inside the unpacked tree;
 - the bytes actually written are counted against the limit, so a lying header or a high-ratio gzip
   stops at the limit instead of filling the disk;
 - gzip integrity (CRC, length) is checked by reading the stream to its end;
@@ -34,6 +36,7 @@ from pathlib import Path, PurePosixPath
 from modelhost.errors import ErrorKind, ModelhostError
 
 _CHUNK = 1 << 20
+MAX_DEPTH = 64  # path components of a member (SavedModels need 3, a code/ directory of installed packages ~15)
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a local file header; an empty zip's end record
 # What reading a broken archive raises: tar structure errors, truncated or corrupt gzip.
@@ -113,6 +116,8 @@ class _Unpacker:
             raise self._error(member, "absolute paths are not allowed")
         if ".." in path.parts:
             raise self._error(member, "'..' components are not allowed")
+        if len(path.parts) > MAX_DEPTH:
+            raise self._error(member, f"its path is {len(path.parts)} names deep (at most {MAX_DEPTH})")
         return path
 
     def _unpack(self, tar: tarfile.TarFile, member: tarfile.TarInfo, name: PurePosixPath) -> None:
@@ -247,6 +252,8 @@ class _ZipUnpacker:
             raise self._error(name, "its name contains a NUL byte or a backslash")
         if path.is_absolute() or ".." in path.parts or not path.parts:
             raise self._error(name, "absolute paths and '..' components are not allowed")
+        if len(path.parts) > MAX_DEPTH:
+            raise self._error(name, f"its path is {len(path.parts)} names deep (at most {MAX_DEPTH})")
         if stat.S_ISLNK(member.external_attr >> 16):
             raise self._error(name, "symlinks are not allowed in a zip archive")
         target = self.root / path

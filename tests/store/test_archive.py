@@ -109,9 +109,10 @@ def test_destination_must_not_exist(tmp_path: Path) -> None:
         (lambda tar: add_entry(tar, "tty", tarfile.CHRTYPE), "member 'tty': character device entries are not allowed"),
         (lambda tar: add_entry(tar, "disk", tarfile.BLKTYPE), "member 'disk': block device entries are not allowed"),
         (lambda tar: add_entry(tar, "pipe", tarfile.FIFOTYPE), "member 'pipe': fifo entries are not allowed"),
+        (lambda tar: add_file(tar, "d/" * 1_500 + "x", b"x"), "its path is 1501 names deep (at most 64)"),
     ],
     ids=["absolute", "dotdot-inner", "dotdot", "symlink-up", "symlink-deep-up", "symlink-absolute",
-         "hardlink-absolute", "hardlink-up", "hardlink-missing", "chardev", "blockdev", "fifo"],
+         "hardlink-absolute", "hardlink-up", "hardlink-missing", "chardev", "blockdev", "fifo", "deep"],
 )
 def test_rejects_unsafe_members(tmp_path: Path, fill: Callable[[tarfile.TarFile], None], expected: str) -> None:
     def with_good_file_first(tar: tarfile.TarFile) -> None:
@@ -259,7 +260,8 @@ def test_unpacks_a_zip(tmp_path: Path) -> None:
     ([("a\\..\\evil", b"x")], None, "backslash"),
     ([("ok.txt", b"x")], ("link", "/etc/passwd"), "symlinks are not allowed in a zip archive"),
     ([("dup.txt", b"x"), ("dup.txt", b"y")], None, "appears twice"),
-], ids=["dotdot", "absolute", "backslash", "symlink", "duplicate"])
+    ([("d/" * 1_500 + "x", b"x")], None, "its path is 1501 names deep (at most 64)"),
+], ids=["dotdot", "absolute", "backslash", "symlink", "duplicate", "deep"])
 def test_rejects_unsafe_zip_members(tmp_path: Path, members: list[tuple[str, bytes]],
                                     symlink: tuple[str, str] | None, expected: str) -> None:
     with warnings.catch_warnings():

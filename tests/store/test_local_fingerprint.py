@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from modelhost.store.local import LocalStore, model_versions
@@ -79,11 +80,16 @@ def test_only_ascii_digits_name_a_version(tmp_path: Path) -> None:
 def test_a_tree_deeper_than_the_recursion_limit_is_walked(tmp_path: Path) -> None:
     model = _model(tmp_path)
     deep = model / "1"
-    for _ in range(1_200):  # past Python's default recursion limit of 1,000, one level at a time (mkdir's
-        deep = deep / "d"  # parents=True recurses too)
-        deep.mkdir()
+    for _ in range(400):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
     store = LocalStore(tmp_path)
-    first = store.fingerprint("m")
-    (deep / "weights.bin").write_bytes(b"w")
-    changed = store.fingerprint("m")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(250)  # the test's own frames and a few: a walk that recursed 400 deep would not fit
+    try:
+        first = store.fingerprint("m")
+        (deep / "weights.bin").write_bytes(b"w")
+        changed = store.fingerprint("m")
+    finally:
+        sys.setrecursionlimit(limit)
     assert first is not None and changed is not None and first.changed_versions(changed) == {1}
