@@ -185,10 +185,14 @@ def test_config_file_reloaded_by_polling_under_traffic(deployment: tuple[TfServi
     thread.start()
     try:
         wait_for(lambda: answered[0] > 3, timeout=30, what="traffic before the change")
+        # The config first: it pins version 1, which a new version 2 under ONE_MODEL's default policy (latest 1)
+        # would replace if the file-system poll saw it before the config poll saw the config (TF Serving does the
+        # same); version 2 is then added whole, as TF Serving asks, and loads beside version 1.
+        (root / "models.config").write_text(TWO_VERSIONS_AND_A_COPY)
+        wait_for(lambda: status(server, "rec_copy") == {"1": "AVAILABLE"}, timeout=90, what="the new config to apply")
         staging = root / "staging"
         shutil.copytree(root / "models" / "rec" / "1", staging)
-        staging.rename(root / "models" / "rec" / "2")  # a version appears whole, as TF Serving asks
-        (root / "models.config").write_text(TWO_VERSIONS_AND_A_COPY)
+        staging.rename(root / "models" / "rec" / "2")
         # Labels change once the versions they name serve, so "canary" comes last.
         wait_for(lambda: status(server, "rec") == {"1": "AVAILABLE", "2": "AVAILABLE"}
                  and status(server, "rec_copy") == {"2": "AVAILABLE"}
