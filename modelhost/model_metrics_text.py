@@ -84,7 +84,7 @@ def model_families(models: Sequence[MeasuredModel]) -> str:
         for model, pairs in zip(models, labels, strict=True):
             histogram = histogram_of(model.statistics)
             cumulative = 0
-            for bound, count in zip(_bounds(histogram.bounds), histogram.counts, strict=True):
+            for bound, count in zip(bucket_bounds(histogram.bounds), histogram.counts, strict=True):
                 cumulative += count
                 out.append(f'{name}_bucket{{le="{bound}",{pairs}}} {_go(cumulative)}\n')
             out.append(f"{name}_count{{{pairs}}} {_go(cumulative)}\n")
@@ -92,19 +92,10 @@ def model_families(models: Sequence[MeasuredModel]) -> str:
     return "".join(out)
 
 
-def bucket_bounds(bounds: tuple[float, ...]) -> list[str]:
+@functools.cache  # a few bucket layouts, each written for every model at every scrape
+def bucket_bounds(bounds: tuple[float, ...]) -> tuple[str, ...]:
     """A histogram's `le` values, +Inf last, as prometheus_client writes them."""
-    return [*(repr(float(bound)) for bound in bounds), "+Inf"]
-
-
-_bound_texts: dict[tuple[float, ...], list[str]] = {}
-
-
-def _bounds(bounds: tuple[float, ...]) -> list[str]:
-    texts = _bound_texts.get(bounds)
-    if texts is None:
-        texts = _bound_texts[bounds] = bucket_bounds(bounds)
-    return texts
+    return (*(repr(float(bound)) for bound in bounds), "+Inf")
 
 
 def _label_pairs(model: MeasuredModel) -> str:
