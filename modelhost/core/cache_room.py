@@ -28,6 +28,7 @@ class CacheRoom:
         self._model_in_use = in_use
         self._changed = changed
         self._entries: dict[str, CacheEntry] = {}  # least recently used first
+        self._by_name: dict[str, CacheEntry] = {}  # the manager's model -> the entry charged for it
         self._reserved = 0  # the expected peaks of the loads being measured
         self._measuring = 0  # those loads
         self._measured = 0  # loads measured, ever
@@ -51,7 +52,7 @@ class CacheRoom:
 
     def charging(self, name: str) -> CacheEntry | None:
         """The entry charged for the manager's model `name`, if any."""
-        return next((e for e in self._entries.values() if name in e.names), None)
+        return self._by_name.get(name)
 
     def used(self, entry: CacheEntry) -> None:
         """A request used the charged `entry`: the most recently used, last in order, and one more use to the policy."""
@@ -61,10 +62,16 @@ class CacheRoom:
 
     def charge(self, entry: CacheEntry) -> None:
         self._entries[entry.key] = entry
+        self._by_name.update(dict.fromkeys(entry.names, entry))
+        self._policy.charged(entry.key)
         self._memory.keep(entry.size)
 
     def uncharge(self, entry: CacheEntry) -> None:
         del self._entries[entry.key]
+        for name in entry.names:
+            if self._by_name.get(name) is entry:
+                del self._by_name[name]
+        self._policy.uncharged(entry.key)
         self._memory.forget(entry.size)
 
     def over_budget(self) -> bool:
@@ -147,7 +154,7 @@ class CacheRoom:
             return []
         started = []
         while self._memory.used + needed > self.budget_bytes:
-            victim = self._policy.victim(self._entries.values(), key, self._in_use)
+            victim = self._policy.victim(self._entries, key, self._in_use)
             if victim is None:
                 raise self.no_memory(key, f"about {needed} bytes to load")
             if victim.first_run:
