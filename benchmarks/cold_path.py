@@ -6,9 +6,11 @@ Every request misses: the servers hold about --cache models and the requests go 
 order (tests/archives.py's, as benchmarks/multi_model.py makes them), so each loads one and evicts one. All
 servers run at once and take rounds of --models requests in turns (the order reversed every other round),
 so that a drift of the shared machine's speed falls on each. Per round and server: CPU ms per request of
-the event loop's thread (the main thread), of the other threads alive at the end, and of threads that ended
-meanwhile (process total minus the live threads), from /proc (10 ms ticks: about ±0.05 ms per request over a
-round of 200). The table gives medians over rounds.
+the event loop's thread (the main thread), of the other threads alive at the end, and the rest of the process
+total ("ended": threads that ended meanwhile, and the kernel's per-thread figures lagging its process figure,
+which this column shows even where no thread ended: 0.3-0.9 ms a request with 74 and with 1,025 threads, none
+started or ended, counted by thread id), from /proc (10 ms ticks: about ±0.05 ms per request over a round of
+200). The table gives medians over rounds; the total is the figure to compare.
 
 - new: the working tree; base (--base REV): `git worktree add` of REV, first on PYTHONPATH; both with
   PYTHONSAFEPATH=1 (benchmarks/builds.py says why).
@@ -64,7 +66,7 @@ def thread_cpu(pid: int) -> Times:
 
 def split(before: Times, after: Times, count: int) -> dict[str, float]:
     loop, system, live, total = (a - b for a, b in zip(after, before))
-    # Threads that ended lose their time from "live", and count as "ended".
+    # Threads that ended lose their time from "live", and count as "ended" (with the per-thread figures' lag).
     return {"loop": loop / count * 1e3, "loop_sys": system / count * 1e3, "threads": live / count * 1e3,
             "ended": (total - loop - live) / count * 1e3, "total": total / count * 1e3}
 
