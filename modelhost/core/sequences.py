@@ -151,6 +151,8 @@ class SequenceBatcher:
         finally:
             sequence.users -= 1
             sequence.last = self._clock.now()
+            if sequence.live and self._table.get(sequence.id) is sequence:  # the table stays in order of `last`
+                self._table[sequence.id] = self._table.pop(sequence.id)
 
     async def _step(self, sequence: _Sequence, flags: SequenceFlags, feeds: dict[str, np.ndarray],
                     names: list[str], submit: Submit) -> Outputs:
@@ -212,19 +214,25 @@ class SequenceBatcher:
             sequence.slot = -1
 
     def _sweep(self) -> None:
-        """Release the sequences idle for idle_s; come back when the next one could be."""
+        """Release the sequences idle for idle_s; come back when the next one could be. The table is in order of
+        `last` (each request's end moves its sequence to the end), so the sweep stops at the first sequence that is
+        not due, passing over only those in use: a churn of abandoned sequences costs each its own release, not a
+        pass over every open one."""
         self._sweep_timer = None
         now = self._clock.now()
         soonest = math.inf
-        for sequence in list(self._table.values()):
+        due = []
+        for sequence in self._table.values():
             if sequence.users:
                 continue
             left = sequence.last + self.idle_s - now
-            if left <= 0:
-                self._close(sequence)
-                self.idled_out += 1
-            else:
-                soonest = min(soonest, left)
+            if left > 0:
+                soonest = left
+                break
+            due.append(sequence)
+        for sequence in due:
+            self._close(sequence)
+            self.idled_out += 1
         if self._table:
             self._sweep_timer = self._clock.call_later(self.idle_s if soonest == math.inf else soonest, self._sweep)
 

@@ -185,6 +185,35 @@ def test_idle_sequences_are_released_and_their_slot_goes_on() -> None:
     asyncio.run(scenario())
 
 
+def test_each_sequence_idles_out_at_its_own_time_whatever_the_order_they_opened_in() -> None:
+    """The sweep releases the sequences in order of their last use and stops at the first not yet due: one used
+    again since goes behind the others, and one in use is passed over, not taken for the first not due."""
+    async def scenario() -> None:
+        clock = ManualClock()
+        sequences, model = batcher(max_batch_size=4, idle_us=500_000, clock=clock), Accumulator()
+        for sequence_id in (1, 2, 3):
+            await send(sequences, model, 1, sequence_id, start=True)
+            clock.advance(0.1)
+        await send(sequences, model, 1, 1)  # sequence 1 used at 0.3: due at 0.8, after 2 (0.6) and 3 (0.7)
+        await send(sequences, model, 1, 4, start=True)  # 4 opened at 0.3, due at 0.8
+        model.hold = True
+        busy = asyncio.ensure_future(send(sequences, model, 1, 2))  # 2 in use from 0.3 until let go
+        await asyncio.sleep(0)
+        clock.advance(0.45)  # 0.75: 3 is due; 2 is in use
+        assert sequences.idled_out == 1 and not sequences.is_open(3)
+        assert sequences.is_open(1) and sequences.is_open(2) and sequences.is_open(4)
+        clock.advance(0.1)  # 0.85: 1 and 4 are due
+        assert sequences.idled_out == 3 and sequences.open_sequences() == 1
+        model.release.set()
+        await busy
+        clock.advance(0.45)
+        assert sequences.is_open(2)  # its last use ended at 0.85
+        clock.advance(0.1)
+        assert sequences.idled_out == 4 and sequences.open_sequences() == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_request_that_leaves_while_waiting_for_a_slot_takes_none() -> None:
     async def scenario() -> None:
         sequences, model = batcher(max_batch_size=1), Accumulator()
