@@ -61,6 +61,9 @@ class RequestQueue:
         self._delayed: list[collections.deque[Pending]] = [collections.deque() for _ in policy.levels]
         self._closed = False
         self._pinned = 0  # queued requests that one instance alone may run
+        # Rows of a queued request -> how many are queued: a batch being formed stops looking further down the queue
+        # once its room is less than the fewest rows of any request queued.
+        self._sizes: dict[int, int] = {}
 
     def put(self, pending: Pending, model: str) -> None:
         level_policy = self._policy.levels[pending.level]
@@ -74,6 +77,8 @@ class RequestQueue:
             pending.enqueued = self._clock.now()
             queue.append(pending)
             self.rows += pending.rows
+            sizes = self._sizes
+            sizes[pending.rows] = sizes.get(pending.rows, 0) + 1
             if pending.instance < 0:
                 self._cond.notify()
             else:  # only its instance's thread may take it: wake them all rather than maybe another
@@ -170,8 +175,13 @@ class RequestQueue:
         # A request of more rows than a target's smaller batch size still runs (alone).
         max_rows = max(self.limits.max_batch_size, head.rows)
         pinned = self._pinned
+        fewest = None
         for pending in self._ordered():
             if pending.key != head.key or rows + pending.rows > max_rows:
+                if fewest is None:
+                    fewest = min(self._sizes)
+                if max_rows - rows < fewest:  # no request left in the queue fits the room
+                    break
                 continue
             if pinned and pending.instance not in (-1, instance):
                 continue
@@ -190,5 +200,11 @@ class RequestQueue:
         queue.remove(pending)
         pending.taken = True
         self.rows -= pending.rows
+        sizes = self._sizes
+        left = sizes[pending.rows] - 1
+        if left:
+            sizes[pending.rows] = left
+        else:
+            del sizes[pending.rows]
         if pending.instance >= 0:
             self._pinned -= 1

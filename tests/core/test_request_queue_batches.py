@@ -1,0 +1,98 @@
+"""The request queue's batches (core/request_queue.py): the first queued requests that fit, in queue order, those of
+another batch key, another instance or too many rows passed over; cut at a preferred batch size. Checked against a
+pass over the whole queue on random queues, and the queue's shortcut (it stops looking once no queued request could
+fit the room left) shown to take the same batches."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from modelhost.config.pbtxt import parse_config
+from modelhost.core.policy import SchedulingPolicy
+from modelhost.core.request_queue import Pending, RequestQueue
+
+CONFIG = """
+name: "q"
+max_batch_size: %d
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+dynamic_batching { %s max_queue_delay_microseconds: 0 }
+"""
+
+
+def reference_batch(queued: list[Pending], instance: int, max_batch_size: int,
+                    preferred: tuple[int, ...]) -> list[Pending]:
+    head = next(p for p in queued if p.instance in (-1, instance))
+    max_rows = max(max_batch_size, head.rows)
+    batch: list[Pending] = []
+    sizes: list[int] = []
+    rows = 0
+    for pending in queued:
+        if pending.key != head.key or rows + pending.rows > max_rows or pending.instance not in (-1, instance):
+            continue
+        batch.append(pending)
+        rows += pending.rows
+        sizes.append(rows)
+        if rows == max_rows:
+            return batch
+    for size in preferred:  # descending
+        if size in sizes:
+            return batch[: sizes.index(size) + 1]
+    return batch
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_batches_are_those_a_pass_over_the_whole_queue_takes(seed: int) -> None:
+    rng = random.Random(seed)
+    max_batch_size = rng.choice((8, 64, 1024))
+    preferred = sorted(rng.sample(range(1, max_batch_size + 1), rng.choice((0, 1, 2))), reverse=True)
+    settings = f"preferred_batch_size: [ {', '.join(map(str, preferred))} ]" if preferred else ""
+    policy = SchedulingPolicy.from_config(parse_config(CONFIG % (max_batch_size, settings)))
+    queue = RequestQueue(policy)
+    loop = asyncio.new_event_loop()
+    queued: list[Pending] = []
+    pinned = seed % 2 == 1  # half the runs with requests pinned to one of two instances (sequences)
+    try:
+        for _ in range(400):
+            for _ in range(rng.randint(0, 12)):
+                rows = rng.choice((1, rng.randint(1, max_batch_size), max_batch_size // 2, max_batch_size + 3))
+                pending = Pending({}, ("y",), rows, rng.choice(("a", "a", "a", "b")), 0, loop.create_future(),
+                                  instance=rng.choice((-1, 0, 1)) if pinned else -1)
+                queue.put(pending, "q")
+                queued.append(pending)
+            takers = [i for i in ((0, 1) if pinned else (-1,)) if any(p.instance in (-1, i) for p in queued)]
+            if not takers:
+                continue
+            instance = rng.choice(takers)
+            expected = reference_batch(queued, instance, max_batch_size, tuple(preferred))
+            assert queue.take(instance) == expected
+            queued = [p for p in queued if all(p is not taken for taken in expected)]
+            assert queue.rows == sum(p.rows for p in queued)
+    finally:
+        loop.close()
+
+
+def test_a_full_room_stops_the_look_down_a_deep_queue() -> None:
+    """Two 500-row requests fill 1,000 of 1,024 rows; with a thousand more of 500 behind them, forming the batch
+    looks at the third, sees that nothing queued is as small as the 24 rows left, and stops."""
+    policy = SchedulingPolicy.from_config(parse_config(CONFIG % (1024, "")))
+    queue = RequestQueue(policy)
+    loop = asyncio.new_event_loop()
+    looked_at = 0
+
+    class Counted(str):
+        def __ne__(self, other: object) -> bool:
+            nonlocal looked_at
+            looked_at += 1
+            return str.__ne__(self, other)
+
+    try:
+        for _ in range(1_002):
+            queue.put(Pending({}, ("y",), 500, Counted("k"), 0, loop.create_future()), "q")
+        assert [p.rows for p in queue.take()] == [500, 500]
+        assert looked_at == 3
+    finally:
+        loop.close()
