@@ -22,6 +22,7 @@ from modelhost.access import BEARER_HEADER, AccessPolicy, Api
 from modelhost.client_log import client_log
 from modelhost.errors import ErrorKind, ModelhostError, invalid, public_message, too_large
 from modelhost.protocols.http.exchange import Answer
+from modelhost.protocols.http.route_index import RouteIndex
 
 log = logging.getLogger("modelhost.http")
 
@@ -118,7 +119,8 @@ class HttpApp:
         errors: ErrorShape | None = None,
     ) -> None:
         self.routes = tuple(routes)  # what this app serves, as given (the OpenAPI documents are checked against it)
-        self._routes = [(r.method, re.compile(r.pattern), r.handler, r.api) for r in routes]
+        self._routes = RouteIndex([(r.method, re.compile(r.pattern), r.handler, r.api) for r in routes],
+                                  [r.pattern for r in routes])
         self._admissions = [(r.method, re.compile(r.pattern), r.api, r.admit) for r in routes if r.admit]
         self._access = access or AccessPolicy()
         self._overloaded_until = 0.0  # monotonic time until which early admission runs
@@ -137,7 +139,7 @@ class HttpApp:
     async def _handle(self, scope: dict[str, Any], receive: Any) -> HttpResponse:
         path, method = scope["path"], scope["method"]
         handler, params, path_known, api = None, {}, False, Api.HEALTH
-        for route_method, pattern, route_handler, route_api in self._routes:
+        for route_method, pattern, route_handler, route_api in self._routes.of(path):
             match = pattern.fullmatch(path)
             if match:
                 path_known = True
