@@ -76,7 +76,8 @@ class EvictionPolicy:
         """One use of charged `key` (a request, or a store model's load), by a cache holding `entries` entries."""
         if self._uses is not None:
             self._uses.used(key, entries)
-        self._rank(key)
+        if key in self._ranks:
+            self._rank(key)
 
     def _rank(self, key: str) -> None:
         rank = (self._uses.count(key) if self._uses is not None else 0, next(self._clock))
@@ -107,10 +108,10 @@ class EvictionPolicy:
         while heap:
             item = heapq.heappop(heap)
             count, when, candidate = item
-            if self._ranks.get(candidate) != (count, when):
+            entry = entries.get(candidate)
+            if entry is None or self._ranks.get(candidate) != (count, when):
                 continue  # stale: the key was used, or uncharged, since
             passed.append(item)
-            entry = entries[candidate]
             if candidate == key or in_use(entry):
                 continue
             if entry.first_run or entry.unused:

@@ -33,6 +33,23 @@ class RouteIndex(Generic[Entry]):
 
 
 def _first_segment(pattern: str) -> str | None:
-    """The pattern's first path segment when it is literal text (lowercased), else None."""
+    """The pattern's first path segment when it is literal text (lowercased), else None (also for a pattern with an
+    alternative outside every group, which may match paths that begin otherwise)."""
     match = _LITERAL_FIRST.match(pattern)
-    return match.group(1).lower() if match is not None else None
+    return match.group(1).lower() if match is not None and not _top_level_alternative(pattern) else None
+
+
+def _top_level_alternative(pattern: str) -> bool:
+    depth, escaped = 0, False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "|" and depth == 0:  # (or inside a character class: then tried everywhere, which is safe)
+            return True
+    return False
