@@ -250,7 +250,7 @@ class Server:
             self.cache, self.manager, self.sources.archives, self.work_dir / "cache",
             ArchiveLimits(s.max_unpacked_bytes, s.max_archive_members, unpacked_cache_bytes(s, self.work_dir)),
             s.default_model_name, model_load_roots(s), program=s.sagemaker_program)
-        return SageMakerFrontEnd(options, self.dataplane, self.manager.names, target_models,
+        return SageMakerFrontEnd(options, self.dataplane, self.manager.names_view(), target_models,
                                  self.sources.layout, self.sources.root, self.work_dir, self.code_policy,
                                  self.http_access)
 

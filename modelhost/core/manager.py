@@ -242,6 +242,10 @@ class ModelManager:
     def names(self) -> list[str]:
         return sorted(self._records)
 
+    def names_view(self) -> Collection[str]:
+        """The names of the models it knows, as a live view (membership and count without a copy)."""
+        return self._records.keys()
+
     def knows(self, name: str) -> bool:
         return name in self._records
 

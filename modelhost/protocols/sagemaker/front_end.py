@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +64,7 @@ class SageMakerFrontEnd(FrontEnd):
 
     name = "SageMaker"
 
-    def __init__(self, options: SageMakerOptions, dataplane: DataPlane, models: Callable[[], list[str]],
+    def __init__(self, options: SageMakerOptions, dataplane: DataPlane, models: Collection[str],
                  target_models: TargetModels | None, layout: ModelLayout | None, model_dir: Path | None, work_dir: Path,
                  code_policy: CodePolicy, access: AccessPolicy) -> None:
         self.port = options.port

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -63,7 +63,7 @@ class Targets(Protocol):
     def resolve(self, headers: dict[bytes, bytes]) -> AbstractAsyncContextManager[Target]: ...
 
 
-def select_model(served: dict[str, str], attributes: str, default_name: str, handler: Handler | None) -> Target:
+def select_model(served: Mapping[str, str], attributes: str, default_name: str, handler: Handler | None) -> Target:
     """The model that `tfs-model-name=...,tfs-model-version=...` picks among `served` (archive name -> served)."""
     pairs = dict(part.strip().split("=", 1) for part in attributes.split(",") if "=" in part)
     name, version = pairs.get("tfs-model-name", ""), pairs.get("tfs-model-version", "")
@@ -83,17 +83,39 @@ def select_model(served: dict[str, str], attributes: str, default_name: str, han
 
 
 class SingleModelTargets:
-    """The models of /opt/ml/model (or --model-repository), with the one inference.py they share."""
+    """The models of /opt/ml/model (or --model-repository), with the one inference.py they share. `models`: a live
+    view of their names, looked up per request without a copy (an endpoint may serve hundreds)."""
 
-    def __init__(self, models: Callable[[], list[str]], default_name: str) -> None:
-        self._models = models
+    def __init__(self, models: Collection[str], default_name: str) -> None:
+        self._served = _ServedAsNamed(models)
         self._default_name = default_name
         self.handler: Handler | None = None
 
     @asynccontextmanager
     async def resolve(self, headers: dict[bytes, bytes]) -> AsyncIterator[Target]:
         attributes = _header(headers, CUSTOM_ATTRIBUTES)
-        yield select_model({m: m for m in self._models()}, attributes, self._default_name, self.handler)
+        yield select_model(self._served, attributes, self._default_name, self.handler)
+
+
+class _ServedAsNamed(Mapping[str, str]):
+    """Each of `names` served under its own name."""
+
+    def __init__(self, names: Collection[str]) -> None:
+        self._names = names
+
+    def __getitem__(self, name: str) -> str:
+        if name not in self._names:
+            raise KeyError(name)
+        return name
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 class MultiModelTargets:
