@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +25,14 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from tests.onnx_models import ADD_SUB_CONFIG, add_sub_model, slow_loop_config, slow_loop_model, write_model
+from tests.onnx_models import (
+    ADD_SUB_CONFIG,
+    add_sub_model,
+    loop_iterations_for,
+    slow_loop_config,
+    slow_loop_model,
+    write_model,
+)
 from tests.server import ServerProcess, pending, wait_for
 
 BATCH, WIDTH = 2, 16
@@ -330,6 +339,29 @@ def test_an_input_with_data_and_a_region_is_refused(server: ServerProcess) -> No
     assert answer.status_code == 400 and "also carries data" in answer.json()["error"]
 
 
+def in_progress(server: ServerProcess) -> int:
+    """Requests the server has and has not answered."""
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
+    match = re.search(r"^modelhost_requests_in_progress (\S+)$", text, re.M)
+    assert match, "no modelhost_requests_in_progress in /metrics"
+    return int(float(match.group(1)))
+
+
+def steady(predicate: Callable[[], bool], what: str, hold: float = 0.2, timeout: float = 10.0) -> None:
+    """Wait until `predicate` has held for `hold` seconds on end."""
+    deadline = time.monotonic() + timeout
+    since = None
+    while time.monotonic() < deadline:
+        if not predicate():
+            since = None
+        elif since is None:
+            since = time.monotonic()
+        elif time.monotonic() - since >= hold:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def test_unregister_while_a_request_holds_its_view(server: ServerProcess, http: httpclient.InferenceServerClient,
                                                    regions: list[shm.SharedMemoryRegion]) -> None:
     x = np.arange(SLOW * SLOW, dtype=np.float32).reshape(1, SLOW, SLOW)
@@ -342,18 +374,20 @@ def test_unregister_while_a_request_holds_its_view(server: ServerProcess, http: 
                            {"name": "ITERATIONS", "datatype": "INT64", "shape": [1, 1], "data": [iterations]}]}
 
     url = f"{server.base}/v2/models/slow/infer"
-    blocker = body(150_000, {"data": [0.0] * (SLOW * SLOW)})
-    with ThreadPoolExecutor(3) as pool:
-        # The model's one instance runs one blocker while the other waits; then the shm request waits behind it
-        # in the queue, decoded, holding its view of the region.
-        blockers = [pool.submit(requests.post, url, json=blocker, timeout=60) for _ in range(2)]
-        wait_for(lambda: pending(server, "slow") == 1, 10, "a blocker to run and one to queue")
+    zeros = {"data": [0.0] * (SLOW * SLOW)}
+    blocker = body(loop_iterations_for(1.5, lambda n: requests.post(url, json=body(n, zeros), timeout=60)), zeros)
+    with ThreadPoolExecutor(2) as pool:
+        # The model's one instance runs the blocker: the server has it and has not queued it, for longer than its
+        # decoding on the loop could take (its instance thread may be slow to wake on a busy machine, so a queue of
+        # one is not yet proof that it runs). Then the shm request waits in the queue, decoded, holding its view.
+        running = pool.submit(requests.post, url, json=blocker, timeout=60)
+        steady(lambda: (in_progress(server), pending(server, "slow")) == (1, 0), "the blocker to run")
         held = pool.submit(requests.post, url, json=body(1, {"parameters": {
             "shared_memory_region": name, "shared_memory_byte_size": x.nbytes}}), timeout=60)
-        wait_for(lambda: pending(server, "slow") == 2, 10, "the shm request to queue")
+        wait_for(lambda: pending(server, "slow") == 1, 10, "the shm request to queue")
         http.unregister_system_shared_memory(name)  # the region goes; its mapping stays with the request
         assert http.get_system_shared_memory_status() == []
         answer = held.result()
-        assert [b.result().status_code for b in blockers] == [200, 200]
+        assert running.result().status_code == 200
     assert answer.status_code == 200, answer.text
     np.testing.assert_array_equal(np.array(answer.json()["outputs"][0]["data"]).reshape(x.shape), x + 1)
