@@ -220,6 +220,14 @@ def pending(server: ServerProcess, model: str) -> int:
     return int(float(match.group(1)))
 
 
+def in_progress(server: ServerProcess) -> int:
+    """Requests the server has and has not answered, from the Prometheus endpoint."""
+    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    match = re.search(r"^modelhost_requests_in_progress (\S+)$", text, re.M)
+    assert match, "no modelhost_requests_in_progress in /metrics"
+    return int(float(match.group(1)))
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 3.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

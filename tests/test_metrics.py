@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.onnx_models import slow_loop_model, write_model
-from tests.server import ServerProcess
+from tests.server import ServerProcess, in_progress
 
 TRITON_COUNTERS = (
     "nv_inference_request_success",
@@ -87,15 +87,6 @@ def test_metrics_can_be_turned_off(start_server, tmp_path) -> None:  # type: ign
         raise AssertionError("metrics port answered although metrics are off")
     except requests.ConnectionError:
         pass
-
-
-def in_progress(server: ServerProcess) -> float:
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "modelhost_requests_in_progress":
-                return sample.value
-    raise AssertionError("no modelhost_requests_in_progress in /metrics")
 
 
 def settles_at_zero(server: ServerProcess) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from tests.onnx_models import (
     slow_loop_model,
     write_model,
 )
-from tests.server import ServerProcess, pending, wait_for
+from tests.server import ServerProcess, in_progress, pending, wait_for
 
 BATCH, WIDTH = 2, 16
 TENSOR_BYTES = BATCH * WIDTH * 4
@@ -337,14 +336,6 @@ def test_an_input_with_data_and_a_region_is_refused(server: ServerProcess) -> No
     answer = requests.post(f"{server.base}/v2/models/simple/infer", data=header + bytes(TENSOR_BYTES), timeout=10,
                            headers={"Inference-Header-Content-Length": str(len(header))})
     assert answer.status_code == 400 and "also carries data" in answer.json()["error"]
-
-
-def in_progress(server: ServerProcess) -> int:
-    """Requests the server has and has not answered."""
-    text = requests.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
-    match = re.search(r"^modelhost_requests_in_progress (\S+)$", text, re.M)
-    assert match, "no modelhost_requests_in_progress in /metrics"
-    return int(float(match.group(1)))
 
 
 def steady(predicate: Callable[[], bool], what: str, hold: float = 0.2, timeout: float = 10.0) -> None:
