@@ -75,6 +75,7 @@ def measure(repository: Path, tree: Path, poll_secs: float, scrape_secs: float, 
          "--sagemaker-port", str(sagemaker_port)],
         env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     session = requests.Session()
+    session.headers["Accept-Encoding"] = "identity"  # requests asks for gzip by default, which V2 infer honours
     url = f"http://127.0.0.1:{port}"
     scraper: subprocess.Popen[bytes] | None = None
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -388,3 +389,63 @@ def test_infer_error_reaches_client_as_exception(client: httpclient.InferenceSer
         client.infer("tiny", [httpclient.InferInput("x", [1, 5], "FP32").set_data_from_numpy(x)])
     assert caught.value.status() == "400"
     assert "'x'" in caught.value.message() and "[1,5]" in caught.value.message()
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_compressed_response_body(
+    client: httpclient.InferenceServerClient, reference: Reference, algorithm: str, binary: bool
+) -> None:
+    feeds = example_inputs("rank", seed=7)
+    outputs = [httpclient.InferRequestedOutput("score", binary_data=binary)]
+    result = client.infer("rank", infer_inputs(feeds, binary), outputs=outputs,
+                          response_compression_algorithm=algorithm)
+    np.testing.assert_allclose(result.as_numpy("score"), reference("rank", feeds)["score"], rtol=RTOL, atol=ATOL)
+
+
+def test_compressed_response_through_the_asyncio_client(example_server: ServerProcess, reference: Reference) -> None:
+    import asyncio
+
+    import tritonclient.http.aio as aioclient
+
+    feeds = example_inputs("deepfm", seed=8)
+
+    async def infer() -> np.ndarray:
+        async with aioclient.InferenceServerClient(example_server.url) as triton:
+            inputs = [aioclient.InferInput(name, list(array.shape), "INT64" if array.dtype == np.int64 else "FP32")
+                      .set_data_from_numpy(array) for name, array in feeds.items()]
+            result = await triton.infer("deepfm", inputs, response_compression_algorithm="gzip")
+            return result.as_numpy("prob")
+
+    np.testing.assert_allclose(asyncio.run(infer()), reference("deepfm", feeds)["prob"], rtol=RTOL, atol=ATOL)
+
+
+def test_compressed_response_raw(example_server: ServerProcess) -> None:
+    """The body is compressed whole; Inference-Header-Content-Length is the uncompressed JSON's length."""
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    header = json.dumps({
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 4], "parameters": {"binary_data_size": 32}}],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+    }).encode()
+    response = requests.post(
+        f"{example_server.base}/v2/models/tiny/infer", data=header + x.tobytes(), stream=True, timeout=10,
+        headers={"Inference-Header-Content-Length": str(len(header)), "Accept-Encoding": "gzip;q=0.4, deflate"},
+    )
+    assert response.status_code == 200
+    assert response.headers["Content-Encoding"] == "deflate"
+    raw = response.raw.read(decode_content=False)
+    assert int(response.headers["Content-Length"]) == len(raw)
+    body = zlib.decompress(raw)
+    json_length = int(response.headers["Inference-Header-Content-Length"])
+    assert json.loads(body[:json_length])["outputs"][0]["parameters"]["binary_data_size"] == 32
+    np.testing.assert_array_equal(np.frombuffer(body[json_length:], np.float32), (2 * x + 1).ravel())
+
+
+@pytest.mark.parametrize("accept", ["identity", "br", "gzip;q=0", "gzip;q=abc", "*"])
+def test_response_not_compressed_unless_asked(example_server: ServerProcess, accept: str) -> None:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    response = requests.post(f"{example_server.base}/v2/models/tiny/infer", json=body, timeout=10,
+                             headers={"Accept-Encoding": accept})
+    assert response.status_code == 200
+    assert "Content-Encoding" not in response.headers
+    assert response.json()["outputs"][0]["data"] == [3.0, 5.0, 7.0, 9.0]

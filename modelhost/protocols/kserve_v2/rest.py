@@ -11,6 +11,7 @@ from modelhost.core.dataplane import DataPlane
 from modelhost.core.trace import HTTP_SEND_END, HTTP_SEND_START
 from modelhost.errors import invalid
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, error_response, json_response
+from modelhost.protocols.http.response_encoding import ACCEPT_ENCODING, encode_response
 from modelhost.protocols.json_body import json_object
 from modelhost.protocols.kserve_v2 import generate
 from modelhost.protocols.kserve_v2.codec import decode_infer_request, encode_infer_response
@@ -55,6 +56,8 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         else:
             headers = [(b"content-type", b"application/octet-stream"), (_HEADER_LENGTH, str(json_length).encode())]
             answer = HttpResponse(200, parts, headers)
+        if ACCEPT_ENCODING in request.headers:
+            answer = await encode_response(answer, request.headers[ACCEPT_ENCODING])
         if trace is not None:
             trace.stamp(HTTP_SEND_START)
             answer.sent = partial(tracer.finish, trace, HTTP_SEND_END)
