@@ -62,6 +62,12 @@ def test_bytes_inputs_become_bytes_objects() -> None:
     assert arrays["text"].tolist() == ["héllo".encode(), b"\xff\x00"]
 
 
+def test_rows_may_name_their_inputs_in_any_order() -> None:
+    arrays, _ = decode({"instances": [{"x": [1, 2], "ids": [1, 2, 3]}, {"ids": [4, 5, 6], "x": [3, 4]}]}, X, IDS)
+    np.testing.assert_array_equal(arrays["x"], [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(arrays["ids"], [[1, 2, 3], [4, 5, 6]])
+
+
 def test_row_with_several_inputs_round_trips_as_objects() -> None:
     instances = [{"x": [1.0, 2.0], "ids": [1, 2, 3]}, {"x": [3.0, 4.0], "ids": [4, 5, 6]}]
     arrays, form = decode({"instances": instances}, X, IDS)
@@ -162,6 +168,18 @@ BAD_BODIES = [
     pytest.param({"instances": [{"x": [1, 2]}]}, [X, IDS], ["instances[0]", "missing", "'ids'"], id="missing"),
     pytest.param(
         {"instances": [{"x": [1, 2], "ids": [1, 2, 3]}, {"x": [3, 4]}]}, [X, IDS], ["instances[1]"], id="keys-differ"
+    ),
+    pytest.param(
+        {"instances": [{"x": [1, 2], "ids": [1, 2, 3]}, {"x": [3, 4], "ids": [4, 5, 6]}, [3, 4]]}, [X, IDS],
+        ["instances[2]", "object keyed by input name"], id="later-row-not-named",
+    ),
+    pytest.param(
+        {"instances": [{"x": [1, 2], "ids": [1, 2, 3]}, {"b64": "AAAA"}]}, [X, IDS],
+        ["instances[1]", "object keyed by input name"], id="later-row-b64",
+    ),
+    pytest.param(
+        {"instances": [{"x": [1, 2], "ids": [1, 2, 3]}, {"ids": [4, 5, 6], "x": [3, 4]}, {"x": [1, 2], "y": 1}]},
+        [X, IDS], ["instances[2]", "'y'", "same inputs"], id="later-row-keys-differ",
     ),
     pytest.param({"instances": [[1, "a"]]}, [X], ["'x'", "FP32", "numbers"], id="string-for-float"),
     pytest.param({"instances": [[1, None]]}, [X], ["'x'", "numbers"], id="null-for-float"),

@@ -10,6 +10,7 @@ import base64
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -137,6 +138,10 @@ def _split_named_instances(instances: list[Any], specs: dict[str, TensorSpec]) -
         raise invalid(f"instances[0] must be an object keyed by input name; the model's inputs are {_names(specs)}")
     check_input_names(first.keys(), specs, "instances[0]")
     names = first.keys()
+    # Objects with instances[0]'s keys are named as it is (none can be {"b64": ...}); the checks below name the
+    # instance that is not.
+    if all(type(instance) is dict and instance.keys() == names for instance in instances):
+        return {name: list(map(itemgetter(name), instances)) for name in names}
     for index, instance in enumerate(instances):
         if not _is_named(instance):
             raise invalid(f"instances[{index}] must be an object keyed by input name, like instances[0]")
