@@ -17,7 +17,7 @@ from modelhost.config.overrides import ModelOverrides
 from modelhost.core.compute_threads import Priority
 from modelhost.cpus import available_cpus
 from modelhost.digits import is_digits
-from modelhost.types import RequestLimits
+from modelhost.types import MAX_RANK, RequestLimits
 
 GIB = 1024**3
 GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # gRPC's message length options are 32-bit signed
@@ -129,8 +129,9 @@ class ServerSettings:
 
     Request and log limits (what one client can make the server spend; each default is far above what
     legitimate traffic needs, so that only abuse meets it):
-    json_max_depth: how deeply a tensor's JSON data may nest lists (32; at most 64, numpy's limit on
-    dimensions, 32 with numpy 1). Models take tensors of rank 1-6; a deeper nesting is a malformed or hostile request.
+    json_max_depth: how deeply a tensor's JSON data may nest lists (64, numpy's limit on dimensions; 32 with
+    numpy 1). Models take tensors of rank 1-6, but Triton takes data nested to 100 lists whatever the shape (its
+    QA sends 50), and numpy's limit bounds the work a nesting costs as well.
     max_request_elements: elements of one request's input tensors together, checked from the declared
     shapes before anything is allocated (64 Mi = 67,108,864: every element of a 64 MiB body of UINT8, the
     default body limit's worth; a 500 x 1000 FP32 batch is 500,000). What it stops is a small request
@@ -262,7 +263,7 @@ class ServerSettings:
     user_code: str = "repository"
     gpu_fallback: str = "none"
     # request and log limits (issue 12: codecs)
-    json_max_depth: int = 32
+    json_max_depth: int = MAX_RANK
     max_request_elements: int = 64 * 1024**2
     max_output_bytes: int = GIB
     client_log_lines_per_second: float = 1.0

@@ -72,7 +72,7 @@ class RequestLimits:
     """
 
     max_elements: int = 64 * 1024**2
-    max_json_depth: int = 32
+    max_json_depth: int = MAX_RANK
     max_output_bytes: int = 1024**3
 
     def budget(self) -> ElementBudget:
@@ -194,5 +194,5 @@ def check_json_depth(value: Any, where: str, max_depth: int) -> None:
     """INVALID_INPUT when a tensor's JSON data nests lists deeper than `max_depth`."""
     depth = json_depth(value)
     if depth > max_depth:
-        raise invalid(f"{where} has JSON data nested {depth} lists deep, more than the limit of {max_depth} "
-                      "(--json-max-depth)")
+        raise invalid(f"{where} has JSON data nested {depth} lists deep: JSON nesting depth exceeds maximum "
+                      f"allowed limit ({max_depth}) (--json-max-depth)")

@@ -66,10 +66,19 @@ def test_budget_refuses_ranks_numpy_cannot_hold_and_empty_shapes_that_overflow()
 @pytest.mark.parametrize("datatype", ["INT64", "UINT8", "FP32", "BOOL", "BYTES"])
 def test_json_deeper_than_the_limit_is_refused_for_every_datatype(datatype: str) -> None:
     leaf = {"BOOL": True, "BYTES": "a", "FP32": 1.5}.get(datatype, 1)
-    with refused("'x'", "40 lists deep", "32", "--json-max-depth"):
-        codec.decode_infer_request(v2([1], nested(40, leaf), datatype), None, "m")
-    shallow = codec.decode_infer_request(v2([1], nested(32, leaf), datatype), None, "m")
+    deep = MAX_RANK + 6
+    with refused("'x'", f"{deep} lists deep", rf"maximum allowed limit \({MAX_RANK}\)", "--json-max-depth"):
+        codec.decode_infer_request(v2([1], nested(deep, leaf), datatype), None, "m")
+    shallow = codec.decode_infer_request(v2([1], nested(MAX_RANK, leaf), datatype), None, "m")
     assert shallow.inputs["x"].shape == (1,)
+
+
+@pytest.mark.skipif(MAX_RANK < 50, reason="numpy 1 holds 32 dims")
+@pytest.mark.parametrize(("datatype", "leaf"), [("BYTES", "hello"), ("INT64", 123)])
+def test_json_nested_50_deep_for_a_shape_of_one_element_decodes_as_triton_does(datatype: str, leaf: object) -> None:
+    """Triton's qa/L0_http: data nested 50 lists deep for shape [1, 1] is accepted (its limit is 100)."""
+    request = codec.decode_infer_request(v2([1, 1], nested(50, leaf), datatype), None, "m")
+    assert request.inputs["x"].shape == (1, 1)
 
 
 def test_integers_nested_past_32_levels_decode_when_the_limit_allows() -> None:
@@ -107,7 +116,7 @@ def test_tfserving_json_counts_elements_and_depth() -> None:
     with refused("'instances'", "input 'x'", "--max-request-elements"):
         decode_predict(orjson.dumps({"instances": [[1.0] * 6] * 2}), spec, RequestLimits(max_elements=10))
     with refused("instances\\[0\\]", "lists deep"):
-        decode_predict(orjson.dumps({"instances": [nested(40, 1.0)]}), [TensorSpec("x", "FP32", (-1,))])
+        decode_predict(orjson.dumps({"instances": [nested(MAX_RANK + 6, 1.0)]}), [TensorSpec("x", "FP32", (-1,))])
 
 
 def test_npy_is_a_view_of_the_body_after_its_header_is_checked() -> None:
@@ -132,7 +141,7 @@ def signature() -> Signature:
 
 def test_an_output_requested_twice_is_refused() -> None:
     assert signature().check_outputs([RequestedOutput("z"), RequestedOutput("y")]) == ["z", "y"]
-    with refused("output 'y'", "twice"):
+    with refused("output 'y'", "already exists in request", "twice"):
         signature().check_outputs([RequestedOutput("y"), RequestedOutput("z"), RequestedOutput("y")])
 
 

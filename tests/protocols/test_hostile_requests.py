@@ -91,7 +91,7 @@ V2_CASES: dict[str, tuple[bytes, dict[str, str], tuple[str, ...]]] = {
     "json-65-dims": (v2_json([1] * 65, [1.0]), {}, ("'INPUT0'", "65 dimensions")),
     "json-overflowing-shape": (v2_json(HUGE, []), {}, ("'INPUT0'", "[0,1099511627776,1099511627776]",
                                                        "--max-request-elements")),
-    "json-int-nested-40-deep": (v2_json([1], nested(40, 1), "INT64"), {}, ("'INPUT0'", "40 lists deep",
+    "json-int-nested-70-deep": (v2_json([1], nested(70, 1), "INT64"), {}, ("'INPUT0'", "70 lists deep",
                                                                            "--json-max-depth")),
     "json-over-element-limit": (v2_json([251, 4], [0.5] * 1004), {}, ("'INPUT0'", "1004 elements", "1000")),
     "binary-65-dims": (*v2_binary([1] * 65, bytes(4)), ("'INPUT0'", "65 dimensions")),

@@ -149,7 +149,7 @@ def test_bad_values_get_the_usual_words(
 
 def test_nesting_past_the_depth_limit_gets_the_usual_words(monkeypatch: pytest.MonkeyPatch) -> None:
     deep: Any = [1]
-    for _ in range(40):
+    for _ in range(70):
         deep = [deep]
     body = orjson.dumps({"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [deep] * 300}]})
     fast, usual = both_ways(monkeypatch, v2_arrays(body))

@@ -48,6 +48,9 @@ class TestRawInputs:
             ('input [{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }]', 15, "15 bytes does not fit"),
             ('input [{ name: "a" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "b" data_type: TYPE_FP32 dims: [ 4 ] }]',
              16, "exactly one input"),
+            ('max_batch_size: 4 input [{ name: "s" data_type: TYPE_STRING dims: [ -1 ] }]', 3,
+             r"For BYTE datatype raw input 's', the model must have input shape \[1\]"),  # as Triton's qa/L0_http
+            ('input [{ name: "s" data_type: TYPE_STRING dims: [ 1, 1 ] }]', 3, r"shape \[1\]; 'm' has \[1,1\]"),
         ],
     )
     def test_data_that_does_not_fit(self, config: str, size: int, match: str) -> None:

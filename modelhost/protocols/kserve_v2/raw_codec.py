@@ -25,9 +25,10 @@ def decode_raw_request(body: bytes | memoryview, metadata: ModelMetadata) -> Inf
     batch = (1,) if metadata.max_batch_size > 0 else ()
     dims = spec.shape[len(batch):]
     if spec.datatype == "BYTES":
-        if any(d not in (1, -1) for d in dims):
-            raise invalid(f"input '{spec.name}' of dims {format_shape(dims)} cannot take a raw BYTES body")
-        array = np.array([bytes(body)], dtype=object).reshape(batch + (1,) * len(dims))
+        if dims != (1,):  # Triton's rule and words: the body is one element, so the shape must say one element
+            raise invalid(f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1]; "
+                          f"'{metadata.name}' has {format_shape(dims)}")
+        array = np.array([bytes(body)], dtype=object).reshape(batch + (1,))
     else:
         shape = batch + _decided(spec.name, spec.datatype, dims, len(body))
         array = np.frombuffer(body, dtype=DATATYPE_DTYPES[spec.datatype]).reshape(shape)
