@@ -153,7 +153,8 @@ class Signature:
                     f"its outputs are {', '.join(repr(n) for n in self.outputs)}"
                 )
             if output.name in names:
-                raise invalid(f"output '{output.name}' is requested twice; request each output once")
+                raise invalid(f"output '{output.name}' already exists in request (requested twice); "  # Triton's words
+                              "request each output once")
             names.append(output.name)
         return names
 
@@ -215,8 +216,11 @@ def _data_bytes(array: np.ndarray, room: int) -> int:
     """nbytes; for BYTES, its elements' lengths, counted only until they pass `room`."""
     if array.dtype.kind != "O":
         return array.nbytes
+    elements = array.reshape(-1).tolist()
+    if set(map(type, elements)) <= {bytes, str}:  # what models answer: counted in C
+        return sum(map(len, elements))
     total = 0
-    for element in array.reshape(-1):
+    for element in elements:
         total += len(element) if isinstance(element, (bytes, str)) else getattr(element, "nbytes", 0)
         if total > room:
             break

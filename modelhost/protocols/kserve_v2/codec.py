@@ -7,7 +7,6 @@ Binary inputs become numpy views of the request body (np.frombuffer): no copy in
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from modelhost.protocols import json_tensors
 from modelhost.protocols.json_body import json_object
 from modelhost.protocols.json_numbers import json_numbers
 from modelhost.protocols.json_tensors import JsonNumbers
+from modelhost.protocols.kserve_v2.bytes_tensors import join_elements, split_elements
 from modelhost.types import (
     DATATYPE_DTYPES,
     DEFAULT_LIMITS,
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 _JSON_ONLY_BINARY = ("FP16", "BF16")
 TENSOR_PATHS: tuple[json_tensors.TensorPath, ...] = (("inputs", json_tensors.ANY, "data"),)
-_U32 = struct.Struct("<I")
 
 
 def decode_infer_request(
@@ -151,7 +150,7 @@ def tensor_from_bytes(name: str, datatype: str, shape: tuple[int, ...], chunk: m
     """The tensor in `chunk`; the caller has checked `shape` (ElementBudget.take)."""
     count = math.prod(shape)
     if datatype == "BYTES":
-        return np.array(_split_bytes(name, chunk, count), dtype=object).reshape(shape)
+        return np.array(split_elements(name, chunk, count), dtype=object).reshape(shape)
     dtype = DATATYPE_DTYPES[datatype]
     if len(chunk) != count * dtype.itemsize:
         raise invalid(
@@ -159,23 +158,6 @@ def tensor_from_bytes(name: str, datatype: str, shape: tuple[int, ...], chunk: m
             f"of {datatype} needs {count * dtype.itemsize}"
         )
     return np.frombuffer(chunk, dtype=dtype).reshape(shape)
-
-
-def _split_bytes(name: str, chunk: memoryview, count: int) -> list[bytes]:
-    elements: list[bytes] = []
-    offset, end = 0, len(chunk)
-    while offset < end:
-        if offset + 4 > end:
-            raise invalid(f"input '{name}': BYTES element {len(elements)} has a truncated 4-byte length prefix")
-        (length,) = _U32.unpack_from(chunk, offset)
-        offset += 4
-        if offset + length > end:
-            raise invalid(f"input '{name}': BYTES element {len(elements)} of {length} bytes runs past its data")
-        elements.append(bytes(chunk[offset : offset + length]))
-        offset += length
-    if len(elements) != count:
-        raise invalid(f"input '{name}' has {len(elements)} BYTES elements, but its shape needs {count}")
-    return elements
 
 
 def tensor_from_json(
@@ -267,11 +249,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest,
 
 def tensor_to_bytes(array: np.ndarray) -> bytes:
     if array.dtype.kind in "OSU":
-        parts: list[bytes] = []
-        for element in array.flat:
-            data = element if isinstance(element, bytes) else str(element).encode("utf-8")
-            parts += (_U32.pack(len(data)), data)
-        return b"".join(parts)
+        return join_elements(array)
     return np.ascontiguousarray(array).tobytes()
 
 
