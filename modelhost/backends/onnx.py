@@ -219,9 +219,11 @@ def _spec(arg: ort.NodeArg) -> TensorSpec:
 
 def _to_str(name: str, array: np.ndarray) -> np.ndarray:
     # onnxruntime string tensors take str objects; bytes would be stringified as "b'...'".
+    items = array.reshape(-1).tolist()
     try:
-        return np.array([b.decode("utf-8") if isinstance(b, bytes) else b for b in array.flat],
-                        dtype=object).reshape(array.shape)
+        if set(map(type, items)) == {bytes}:
+            return _objects(list(map(bytes.decode, items)), array.shape)
+        return _objects([b.decode("utf-8") if isinstance(b, bytes) else b for b in items], array.shape)
     except UnicodeDecodeError as exc:
         message = f"input '{name}': onnxruntime needs UTF-8 strings: {exc}"
         raise ModelhostError(ErrorKind.INVALID_INPUT, message) from exc
@@ -229,5 +231,11 @@ def _to_str(name: str, array: np.ndarray) -> np.ndarray:
 
 def _from_ort(result: np.ndarray) -> np.ndarray:
     if result.dtype == np.object_:
-        return np.array([s.encode("utf-8") for s in result.flat], dtype=object).reshape(result.shape)
+        return _objects(list(map(str.encode, result.reshape(-1).tolist())), result.shape)
     return result
+
+
+def _objects(items: list[object], shape: tuple[int, ...]) -> np.ndarray:
+    array = np.empty(len(items), dtype=object)  # np.array(items) would read equal-length lists as another axis
+    array[:] = items
+    return array.reshape(shape)

@@ -1,8 +1,9 @@
 """BYTES tensors <-> Triton's wire form: each element as a 4-byte little-endian length, then its bytes.
 
 Shared by HTTP binary data, gRPC raw contents, shared memory and the client. Elements of one length (ids,
-hashes, fixed-width codes) are read by numpy in one strided pass and written by one scatter; other bodies are
-read by one tight loop. A body that does not parse is read again by the careful loop, which names the element.
+hashes, fixed-width codes) are read and written by numpy in one strided pass; other bodies are read by one
+tight loop and written by one join. A body that does not parse is read again by the careful loop, which names
+the element.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 from modelhost.errors import invalid
 
 _U32 = struct.Struct("<I")
-_PREFIX = np.arange(4)
+_FEW = 64  # elements: below, numpy's fixed cost is more than a loop over them
 
 
 def split_elements(name: str, chunk: memoryview, count: int) -> list[bytes]:
@@ -23,7 +24,7 @@ def split_elements(name: str, chunk: memoryview, count: int) -> list[bytes]:
     data = bytes(chunk)
     if not count:
         return _careful_split(name, data, count)
-    elements = _same_length_split(data, count)
+    elements = _same_length_split(data, count) if count >= _FEW else None
     if elements is not None:
         return elements
     elements = []
@@ -76,6 +77,12 @@ def _careful_split(name: str, data: bytes, count: int) -> list[bytes]:
 
 def join_elements(array: np.ndarray) -> bytes:
     """The wire bytes of a BYTES tensor (elements bytes, or anything else as its str in UTF-8), in row-major order."""
+    if array.size < _FEW:
+        parts: list[bytes] = []
+        for item in array.flat:
+            data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+            parts += (_U32.pack(len(data)), data)
+        return b"".join(parts)
     items = array.reshape(-1).tolist()
     kinds = set(map(type, items))
     if kinds == {str}:
@@ -83,20 +90,13 @@ def join_elements(array: np.ndarray) -> bytes:
     elif kinds - {bytes}:
         items = [item if isinstance(item, bytes) else str(item).encode("utf-8") for item in items]
     count = len(items)
-    if not count:
-        return b""
     lengths = np.fromiter(map(len, items), dtype=np.int64, count=count)
-    data = np.frombuffer(b"".join(items), dtype=np.uint8)
     if lengths.min() == lengths.max():
         rows = np.empty((count, 4 + int(lengths[0])), dtype=np.uint8)
         rows[:, :4] = lengths[:1].astype("<u4").view(np.uint8)
-        rows[:, 4:] = data.reshape(count, -1)
+        rows[:, 4:] = np.frombuffer(b"".join(items), dtype=np.uint8).reshape(count, -1)
         return rows.tobytes()
-    wire = np.empty(data.size + 4 * count, dtype=np.uint8)
-    starts = np.cumsum(lengths) - lengths + 4 * np.arange(count)  # where each element's prefix goes
-    prefix_bytes = (starts[:, None] + _PREFIX).reshape(-1)
-    wire[prefix_bytes] = lengths.astype("<u4").view(np.uint8)
-    is_data = np.ones(wire.size, dtype=bool)
-    is_data[prefix_bytes] = False
-    wire[is_data] = data
-    return wire.tobytes()
+    joined: list[bytes] = [b""] * (2 * count)
+    joined[::2] = map(_U32.pack, lengths.tolist())
+    joined[1::2] = items
+    return b"".join(joined)
