@@ -195,6 +195,14 @@ class TestJsonRequestErrors:
     def test_numbers_for_bytes(self) -> None:
         invalid(json_body({"inputs": [tensor("x", "BYTES", [2], data=["a", 1])]}),
                 match="BYTES, so its data must be strings")
+        invalid(json_body({"inputs": [tensor("x", "BYTES", [2, 1], data=[["a"], [None]])]}),
+                match="BYTES, so its data must be strings, got NoneType")
+
+    @pytest.mark.parametrize("data", [["a", "b", "c", "d"], [["a", "b"], ["c", "d"]], [[["a"], ["b"]], [["c"], ["d"]]],
+                                      [["a", "b"], "c", "d"]])
+    def test_strings_flat_or_nested_are_read_in_row_major_order(self, data: list[object]) -> None:
+        request = decode_infer_request(json_body({"inputs": [tensor("x", "BYTES", [2, 2], data=data)]}), None, "m")
+        assert request.inputs["x"].tolist() == [[b"a", b"b"], [b"c", b"d"]]
 
     def test_fp16_needs_binary(self) -> None:
         invalid(json_body({"inputs": [tensor("x", "FP16", [1], data=[1.0])]}),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -183,6 +184,12 @@ def tensor_from_json(
 
 
 def _flatten_strings(name: str, data: list[Any]) -> list[bytes]:
+    kinds = set(map(type, data))
+    if kinds == {list}:  # rows: one level down, the usual shape of a batch of strings
+        data = list(chain.from_iterable(data))
+        kinds = set(map(type, data))
+    if kinds == {str}:
+        return list(map(str.encode, data))
     flat: list[bytes] = []
     stack = [iter(data)]
     while stack:
