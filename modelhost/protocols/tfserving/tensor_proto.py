@@ -155,7 +155,10 @@ def _fill(proto: pb.TensorProto, array: np.ndarray, typed: bool) -> None:
         proto.tensor_shape.dim.add(size=size)
     if array.dtype.kind in "OSU":
         proto.dtype = pb.DT_STRING
-        proto.string_val.extend(e if isinstance(e, bytes) else str(e).encode("utf-8") for e in array.flat)
+        items = array.reshape(-1).tolist()
+        if set(map(type, items)) != {bytes}:
+            items = [e if isinstance(e, bytes) else str(e).encode("utf-8") for e in items]
+        proto.string_val.extend(items)
         return
     data_type = _DATA_TYPES.get(array.dtype.newbyteorder("="))
     if data_type is None:
