@@ -5,7 +5,7 @@ Checks run per request on the hot path, so they compare precomputed tuples only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,7 +101,7 @@ class Signature:
             if array is None:
                 if rule.optional:
                     continue
-                raise invalid(f"missing inference input '{rule.name}' for model '{self.model}'")
+                raise invalid(self._missing_inputs(inputs))
             if array.dtype != rule.dtype and not (rule.datatype == "BYTES" and array.dtype.kind in "SUO"):
                 raise invalid(
                     f"input '{rule.name}' has datatype {datatype_of(array)}, "
@@ -124,6 +124,16 @@ class Signature:
                 array = array.reshape(lead + _resolve(body, rule.dims, rule.reshape))
             feeds[rule.name] = array
         return feeds, batch if batch >= 0 else 1
+
+    def _missing_inputs(self, inputs: dict[str, np.ndarray]) -> str:
+        """Triton's words, which its clients and QA match: every input given and every required one missing."""
+        required = sum(not rule.optional for rule in self.inputs.values())
+        expected = (f"{required} inputs" if required == len(self.inputs) else
+                    f"number of inputs between {required} and {len(self.inputs)}")
+        missing = [name for name, rule in self.inputs.items() if not rule.optional and name not in inputs]
+        return (f"expected {expected} but got {len(inputs)} inputs for model '{self.model}'. "
+                f"Got input(s) {_names(inputs)}, but missing required input(s) {_names(missing)}. "
+                "Please provide all required input(s).")
 
     def _check_batch(self, rule: TensorRule, shape: tuple[int, ...], batch: int) -> int:
         if not shape:
@@ -237,3 +247,7 @@ def _resolve(actual: tuple[int, ...], source: tuple[int, ...], target: tuple[int
         return target
     variable = iter(sizes)
     return tuple(next(variable) if t == -1 else t for t in target)
+
+
+def _names(names: Iterable[str]) -> str:
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"

@@ -2,8 +2,9 @@
 
 Three rules, each raising INVALID_INPUT with a message that names the field, the value and the rule:
 
-- `check_model_name`: a model name is one directory entry's name (Triton's rule): not empty, not "." or
-  "..", no "/" or "\\", no NUL or other control character, at most MAX_NAME_BYTES bytes in UTF-8.
+- `check_model_name`: a model name is one directory entry's name (Triton's rule): not empty or blank, not "."
+  or ".." (spaces around them included, as Triton), no "/" or "\\", no NUL or other control character, at most
+  MAX_NAME_BYTES bytes in UTF-8. The messages carry Triton's words, which its QA and clients match.
 - `check_relative`: a relative path below some directory (a file of a load request, a config's
   default_model_filename, a SageMaker TargetModel): not absolute, no ".." component, no empty
   component, no backslash, no control character.
@@ -24,8 +25,10 @@ from pathlib import Path, PurePosixPath
 from modelhost.errors import invalid
 
 MAX_NAME_BYTES = 255  # a file name's limit on Linux file systems; a longer name cannot name a directory
-NAME_RULE = ("a model name is one directory name: not empty, not '.' or '..', and without '/', '\\', "
+NAME_RULE = ("a model name is one directory name: not empty or blank, not '.' or '..', and without '/', '\\', "
              "NUL or other control characters")
+_EMPTY = "Model name cannot be empty. Please enter a valid name to deploy."  # Triton's words
+_TRAVERSAL = "model name must not contain path traversal characters"  # Triton's words
 
 
 def _control(text: str) -> bool:
@@ -34,12 +37,12 @@ def _control(text: str) -> bool:
 
 def name_problem(name: str) -> str | None:
     """What breaks the model name rule in `name`, or None when it is a valid name."""
-    if not name:
-        return "is empty"
-    if name in (".", ".."):
-        return "is a link to a directory, not a name"
+    if not name.strip():
+        return f"is empty or blank ({_EMPTY})"
+    if name.strip() in (".", ".."):
+        return f"is a link to a directory, not a name ({_TRAVERSAL})"
     if "/" in name or "\\" in name:
-        return "contains a path separator ('/' or '\\')"
+        return f"contains a path separator ('/' or '\\') ({_TRAVERSAL})"
     if _control(name):
         return "contains a NUL or other control character"
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:

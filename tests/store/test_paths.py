@@ -10,7 +10,8 @@ from modelhost.errors import ErrorKind, ModelhostError
 from modelhost.store.paths import check_model_name, check_relative, inside, within
 
 
-@pytest.mark.parametrize("name", ["a", "resnet-50_v2.onnx", "名前", "a b", "...", ".hidden", "x" * 255])
+@pytest.mark.parametrize("name", ["a", "resnet-50_v2.onnx", "名前", "a b", "...", ".hidden", "x" * 255, "..my_model",
+                                  "model..1", "model.version1"])
 def test_names(name: str) -> None:
     assert check_model_name(name) == name
 
@@ -18,13 +19,27 @@ def test_names(name: str) -> None:
 @pytest.mark.parametrize(("name", "problem"), [
     ("", "empty"), (".", "not a name"), ("..", "not a name"), ("a/b", "separator"), ("/abs", "separator"),
     ("a\\b", "separator"), ("a\x00", "control"), ("\x7f", "control"), ("a\nb", "control"), ("x" * 256, "255 bytes"),
-    ("é" * 128, "255 bytes"),
+    ("é" * 128, "255 bytes"), (" ", "blank"), ("\t \n", "blank"), (" ..", "not a name"), (".. ", "not a name"),
 ])
 def test_not_names(name: str, problem: str) -> None:
     with pytest.raises(ModelhostError) as refused:
         check_model_name(name, "model_name")
     assert refused.value.kind is ErrorKind.INVALID_INPUT
     assert problem in refused.value.message and "model_name" in refused.value.message
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("", "Model name cannot be empty. Please enter a valid name to deploy."), (" \t", "Model name cannot be empty."),
+    ("..", "model name must not contain path traversal characters"),
+    (" ..", "model name must not contain path traversal characters"),
+    ("../etc", "model name must not contain path traversal characters"),
+    ("model/", "model name must not contain path traversal characters"),
+])
+def test_refusals_carry_tritons_words(name: str, words: str) -> None:
+    """As Triton's qa/L0_input_validation ModelNameValidationTest matches them on load."""
+    with pytest.raises(ModelhostError) as refused:
+        check_model_name(name)
+    assert words in refused.value.message
 
 
 @pytest.mark.parametrize(("text", "path"), [("model.onnx", "model.onnx"), ("./a/./b.pt", "a/b.pt"), ("...", "...")])
