@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from modelhost.errors import ErrorKind, ModelhostError, invalid, not_found
 
 SHM_DIRECTORY = "/dev/shm"
+# Triton keeps keys of this prefix for its Python backend's regions and refuses them to clients; so does modelhost,
+# so that a host running both cannot have one's clients map the other's internals.
+RESERVED_PREFIX = "triton_python_backend_shm_region_"
 FLAG = "--allow-client-shm"
 
 
@@ -46,9 +49,16 @@ class Region:
         """Bytes [offset, offset + size) of the region, writable; INVALID_INPUT when outside it or when the
         object behind it has shrunk past them since registration."""
         name, byte_size = self.status.name, self.status.byte_size
-        if offset < 0 or size < 0 or offset > byte_size or size > byte_size - offset:
-            raise invalid(f"{where}: offset {offset} and byte size {size} are outside shared memory region "
-                          f"'{name}' of {byte_size} bytes")
+        # Triton's words for each case, which its QA matches; then what it means here.
+        if offset < 0 or (offset >= byte_size and size > 0) or offset > byte_size:
+            raise invalid(f"Invalid offset for shared memory region '{name}': {where}: offset {offset} is outside "
+                          f"the region's {byte_size} bytes")
+        if offset + size >= 1 << 64:
+            raise invalid(f"Integer overflow detected: byte_size {size} + offset {offset} for shared memory region "
+                          f"'{name}': {where}")
+        if size < 0 or size > byte_size - offset:
+            raise invalid(f"Invalid offset + byte size for shared memory region '{name}': {where}: offset {offset} "
+                          f"and byte size {size} run past the region's {byte_size} bytes")
         end = self.status.offset + offset + size
         now = self._map.size()  # fstat: the object as it is now, not as registered
         if now < end:
@@ -85,17 +95,22 @@ class SharedMemory:
                                  "unregister it first")
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise invalid(f"shared memory region '{name}': {field} must be a non-negative integer, got {value!r}")
+                raise invalid(f"failed to register shared memory region '{name}': invalid args: {field} must be a "
+                              f"non-negative integer, got {value!r}")
         if byte_size == 0:
-            raise invalid(f"shared memory region '{name}': byte_size must be at least 1")
+            raise invalid(f"failed to register shared memory region '{name}': invalid args: byte_size must be at "
+                          "least 1")
         if len(self._regions) >= self._max_regions:
             raise ModelhostError(ErrorKind.TOO_LARGE, f"cannot register shared memory region '{name}': "
                                  f"{self._max_regions} regions are registered, the server's limit")
         if self._bytes + byte_size > self._max_bytes:
             raise ModelhostError(ErrorKind.TOO_LARGE, f"cannot register shared memory region '{name}' of {byte_size} "
                                  f"bytes: the registered regions would exceed the server's {self._max_bytes} bytes")
+        if isinstance(key, str) and key.lstrip("/").startswith(RESERVED_PREFIX):
+            raise invalid(f"cannot register shared memory region '{name}' with key '{key}' as the key contains the "
+                          f"reserved prefix '{RESERVED_PREFIX}'")
         status = RegionStatus(name, key, offset, byte_size)
-        self._regions[name] = _map_region(status, os.path.join(self._directory, object_name(key)))
+        self._regions[name] = _map_region(status, os.path.join(self._directory, object_name(key, name)))
         self._bytes += byte_size
 
     def unregister(self, name: str = "") -> None:
@@ -130,11 +145,11 @@ class SharedMemory:
 
     def _check_enabled(self) -> None:
         if not self.enabled:
-            raise ModelhostError(ErrorKind.PRECONDITION, "client shared memory is off: the server takes shared memory "
-                                 f"regions when started with {FLAG}")
+            raise ModelhostError(ErrorKind.PRECONDITION, "Client shared memory is disabled: the server takes shared "
+                                 f"memory regions when started with {FLAG}")
 
 
-def object_name(key: str) -> str:
+def object_name(key: str, region: str = "") -> str:
     """The file name under /dev/shm of a shared-memory key as shm_open reads it (leading slashes dropped); a key
     is a name, never a path: '/', NUL (and every unprintable character), '.' and '..' in what remains are
     refused."""
@@ -142,7 +157,8 @@ def object_name(key: str) -> str:
         raise invalid(f"shared memory key must be a string, got {type(key).__name__}")
     name = key.lstrip("/")
     if not name or "/" in name or not name.isprintable() or name in (".", "..") or len(name.encode()) > 255:
-        raise invalid(f"shared memory key {key!r} is not the name of a shared memory object "
+        registering = f"cannot register shared memory region '{region}' - invalid shm key {key!r}: " if region else ""
+        raise invalid(f"{registering}shared memory key {key!r} is not the name of a shared memory object "
                       "('/name': one name of at most 255 bytes, without '/' or control characters, not '.' or '..')")
     return name
 
@@ -153,7 +169,8 @@ def _map_region(status: RegionStatus, path: str) -> Region:
         # O_NOFOLLOW: a symlink in /dev/shm pointing elsewhere is refused; O_NONBLOCK: a FIFO cannot stall us.
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise invalid(f"shared memory region '{name}': no shared memory object has key '{key}'") from None
+        raise invalid(f"Unable to open shared memory region: '{key}': no shared memory object has that key "
+                      f"(region '{name}')") from None
     except OSError as exc:
         raise invalid(f"shared memory region '{name}': the server cannot open the shared memory object "
                       f"with key '{key}' for reading and writing ({exc.strerror})") from None
@@ -163,8 +180,9 @@ def _map_region(status: RegionStatus, path: str) -> Region:
             raise invalid(f"shared memory region '{name}': key '{key}' is not a shared memory object")
         end = status.offset + status.byte_size
         if end > info.st_size:
-            raise invalid(f"shared memory region '{name}': offset {status.offset} and byte_size {status.byte_size} "
-                          f"run past the end of shared memory object '{key}' of {info.st_size} bytes")
+            raise invalid(f"failed to register shared memory region '{name}': invalid args: offset {status.offset} "
+                          f"and byte_size {status.byte_size} run past the end of shared memory object '{key}' of "
+                          f"{info.st_size} bytes")
         start = status.offset - status.offset % mmap.ALLOCATIONGRANULARITY
         mapping = mmap.mmap(fd, end - start, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
     except (OSError, ValueError) as exc:  # ValueError: mmap's own size check, should the object shrink meanwhile

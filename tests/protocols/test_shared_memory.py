@@ -170,11 +170,13 @@ def test_grpc_register_status_infer_unregister(grpc_client: grpcclient.Inference
     ("/a/b", 0, 16, "not the name of a shared memory object"),
     ("/..", 0, 16, "not the name of a shared memory object"),
     ("/x\u0000y", 0, 16, "not the name of a shared memory object"),
-    (None, 0, 16, "no shared memory object has key"),  # a key no object has
+    (None, 0, 16, "Unable to open shared memory region"),  # a key no object has
     ("SELF", 4096, 1, "run past the end"),  # offset past the object's end
     ("SELF", 8, 4096, "run past the end"),  # size past the end
     ("SELF", 2**64 - 1, 16, "run past the end"),  # their sum past 64 bits
     ("SELF", 0, 0, "at least 1"),
+    ("/triton_python_backend_shm_region_x", 0, 16, "reserved prefix 'triton_python_backend_shm_region_'"),
+    ("///", 0, 16, "invalid shm key '///'"),
 ])
 def test_hostile_registration(http: httpclient.InferenceServerClient, regions: list[shm.SharedMemoryRegion],
                               key: str | None, offset: int, byte_size: int, problem: str) -> None:
@@ -199,8 +201,9 @@ def test_symlink_in_dev_shm_is_refused(http: httpclient.InferenceServerClient, t
 
 
 @pytest.mark.parametrize(("offset", "byte_size", "problem"), [
-    (TENSOR_BYTES, TENSOR_BYTES, "outside shared memory region"),  # past the region's end
-    (2**62, TENSOR_BYTES, "outside shared memory region"),
+    (TENSOR_BYTES, TENSOR_BYTES, "Invalid offset for shared memory region"),  # past the region's end
+    (2**62, TENSOR_BYTES, "Invalid offset for shared memory region"),
+    (4, TENSOR_BYTES, "Invalid offset \\+ byte size for shared memory region"),
     (0, TENSOR_BYTES - 4, "does not match shape"),
 ])
 def test_hostile_input_offsets(http: httpclient.InferenceServerClient, regions: list[shm.SharedMemoryRegion],
@@ -297,7 +300,7 @@ def test_grpc_hostile_key_and_offset(grpc_client: grpcclient.InferenceServerClie
               grpcclient.InferInput("INPUT1", [BATCH, WIDTH], "FP32")]
     inputs[0].set_shared_memory(name, TENSOR_BYTES, offset=2**63 - 1)
     inputs[1].set_shared_memory(name, TENSOR_BYTES)
-    with pytest.raises(InferenceServerException, match="outside shared memory region") as caught:
+    with pytest.raises(InferenceServerException, match="Invalid offset for shared memory region") as caught:
         grpc_client.infer("simple", inputs)
     assert caught.value.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
 
