@@ -139,7 +139,8 @@ def _check(name: str, value: Any, log_file: str) -> None:
             raise invalid(f"log setting 'log_format' must be one of {', '.join(FORMATS)}, got {client_value(value)}")
     elif name == "log_file":
         if value != log_file:
-            raise invalid(f"log setting 'log_file' cannot be changed over the API (a client may not choose where "
-                          f"the server writes); it is {log_file or 'empty (the console)'}")
+            raise invalid(f"log setting 'log_file': log file location can not be updated through network protocol "
+                          f"(Triton's words; a client may not choose where the server writes); it is "
+                          f"{log_file or 'empty (the console)'}")
     else:
         raise invalid(f"unknown log setting {client_value(name)}; the settings are {', '.join(NAMES)}")
