@@ -108,6 +108,6 @@ def test_bad_settings_over_grpc(server: ServerProcess, http: httpclient.Inferenc
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "'log_info' must be true or false" in (info.value.details() or "")
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    with pytest.raises(InferenceServerException, match="'log_file' cannot be changed"):
+    with pytest.raises(InferenceServerException, match="'log_file': log file location can not be updated"):
         client.update_log_settings({"log_file": "/tmp/elsewhere.log"})
     assert http.get_log_settings() == DEFAULTS
