@@ -11,6 +11,7 @@ from modelhost.config.pbtxt import config_to_json
 from modelhost.core.decoupled import Response, responses
 from modelhost.core.manager import IndexEntry, ModelManager
 from modelhost.core.model_record import for_clients
+from modelhost.core.request_parameters import check_reserved
 from modelhost.core.row_updates import apply_rows, checked_rows
 from modelhost.core.scheduler import Scheduler
 from modelhost.core.sequence_controls import SequenceFlags, refuse_sequence, sequence_flags
@@ -284,7 +285,10 @@ def _sequence(served: ServedModel, parameters: dict[str, Any]) -> SequenceFlags 
 
 
 def _scheduling(parameters: dict[str, Any]) -> tuple[int, int]:
-    """The request's `priority` and `timeout` (µs) parameters, 0 when absent."""
+    """The request's `priority` and `timeout` (µs) parameters, 0 when absent; INVALID_INPUT for reserved ones."""
+    if not parameters:
+        return 0, 0
+    check_reserved(parameters)
     return _natural_parameter(parameters, "priority"), _natural_parameter(parameters, "timeout")
 
 

@@ -69,14 +69,15 @@ class EnsembleScheduler:
         has one signature, and each step counts its own rows and batches in its own model). A failing
         step cancels the running ones and fails the request with the same ErrorKind, naming the step. `origin`
         is the client's request: its sequence parameters (`sequence_id`, `sequence_start`, `sequence_end`) pass
-        to every step whose model is a sequence model, as Triton passes them (core/sequences.py runs them there).
+        to every step whose model is a sequence model, as Triton passes them (core/sequences.py runs them there),
+        and its id and other parameters to every step (a Triton Python model's `request.parameters()`).
         """
         if self._stopping:
             raise unavailable(f"ensemble {self._label} is stopping")
         sequence = self._sequence(origin, outputs) if origin is not None and origin.parameters else None
         self._inflight += 1
         try:
-            return await self._execute(inputs, outputs, priority, timeout_us, trace, sequence)
+            return await self._execute(inputs, outputs, priority, timeout_us, trace, sequence, origin)
         finally:
             self._inflight -= 1
             if not self._inflight and self._idle is not None and not self._idle.done():
@@ -122,7 +123,7 @@ class EnsembleScheduler:
 
     async def _execute(
         self, inputs: dict[str, np.ndarray], outputs: Sequence[str], priority: int, timeout_us: int | None,
-        trace: Trace | None = None, sequence: SequenceFlags | None = None,
+        trace: Trace | None = None, sequence: SequenceFlags | None = None, origin: Any = None,
     ) -> Outputs:
         plan = self._plan
         tensors: dict[str, np.ndarray] = dict(inputs)  # the ensemble's tensor namespace for this request
@@ -135,7 +136,7 @@ class EnsembleScheduler:
                 for index in sorted(i for i in waiting if plan.needs[i] <= done):
                     waiting.discard(index)
                     task = asyncio.ensure_future(self._run_step(plan.steps[index], tensors, priority, timeout_us,
-                                                                trace, sequence))
+                                                                trace, sequence, origin))
                     running[task] = index
                 if not running:
                     break
@@ -163,7 +164,7 @@ class EnsembleScheduler:
 
     async def _run_step(
         self, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int, timeout_us: int | None,
-        trace: Trace | None = None, sequence: SequenceFlags | None = None,
+        trace: Trace | None = None, sequence: SequenceFlags | None = None, origin: Any = None,
     ) -> Outputs:
         """One step runs as a client's request does (ServedModel.run), its outputs mapped back to the ensemble's."""
         hold = self._acquire(step.model_name, step.version)
@@ -172,20 +173,21 @@ class EnsembleScheduler:
         except ModelhostError as exc:  # the ensemble exists; it cannot serve without this model
             raise unavailable(exc.message) from None
         try:
-            return await self._run_on(served, step, tensors, priority, timeout_us, trace, sequence)
+            return await self._run_on(served, step, tensors, priority, timeout_us, trace, sequence, origin)
         finally:
             hold.give_back()
 
     @staticmethod
     async def _run_on(served: ServedModel, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int,
                       timeout_us: int | None, trace: Trace | None = None,
-                      sequence: SequenceFlags | None = None) -> Outputs:
+                      sequence: SequenceFlags | None = None, origin: Any = None) -> Outputs:
         # An optional ensemble input the request left out stays out; a required model input then fails there.
         feeds = {name: tensors[tensor] for name, tensor in step.input_map.items() if tensor in tensors}
         step_trace = trace.child(served.name, served.version) if trace is not None else None
         # A sequence step gets the request's sequence (a request without one is then refused there).
+        # Each step sees the client's request (its id and parameters), as Triton passes them through ensembles.
         shaped = await served.run(feeds, step.requested, priority, timeout_us or 0, trace=step_trace,
-                                  sequence=sequence if served.sequences is not None else None)
+                                  sequence=sequence if served.sequences is not None else None, origin=origin)
         if step_trace is not None:
             step_trace.stamp(REQUEST_END)
         return {step.output_map[name]: array for name, array in shaped.items()}

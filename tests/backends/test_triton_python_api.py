@@ -279,10 +279,40 @@ class TritonPythonModel:
 ISOLATED = 'parameters { key: "isolation" value: { string_value: "process" } }\n'
 
 
+PARAMETERS_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "KEYS" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
+PARAMETERS = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        keys = [sorted(json.loads(request.parameters())) for request in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("KEYS", np.array(k or [""], dtype=object))]) for k in keys]
+"""
+
+PARAMETERS_ENSEMBLE_CONFIG = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "KEYS" data_type: TYPE_STRING dims: [ -1 ] } ]
+ensemble_scheduling { step [ { model_name: "parameters" model_version: -1
+  input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "KEYS" value: "KEYS" } } ] }
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("triton_python_repo")
     write_model(repo, "add_sub", ADD_SUB_CONFIG, ADD_SUB)
+    write_model(repo, "parameters", PARAMETERS_CONFIG, PARAMETERS)
+    (repo / "parameters_ensemble" / "1").mkdir(parents=True)
+    (repo / "parameters_ensemble" / "config.pbtxt").write_text(PARAMETERS_ENSEMBLE_CONFIG)
     write_model(repo, "per_request", PER_REQUEST_CONFIG, PER_REQUEST)
     write_model(repo, "bls", BLS_CONFIG, BLS)
     write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
@@ -322,6 +352,27 @@ def test_add_sub(server: ServerProcess, module: Any, model: str) -> None:
     result = client.infer(model, _add_sub_inputs(module, in0), parameters={"offset": 10})  # request.parameters()
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), in0 + 11)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), in0 - 1)
+
+
+@pytest.mark.parametrize("model", ["parameters", "parameters_ensemble"])
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_model_sees_the_requests_own_parameters_not_those_the_server_reads(server: ServerProcess, module: Any,
+                                                                            model: str) -> None:
+    """As Triton (its qa/L0_parameters): sequence, priority, timeout and binary_data_output are the server's; the
+    rest reach the model, through an ensemble's steps too."""
+    client = module.InferenceServerClient(server.url if module is httpclient else server.grpc_url)
+    inputs = [module.InferInput("INPUT0", [1], "FP32")]
+    inputs[0].set_data_from_numpy(np.ones(1, np.float32))
+    result = client.infer(model, inputs, parameters={"key1": 1, "key2": "two"}, priority=1, timeout=10**7)
+    assert result.as_numpy("KEYS").tolist() == [b"key1", b"key2"]
+
+
+def test_triton_prefixed_parameters_are_refused_in_tritons_words(server: ServerProcess) -> None:
+    body = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1.0]}],
+            "parameters": {"triton_injected": "x"}}
+    answer = requests.post(f"{server.base}/v2/models/parameters/infer", json=body, timeout=30)
+    assert answer.status_code == 400
+    assert "'triton_injected'" in answer.json()["error"] and "reserved for Triton usage" in answer.json()["error"]
 
 
 @pytest.mark.parametrize("model", ["add_sub", "add_sub_isolated"])

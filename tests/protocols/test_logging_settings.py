@@ -88,7 +88,7 @@ def test_verbose_lines_appear_and_info_lines_go(server: ServerProcess, http: htt
     ({"log_info": "yes"}, ("'log_info'", "true or false")),
     ({"log_verbose_level": -1}, ("'log_verbose_level'", "integer")),
     ({"log_format": "json"}, ("'log_format'", "default, ISO8601")),
-    ({"log_file": "/tmp/elsewhere.log"}, ("'log_file'", "log file location can not be updated through network protocol")),
+    ({"log_file": "/tmp/elsewhere.log"}, ("'log_file'", "log file location can not be updated")),
     ({"log_colour": True}, ("unknown log setting 'log_colour'",)),
     ({"log_info": False, "log_error": 1}, ("'log_error'",)),  # nothing changes unless every value is good
 ])

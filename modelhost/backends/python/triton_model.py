@@ -24,6 +24,7 @@ import numpy as np
 from modelhost.backends.python import triton_utils as pb
 from modelhost.backends.python.user_model import UserCodeSpec, call_user, check_outputs, execute_error
 from modelhost.client_log import client_log
+from modelhost.core.request_parameters import model_parameters
 from modelhost.errors import ErrorKind, ModelhostError
 
 log = logging.getLogger("modelhost.backends.python.triton_model")
@@ -54,7 +55,7 @@ Call = tuple[Outputs, "Responses | None", str, dict[str, Any]]
 
 def identity(origin: Any) -> tuple[str, dict[str, Any]]:
     """The id and parameters of the client's request (a types.InferRequest), or none."""
-    return ("", {}) if origin is None else (origin.id, origin.parameters)
+    return ("", {}) if origin is None else (origin.id, model_parameters(origin.parameters))
 
 
 def triton_args(spec: UserCodeSpec) -> dict[str, str]:

@@ -77,10 +77,12 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         request: pb.ModelInferRequest,
     ) -> pb.ModelStreamInferResponse | AsyncIterator[pb.ModelStreamInferResponse]:
         infer_request = decode_infer_request(request, dataplane.limits)
+        # The stream's own setting, as Triton keeps it: the one 'triton_' parameter a client may send.
+        flagged = infer_request.parameters.pop(EMPTY_FINAL_PARAMETER, None) is True
         answer = await dataplane.infer_or_stream(infer_request)
         if isinstance(answer, InferResponse):
             return pb.ModelStreamInferResponse(infer_response=encode_infer_response(answer, infer_request))
-        return decoupled_answers(answer, request, infer_request)
+        return decoupled_answers(answer, request, infer_request, flagged)
 
     async def model_config(request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
         return config_to_proto(dataplane.model_config(request.name, request.version))
@@ -125,12 +127,11 @@ def _stream_error(request: pb.ModelInferRequest, error: ModelhostError) -> pb.Mo
 
 
 async def decoupled_answers(responses: AsyncGenerator[Response, None], request: pb.ModelInferRequest,
-                            infer_request: InferRequest) -> AsyncIterator[pb.ModelStreamInferResponse]:
+                            infer_request: InferRequest, flagged: bool) -> AsyncIterator[pb.ModelStreamInferResponse]:
     """A decoupled model's responses, as Triton streams them: an empty final response (the model's
     TRITONSERVER_RESPONSE_COMPLETE_FINAL with no outputs) only when the request's parameter
-    `triton_enable_empty_final_response` asks for it, and then every response says whether it is the last in
-    its parameter `triton_final_response`."""
-    flagged = infer_request.parameters.get(EMPTY_FINAL_PARAMETER) is True
+    `triton_enable_empty_final_response` asks for it (`flagged`), and then every response says whether it is the
+    last in its parameter `triton_final_response`."""
     async with aclosing(responses):  # closed at once when the client leaves: the model sees it cancelled
         async for response, final in responses:
             if isinstance(response, ModelhostError):
