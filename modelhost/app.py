@@ -47,6 +47,7 @@ from modelhost.model_sources import open_model_sources
 from modelhost.protocols import openapi
 from modelhost.protocols.front_end import FrontEnd
 from modelhost.protocols.grpc_server import GrpcOptions, GrpcServer, ListenError
+from modelhost.protocols.header_forwarding import HeaderForwarding
 from modelhost.protocols.http.app import HttpApp
 from modelhost.protocols.http.limits import HttpLimits
 from modelhost.protocols.http.server import HttpServer, Listener
@@ -205,7 +206,9 @@ class Server:
                               s.grpc_keepalive_timeout_seconds, reuse_port=s.workers > 1)
         credentials = self.tls.grpc_credentials() if self.tls is not None and "grpc" not in s.tls_off else None
         reload = None if self.model_config_poller is None else self.model_config_poller.reload
-        services = [kserve_v2_grpc.service(self.dataplane, self.control), logging_api.service(self.log_settings),
+        services = [kserve_v2_grpc.service(self.dataplane, self.control,
+                                           HeaderForwarding(self.settings.grpc_header_forward_pattern)),
+                    logging_api.service(self.log_settings),
                     kserve_v2_grpc.embedding_service(self.dataplane), *tfserving_grpc.services(self.tfserving, reload)]
         return GrpcServer(services, s.host, s.grpc_port, options, self.in_flight, self.grpc_access, credentials)
 
@@ -225,7 +228,9 @@ class Server:
 
     def build_asgi(self) -> HttpApp:
         return HttpApp(
-            kserve_v2_rest.routes(self.dataplane, self.control) + logging_api.routes(self.log_settings)
+            kserve_v2_rest.routes(self.dataplane, self.control,
+                                  HeaderForwarding(self.settings.http_header_forward_pattern))
+            + logging_api.routes(self.log_settings)
             + shm_rest.routes(self.dataplane.shared_memory)
             + tfserving_rest.routes(self.dataplane, self.tfserving,
                                     self.tfserving_setup.metrics_path if self.tfserving_setup else None)

@@ -134,6 +134,11 @@ def add_serve_flags(parser: argparse.ArgumentParser, defaults: ServerSettings, r
         help="Triton's trace settings (repeatable), e.g. triton,file=/var/log/trace.json, level=TIMESTAMPS, "
              "rate=1000, count=-1, triton,log-frequency=100, mode=opentelemetry, opentelemetry,url=URL "
              "(default: no tracing)")
+    add("--http-header-forward-pattern", metavar="REGEX",
+        help="forward HTTP headers whose names match REGEX to the model as request parameters (Triton's flag; "
+             "case-insensitive unless REGEX starts with (?-i); default: none)")
+    add("--grpc-header-forward-pattern", metavar="REGEX",
+        help="forward gRPC metadata whose names match REGEX to the model as request parameters (Triton's flag)")
     add("--allow-client-shm", nargs="?", const=True, type=_true_or_false, metavar="true|false",
         help="let clients on this host register system shared memory regions and send inputs and outputs through "
              "them (Triton's extension and flag: also --allow-client-shm=true; default: off; restrict the "

@@ -104,6 +104,9 @@ class ServerSettings:
     the serving path (1 GiB); 0: never; else at least 1 MiB (each compaction rewrites the whole table).
     trace_config: Triton's `--trace-config [MODE,]SETTING=VALUE` entries (docs/tracing.md): tracing is off unless
     they give it somewhere to go (a file, or an OpenTelemetry receiver); clients change only how much is traced.
+    http_header_forward_pattern, grpc_header_forward_pattern: Triton's flags: request headers (gRPC metadata) whose
+    names match the regular expression become the inference request's string parameters, for the model (empty:
+    none; case-insensitive unless the pattern starts with `(?-i)`).
     allow_client_shm: whether clients may register system shared memory regions and send inputs and receive
     outputs through them (Triton's --allow-client-shm; off: a client that can register a region can read and write
     any /dev/shm object the server's user can open). client_shm_max_regions and client_shm_max_bytes bound the
@@ -221,6 +224,8 @@ class ServerSettings:
     embedding_updates: bool = False
     embedding_compact_log_bytes: int = GIB
     trace_config: tuple[str, ...] = ()
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
     allow_client_shm: bool = False
     client_shm_max_regions: int = 64
     client_shm_max_bytes: int = 16 * GIB

@@ -9,6 +9,7 @@ from modelhost.access import AccessPolicy
 from modelhost.core.code_policy import USER_CODE_MODES
 from modelhost.core.compute_threads import PRIORITIES
 from modelhost.core.trace_config import check_trace_config
+from modelhost.protocols.header_forwarding import check_pattern
 from modelhost.settings import (
     CONTROL_MODES,
     GPU_FALLBACKS,
@@ -53,6 +54,8 @@ def check_settings(settings: ServerSettings) -> None:
                             f"got {settings.unpacked_cache_bytes}")
     try:
         check_trace_config(settings.trace_config)
+        check_pattern("--http-header-forward-pattern", settings.http_header_forward_pattern)
+        check_pattern("--grpc-header-forward-pattern", settings.grpc_header_forward_pattern)
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
     if settings.handler_threads < 0:

@@ -91,8 +91,8 @@ class SharedMemory:
         if not name:
             raise invalid("a shared memory region needs a name")
         if name in self._regions:
-            raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"shared memory region '{name}' is already registered; "
-                                 "unregister it first")
+            raise ModelhostError(ErrorKind.ALREADY_EXISTS, f"shared memory region '{name}' already in manager: it "
+                                 "is registered; unregister it first")
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise invalid(f"failed to register shared memory region '{name}': invalid args: {field} must be a "

@@ -162,12 +162,12 @@ def _server_stream_behavior(rpc: ServerStream, in_flight: InFlight, limit: int, 
 
 def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: AccessPolicy,
                      guard: Guard | None = None) -> Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]:
-    async def answer(data: bytes) -> bytes | tuple[Any, AsyncIterator[Message]]:
+    async def answer(data: bytes, context: Any) -> bytes | tuple[Any, AsyncIterator[Message]]:
         in_flight.arrived()
         request = None
         try:
             request = _parse(rpc.request_type, data)
-            result = await rpc.answer(request)
+            result = await (rpc.answer(request, context) if rpc.with_context else rpc.answer(request))
             return _serialize(result, limit) if isinstance(result, Message) else (request, result)
         except Exception as exc:
             return failed(request, exc)
@@ -215,7 +215,7 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
         if rpc.in_order:
             async for request in requests:
                 if rpc.answers is None:
-                    result = await answer(request)
+                    result = await answer(request, context)
                     if isinstance(result, bytes):
                         yield result
                     else:
@@ -236,7 +236,7 @@ def _stream_behavior(rpc: Stream, in_flight: InFlight, limit: int, access: Acces
         room = asyncio.Event()
 
         async def run(request: Any) -> None:
-            result = await answer(request)
+            result = await answer(request, context)
             if isinstance(result, bytes):
                 answers.put_nowait(result)
                 return

@@ -47,10 +47,11 @@ class Stream:
 
     name: str
     request_type: type[Message]
-    answer: Callable[[Any], Awaitable[Message | AsyncIterator[Message]]]
+    answer: Callable[..., Awaitable[Message | AsyncIterator[Message]]]  # (request) or (request, context)
     error: Callable[[Any, ModelhostError], Message]
     api: Api
     in_order: bool = False  # one request at a time, answered in the order they came (a sequence's requests)
+    with_context: bool = False  # `answer` also gets the stream's grpc context (its invocation metadata)
     # In order only: a request answered by several messages, which `answers` yields (`answer` is not called); an
     # error after some is answered with `error` in their place, and the stream goes on.
     answers: Callable[[Any], AsyncIterator[Message]] | None = None

@@ -56,6 +56,9 @@ def test_bounds_and_limits(block: shared_memory.SharedMemory) -> None:
     with pytest.raises(ModelhostError, match="Integer overflow detected: byte_size 18446744073709551584 "):
         regions.region("a", "input 'x'").span(32, 2**64 - 32, "input 'x'")
     assert len(regions.region("a", "input 'x'").span(8192, 0, "input 'x'")) == 0
+    with pytest.raises(ModelhostError, match="shared memory region 'a' already in manager") as caught:
+        regions.register("a", block.name, 0, 16)
+    assert caught.value.kind is ErrorKind.ALREADY_EXISTS
     with pytest.raises(ModelhostError, match="would exceed the server's 8192 bytes") as caught:
         regions.register("b", block.name, 0, 1)
     assert caught.value.kind is ErrorKind.TOO_LARGE

@@ -342,7 +342,7 @@ def test_raw_binary_request(example_server: ServerProcess, reference: Reference,
 
 @pytest.mark.parametrize(
     ("model", "size", "fragment"),
-    [("deepfm", 39 * 8, "exactly one input; model 'deepfm' has 2"), ("tiny", 6, "6 bytes does not fit input 'x'"),
+    [("deepfm", 39 * 8, "got 2 inputs in 'deepfm' model configuration"), ("tiny", 6, "6 bytes does not fit input 'x'"),
      ("tiny", 32, "32 bytes does not fit input 'x'")],
 )
 def test_raw_binary_request_that_does_not_fit(example_server: ServerProcess, model: str, size: int,

@@ -74,7 +74,7 @@ def decode_infer_request(
 
             if size is not None or "data" in entry:
                 raise shm_tensors.data_and_region(name)
-            inputs[name] = shm_tensors.input_from_region(regions, name, datatype, shape, parameters)
+            inputs[name] = shm_tensors.input_from_region(regions, name, datatype, shape, parameters, model_name)
         elif size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise invalid(f"input '{name}': binary_data_size must be a non-negative integer, "

@@ -20,6 +20,7 @@ from modelhost.core.decoupled import Response
 from modelhost.core.trace import GRPC_SEND_END, GRPC_SEND_START
 from modelhost.errors import ModelhostError
 from modelhost.protocols.grpc_service import Service, Stream, Unary
+from modelhost.protocols.header_forwarding import HeaderForwarding
 from modelhost.protocols.kserve_v2 import grpc_service_pb2 as pb
 from modelhost.protocols.kserve_v2 import shm_grpc
 from modelhost.protocols.kserve_v2.grpc_codec import (
@@ -43,8 +44,10 @@ FINAL_PARAMETER = "triton_final_response"
 EMBEDDING_SERVICE_NAME = "modelhost.EmbeddingService"
 
 
-def service(dataplane: DataPlane, control: Control) -> Service:
+def service(dataplane: DataPlane, control: Control, forwarding: HeaderForwarding | None = None) -> Service:
+    """`forwarding`: the metadata to hand the model as request parameters (--grpc-header-forward-pattern)."""
     tracer = dataplane.tracer
+    forwarded = forwarding if forwarding is not None and forwarding.active else None
 
     async def server_live(request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=dataplane.live())
@@ -65,6 +68,8 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         trace = tracer.begin_grpc(request.model_name, context) if tracer.active else None
         infer_request = decode_infer_request(request, dataplane.limits, dataplane.shared_memory)
         infer_request.trace = trace
+        if forwarded is not None and context is not None:
+            infer_request.parameters.update(forwarded.parameters(_metadata(context)))
         response = await dataplane.infer(infer_request)
         placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else ()
         answer = encode_infer_response(response, infer_request, placed)
@@ -74,9 +79,11 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         return answer
 
     async def stream_answer(
-        request: pb.ModelInferRequest,
+        request: pb.ModelInferRequest, context: Any = None,
     ) -> pb.ModelStreamInferResponse | AsyncIterator[pb.ModelStreamInferResponse]:
         infer_request = decode_infer_request(request, dataplane.limits)
+        if forwarded is not None and context is not None:
+            infer_request.parameters.update(forwarded.parameters(_metadata(context)))
         # The stream's own setting, as Triton keeps it: the one 'triton_' parameter a client may send.
         flagged = infer_request.parameters.pop(EMPTY_FINAL_PARAMETER, None) is True
         answer = await dataplane.infer_or_stream(infer_request)
@@ -109,7 +116,8 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         Unary("ServerMetadata", pb.ServerMetadataRequest, server_metadata, Api.METADATA),
         Unary("ModelMetadata", pb.ModelMetadataRequest, model_metadata, Api.METADATA),
         Unary("ModelInfer", pb.ModelInferRequest, model_infer, Api.INFERENCE, with_context=True),
-        Stream("ModelStreamInfer", pb.ModelInferRequest, stream_answer, _stream_error, Api.INFERENCE),
+        Stream("ModelStreamInfer", pb.ModelInferRequest, stream_answer, _stream_error, Api.INFERENCE,
+               with_context=forwarded is not None),
         Unary("ModelConfig", pb.ModelConfigRequest, model_config, Api.MODEL_CONFIG),
         Unary("ModelStatistics", pb.ModelStatisticsRequest, model_statistics, Api.STATISTICS),
         Unary("RepositoryIndex", pb.RepositoryIndexRequest, repository_index, Api.MODEL_REPOSITORY),
@@ -118,6 +126,11 @@ def service(dataplane: DataPlane, control: Control) -> Service:
         trace_rpc(dataplane),
         *shm_grpc.rpcs(dataplane.shared_memory),
     ])
+
+
+def _metadata(context: Any) -> list[tuple[str, str]]:
+    """A call's text metadata (binary `-bin` entries are not headers to forward)."""
+    return [(key, value) for key, value in context.invocation_metadata() or () if isinstance(value, str)]
 
 
 def _stream_error(request: pb.ModelInferRequest, error: ModelhostError) -> pb.ModelStreamInferResponse:

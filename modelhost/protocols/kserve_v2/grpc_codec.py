@@ -110,7 +110,8 @@ def decode_infer_request(message: ModelInferRequest, limits: RequestLimits = DEF
             if tensor.HasField("contents"):
                 raise shm_tensors.data_and_region(name)
             parameters = parameters_from_proto(tensor.parameters, f"input '{name}'")
-            inputs[name] = shm_tensors.input_from_region(regions, name, datatype, shape, parameters)
+            inputs[name] = shm_tensors.input_from_region(regions, name, datatype, shape, parameters,
+                                                         message.model_name)
             placed += 1
         elif raw:
             if tensor.HasField("contents"):

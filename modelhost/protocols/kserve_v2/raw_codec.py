@@ -17,9 +17,10 @@ from modelhost.types import DATATYPE_DTYPES, InferRequest, ModelMetadata, format
 
 def decode_raw_request(body: bytes | memoryview, metadata: ModelMetadata) -> InferRequest:
     if len(metadata.inputs) != 1:
-        raise invalid(
-            f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one "
-            f"input; model '{metadata.name}' has {len(metadata.inputs)}"
+        raise invalid(  # Triton's words first, which its qa/L0_http matches
+            f"Raw request must only have 1 input (found 1) to be deduced but got {len(metadata.inputs)} inputs in "
+            f"'{metadata.name}' model configuration: a raw binary request (Inference-Header-Content-Length: 0) "
+            "needs a model with exactly one input"
         )
     [spec] = metadata.inputs
     batch = (1,) if metadata.max_batch_size > 0 else ()
@@ -39,8 +40,8 @@ def _decided(name: str, datatype: str, dims: tuple[int, ...], size: int) -> tupl
     """`dims` with its -1 set by the body's `size` in bytes."""
     if dims.count(-1) > 1:
         raise invalid(
-            f"input '{name}' has dims {format_shape(dims)}: a raw binary body cannot decide more than one "
-            "variable dimension"
+            f"The shape of the raw input '{name}' can not be deduced because there are more than one variable-sized "
+            f"dimension: its dims are {format_shape(dims)}, and a raw binary body decides at most one"
         )
     count, rest = divmod(size, DATATYPE_DTYPES[datatype].itemsize)
     fixed = math.prod(d for d in dims if d != -1)

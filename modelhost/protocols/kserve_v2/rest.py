@@ -10,6 +10,7 @@ from modelhost.core.control import Control
 from modelhost.core.dataplane import DataPlane
 from modelhost.core.trace import HTTP_SEND_END, HTTP_SEND_START
 from modelhost.errors import invalid
+from modelhost.protocols.header_forwarding import HeaderForwarding
 from modelhost.protocols.http.app import HttpRequest, HttpResponse, Route, error_response, json_response
 from modelhost.protocols.http.response_encoding import ACCEPT_ENCODING, encode_response
 from modelhost.protocols.json_body import json_object
@@ -30,17 +31,22 @@ _HEADER_LENGTH = b"inference-header-content-length"
 _REPOSITORY = r"/v2/repository(?:/(?P<repository>[^/]+))?"
 
 
-def routes(dataplane: DataPlane, control: Control) -> list[Route]:
+def routes(dataplane: DataPlane, control: Control, forwarding: HeaderForwarding | None = None) -> list[Route]:
+    """`forwarding`: the headers to hand the model as request parameters (--http-header-forward-pattern)."""
     tracer = dataplane.tracer
+    forwarded = forwarding if forwarding is not None and forwarding.active else None
 
     async def infer(request: HttpRequest) -> HttpResponse:
         header_length = _header_length(request.headers.get(_HEADER_LENGTH))
         model, version = request.params["model"], request.params.get("version", "")
         trace = tracer.begin_http(model, request.received, request.headers) if tracer.active else None
+        forward = forwarded.parameters(_text_headers(request.headers)) if forwarded is not None else None
         if header_length == 0:
             def raw(metadata: ModelMetadata) -> tuple[InferRequest, InferRequest]:
                 decoded = decode_raw_request(request.body, metadata)
                 decoded.received, decoded.trace = request.received, trace
+                if forward:
+                    decoded.parameters.update(forward)
                 return decoded, decoded  # the request again, for its binary_data_output when encoding
 
             response, infer_request = await dataplane.decode_and_infer(model, version, raw)
@@ -48,6 +54,8 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
             infer_request = decode_infer_request(request.body, header_length, model, version, dataplane.limits,
                                                  dataplane.shared_memory)
             infer_request.received, infer_request.trace = request.received, trace
+            if forward:
+                infer_request.parameters.update(forward)
             response = await dataplane.infer(infer_request)
         placed = write_outputs(dataplane.shared_memory, response, infer_request) if infer_request.outputs else ()
         parts, json_length = encode_infer_response(response, infer_request, placed)
@@ -138,6 +146,10 @@ def routes(dataplane: DataPlane, control: Control) -> list[Route]:
         Route("POST", _REPOSITORY + r"/models/(?P<model>.+)/unload", unload, Api.MODEL_REPOSITORY),
         *trace_routes(dataplane),
     ]
+
+
+def _text_headers(headers: dict[bytes, bytes]) -> list[tuple[str, str]]:
+    return [(name.decode("latin-1"), value.decode("latin-1")) for name, value in headers.items()]
 
 
 def _health(ok: bool) -> HttpResponse:

@@ -53,7 +53,7 @@ def data_and_region(name: str) -> ModelhostError:
 
 
 def input_from_region(regions: SharedMemory | None, name: str, datatype: str, shape: tuple[int, ...],
-                      parameters: Mapping[str, Any]) -> np.ndarray:
+                      parameters: Mapping[str, Any], model: str = "") -> np.ndarray:
     """The input's tensor as a read-only view of its region; the caller has checked `shape` (ElementBudget)."""
     where = f"input '{name}'"
     place = placement(parameters, where)
@@ -62,8 +62,10 @@ def input_from_region(regions: SharedMemory | None, name: str, datatype: str, sh
     if datatype != "BYTES":
         needed = math.prod(shape) * DATATYPE_DTYPES[datatype].itemsize
         if size != needed:
-            raise invalid(f"{where}: {BYTE_SIZE} {size} does not match shape {format_shape(shape)} of {datatype}, "
-                          f"which needs {needed} bytes")
+            # Triton's words first (its qa/L0_shared_memory matches them), then what they mean here
+            raise invalid(f"input byte size mismatch for input '{name}' for model '{model}'. Expected {needed}, "
+                          f"got {size}: {BYTE_SIZE} {size} does not match shape {format_shape(shape)} of "
+                          f"{datatype}")
     span = _regions(regions, where).region(region, where).span(offset, size, where)
     return tensor_from_bytes(name, datatype, shape, span.toreadonly())
 

@@ -1,0 +1,231 @@
+"""Run Triton's own QA tests (qa/L0_*) that need no GPU, Triton-only backend or C++ client against modelhost.
+
+    git --git-dir=<server mirror> archive HEAD qa | tar -x -C /tmp/triton-server
+    PYTHONPATH=. python scripts/triton_qa.py /tmp/triton-server/qa [--only WORD]
+
+Each suite gets the models its test.sh builds (ONNX identity models in place of Triton's generated
+qa_identity_model_repository, a Python identity model in place of the `identity` test backend, the client
+examples' repository from scripts/triton_client_models.py) and a `modelhost serve` on ports 8000/8001 (the tests
+hard-code them: they must be free) with the flags test.sh gives tritonserver. Prints each test module's unittest
+summary; docs/triton_compatibility.md says what differs by decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import triton_client_models as client_models  # noqa: E402
+
+PYTHON_IDENTITY = """import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+                pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+"""
+
+
+def identity_model(repo: Path, name: str, elem: int, count: int, dims: list[int], config_type: str,
+                   extra: str = "", max_batch: int = 8) -> None:
+    """Triton's qa_identity_model_repository model `name`: INPUTi -> OUTPUTi unchanged."""
+    (repo / name / "1").mkdir(parents=True)
+    shape = (["batch"] if max_batch else []) + [f"d{i}" for i in range(len(dims))]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [f"INPUT{i}"], [f"OUTPUT{i}"]) for i in range(count)], name,
+        [helper.make_tensor_value_info(f"INPUT{i}", elem, shape) for i in range(count)],
+        [helper.make_tensor_value_info(f"OUTPUT{i}", elem, shape) for i in range(count)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(repo / name / "1" / "model.onnx"))
+    dim_text = ",".join(map(str, dims))
+
+    def tensors(prefix: str) -> str:
+        return ",".join(f'{{ name: "{prefix}{i}" data_type: {config_type} dims: [{dim_text}] }}' for i in range(count))
+
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch}\n'
+        f"input [{tensors('INPUT')}]\noutput [{tensors('OUTPUT')}]\n{extra}")
+
+
+def python_identity(repo: Path, name: str, config_type: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.py").write_text(PYTHON_IDENTITY)
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\n'
+        f'input [{{ name: "INPUT0" data_type: {config_type} dims: [ -1 ] }}]\n'
+        f'output [{{ name: "OUTPUT0" data_type: {config_type} dims: [ -1 ] }}]\n')
+
+
+def http_repository(qa: Path, repo: Path) -> None:
+    """qa/L0_http/test.sh's python_unit_test_models."""
+    identity_model(repo, "onnx_zero_1_float32", TensorProto.FLOAT, 1, [-1], "TYPE_FP32")
+    identity_model(repo, "onnx_zero_1_object", TensorProto.STRING, 1, [-1], "TYPE_STRING")
+    identity_model(repo, "onnx_zero_1_object_1_element", TensorProto.STRING, 1, [1], "TYPE_STRING")
+    identity_model(repo, "onnx_zero_1_float16", TensorProto.FLOAT16, 1, [-1, -1], "TYPE_FP16")
+    identity_model(repo, "onnx_zero_3_float32", TensorProto.FLOAT, 3, [-1], "TYPE_FP32")
+    identity_model(repo, "onnx_zero_1_float32_queue", TensorProto.FLOAT, 1, [-1], "TYPE_FP32",
+                   "dynamic_batching { max_queue_delay_microseconds: 1000000 preferred_batch_size: [ 8 ] "
+                   "default_queue_policy { max_queue_size: 1 } }")
+    python_identity(repo, "simple_identity", "TYPE_STRING")
+    python_identity(repo, "simple_identity_int64", "TYPE_INT64")
+
+
+def examples_repository(qa: Path, repo: Path) -> None:
+    client_models.build_repository(repo)
+    (repo / "string_identity" / "1").mkdir(parents=True)
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "string_identity",
+                              [helper.make_tensor_value_info("INPUT0", TensorProto.STRING, ["n"])],
+                              [helper.make_tensor_value_info("OUTPUT0", TensorProto.STRING, ["n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(repo / "string_identity" / "1" / "model.onnx"))
+    (repo / "string_identity" / "config.pbtxt").write_text(
+        'name: "string_identity"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [{ name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] }]\n'
+        'output [{ name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] }]\n')
+
+
+def copied(source: str) -> Callable[[Path, Path], None]:
+    def build(qa: Path, repo: Path) -> None:
+        shutil.copytree(qa / source, repo, dirs_exist_ok=True)
+        for config in repo.glob("*/config.pbtxt"):  # test.sh makes the version directories git does not keep
+            (config.parent / "1").mkdir(exist_ok=True)
+        identity = repo / "identity"
+        if (identity / "config.pbtxt").exists():  # L0_parameters' `identity` test backend: a Python identity
+            (identity / "config.pbtxt").write_text((identity / "config.pbtxt").read_text()
+                                                   .replace('backend: "identity"', 'backend: "python"'))
+            (identity / "1").mkdir(exist_ok=True)
+            (identity / "1" / "model.py").write_text(PYTHON_IDENTITY)
+    return build
+
+
+def empty(qa: Path, repo: Path) -> None:
+    repo.mkdir(exist_ok=True)
+
+
+@dataclass
+class Suite:
+    directory: str
+    command: list[str]  # run in qa/<directory>
+    repository: Callable[[Path, Path], None]
+    flags: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.directory} {' '.join(self.command[2:])} {' '.join(f'{k}={v}' for k, v in self.env.items())}"
+
+
+def suites() -> list[Suite]:
+    shm = [f"SharedMemoryTest.{name}" for name in (
+        "test_invalid_create_shm", "test_valid_create_set_register", "test_unregister_before_register",
+        "test_unregister_after_register", "test_reregister_after_register", "test_unregister_after_inference",
+        "test_register_after_inference", "test_too_big_shm", "test_mixed_raw_shm", "test_unregisterall",
+        "test_infer_offset_out_of_bound", "test_infer_byte_size_out_of_bound", "test_infer_integer_overflow",
+        "test_register_out_of_bound", "test_register_reserved_names", "test_register_invalid_shm_key",
+        "test_python_client_leak")]
+    parameters = "parameters_test.InferenceParametersTest."
+    return [
+        Suite("L0_http", ["python", "http_test.py"], http_repository,
+              ["--model-control-mode", "explicit", "--load-model", "*"]),
+        Suite("L0_http", ["python", "python_http_aio_test.py"], examples_repository,
+              ["--model-control-mode", "poll", "--server-name", "triton"]),
+        Suite("L0_grpc", ["python", "python_grpc_aio_test.py"], examples_repository,
+              ["--model-control-mode", "poll", "--server-name", "triton", "--allow-client-shm"]),
+        Suite("L0_grpc", ["python", "-m", "unittest", "python_unit_test.GrpcTest"], examples_repository),
+        Suite("L0_input_validation", ["python", "-m", "unittest", "input_validation_test.InputValTest"],
+              copied("L0_input_validation/models")),
+        Suite("L0_input_validation", ["python", "-m", "unittest", "input_validation_test.ModelNameValidationTest"],
+              empty, ["--model-control-mode", "explicit"]),
+        *[Suite("L0_shared_memory", ["python", "shared_memory_test.py", test], examples_repository,
+                ["--allow-client-shm"], {"CLIENT_TYPE": client}) for client in ("http", "grpc") for test in shm],
+        *[Suite("L0_shared_memory", ["python", "shared_memory_test.py", "SharedMemoryTest."
+                                     "test_client_shm_disabled_by_default"], examples_repository, [],
+                {"CLIENT_TYPE": client}) for client in ("http", "grpc")],
+        Suite("L0_logging", ["python", "logging_endpoint_test.py"], examples_repository, ["--logging-updates"]),
+        Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params"], copied("L0_parameters/"
+                                                                                              "model_repository")),
+        Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params_reserved_rejected"],
+              copied("L0_parameters/model_repository")),
+        Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_headers"],
+              copied("L0_parameters/model_repository"),
+              ["--grpc-header-forward-pattern", "MY_HEADER.*", "--http-header-forward-pattern", "MY_HEADER.*"]),
+        Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_grpc_header_forward_pattern_case_"
+                                "sensitive"], copied("L0_parameters/model_repository"),
+              ["--grpc-header-forward-pattern", "(?-i)MY_HEADER.*"]),
+        Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_headers_reserved_rejected"],
+              copied("L0_parameters/model_repository"),
+              ["--grpc-header-forward-pattern", ".*", "--http-header-forward-pattern", ".*"]),
+    ]
+
+
+def ports_free() -> bool:
+    for port in (8000, 8001, 8002):
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return False
+    return True
+
+
+def serve(repo: Path, flags: list[str], log: Path) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "modelhost", "serve", "--model-repository", str(repo), "--http-port", "8000",
+         "--grpc-port", "8001", "--metrics-port", "8002", *flags],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:8000/v2/health/ready", timeout=2) as answer:
+                if answer.status == 200:
+                    return server
+        except OSError:
+            pass
+        if server.poll() is not None:
+            break
+        time.sleep(0.3)
+    server.kill()
+    raise SystemExit(f"modelhost did not become ready; see {log}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("qa", type=Path, help="Triton server repository's qa directory")
+    parser.add_argument("--only", default="", help="run the suites whose label contains this")
+    args = parser.parse_args()
+    if not ports_free():
+        raise SystemExit("ports 8000-8002 are taken: Triton's QA tests hard-code 8000 and 8001")
+    work = Path(tempfile.mkdtemp(prefix="triton-qa-"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(args.qa / "common"), os.environ.get("PYTHONPATH", "")])}
+    for index, suite in enumerate(s for s in suites() if args.only in s.label):
+        repo = work / f"repo{index}"
+        suite.repository(args.qa, repo)
+        server = serve(repo, suite.flags, work / f"server{index}.log")
+        try:
+            run = subprocess.run(suite.command, cwd=args.qa / suite.directory, env={**env, **suite.env},
+                                 capture_output=True, text=True, timeout=600)
+            output = (run.stdout + run.stderr).splitlines()
+            lines = [line for line in output if line.startswith(("Ran ", "OK", "FAILED"))]
+            print(f"{suite.label}: {' '.join(lines[-2:])}", flush=True)
+        finally:
+            server.terminate()
+            server.wait(30)
+    print(f"work directory (repositories, server logs): {work}")
+
+
+if __name__ == "__main__":
+    main()
