@@ -35,8 +35,12 @@ PYTHON_IDENTITY = """import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
-                pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+        responses = []
+        for request in requests:  # INPUTi -> OUTPUTi for the inputs the request has (some may be optional)
+            given = [(i, pb_utils.get_input_tensor_by_name(request, f"INPUT{i}")) for i in range(8)]
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor(f"OUTPUT{i}", tensor.as_numpy()) for i, tensor in given if tensor is not None]))
+        return responses
 """
 
 
@@ -105,13 +109,33 @@ def copied(source: str) -> Callable[[Path, Path], None]:
         shutil.copytree(qa / source, repo, dirs_exist_ok=True)
         for config in repo.glob("*/config.pbtxt"):  # test.sh makes the version directories git does not keep
             (config.parent / "1").mkdir(exist_ok=True)
-        identity = repo / "identity"
-        if (identity / "config.pbtxt").exists():  # L0_parameters' `identity` test backend: a Python identity
-            (identity / "config.pbtxt").write_text((identity / "config.pbtxt").read_text()
-                                                   .replace('backend: "identity"', 'backend: "python"'))
-            (identity / "1").mkdir(exist_ok=True)
-            (identity / "1" / "model.py").write_text(PYTHON_IDENTITY)
+            text = config.read_text()
+            if 'backend: "identity"' in text:  # Triton's `identity` test backend: a Python identity
+                config.write_text(text.replace('backend: "identity"', 'backend: "python"'))
+                (config.parent / "1" / "model.py").write_text(PYTHON_IDENTITY)
     return build
+
+
+DELAYED_IDENTITY = """import json
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.delay = int(parameters.get("execute_delay_ms", {}).get("string_value", "0")) / 1000
+
+    def execute(self, requests):
+        time.sleep(self.delay)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+                pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+"""
+
+
+def delayed_identity(qa: Path, repo: Path) -> None:
+    """L0_client_timeout's custom_identity_int32: the `identity` test backend's execute_delay_ms, in Python."""
+    copied("L0_client_timeout/models")(qa, repo)
+    (repo / "custom_identity_int32" / "1" / "model.py").write_text(DELAYED_IDENTITY)
 
 
 def empty(qa: Path, repo: Path) -> None:
@@ -158,6 +182,15 @@ def suites() -> list[Suite]:
                                      "test_client_shm_disabled_by_default"], examples_repository, [],
                 {"CLIENT_TYPE": client}) for client in ("http", "grpc")],
         Suite("L0_logging", ["python", "logging_endpoint_test.py"], examples_repository, ["--logging-updates"]),
+        *[Suite("L0_optional_input", ["python", "optional_input_test.py", f"OptionalInputTest.{test}"],
+                copied("L0_optional_input/models")) for test in (
+            "test_all_inputs", "test_optional_same_input", "test_optional_mix_inputs", "test_optional_mix_inputs_2",
+            "test_ensemble_all_inputs", "test_ensemble_optional_same_input", "test_ensemble_optional_mix_inputs",
+            "test_ensemble_optional_mix_inputs_2", "test_ensemble_optional_pipeline",
+            "test_ensemble_optional_connecting_tensor")],
+        *[Suite("L0_client_timeout", ["python", "client_infer_timeout_test.py", f"ClientInferTimeoutTest.{test}"],
+                delayed_identity) for test in ("test_grpc_infer", "test_grpc_async_infer", "test_grpc_stream_infer",
+                                               "test_http_infer", "test_http_async_infer")],
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params"], copied("L0_parameters/"
                                                                                               "model_repository")),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params_reserved_rejected"],

@@ -117,6 +117,11 @@ def test_ensemble_runs_each_step_batched(start_server, repository: Path) -> None
             stats = client.get_inference_statistics(name)["model_stats"][0]
             assert stats["inference_count"] == 3 + 16
             assert stats["execution_count"] < 1 + 16, (name, stats)
+        # The ensemble's own: each request one execution of its rows, as Triton counts them (its qa/L0_optional_input)
+        ensemble = client.get_inference_statistics("pipeline")["model_stats"][0]
+        assert (ensemble["inference_count"], ensemble["execution_count"]) == (3 + 16, 1 + 16)
+        assert {b["batch_size"]: b["compute_infer"]["count"] for b in ensemble["batch_stats"]} == {3: 1, 1: 16}
+        assert ensemble["inference_stats"]["success"]["count"] == 17
         metadata = client.get_model_metadata("pipeline")
         assert metadata["platform"] == "ensemble"
         assert [i["name"] for i in metadata["inputs"]] == ["RAW"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from modelhost.client_log import client_log
 from modelhost.core.ensemble_plan import LATEST, Acquire, EnsemblePlan, EnsembleStep, Resolve
 from modelhost.core.in_flight import InFlight
 from modelhost.core.sequence_controls import SequenceFlags, refuse_sequence, sequence_flags
+from modelhost.core.statistics import ExecutionTiming, ModelStatistics
 from modelhost.core.trace import REQUEST_END, Trace
 from modelhost.errors import ErrorKind, ModelhostError, unavailable
 
@@ -45,8 +47,12 @@ class EnsembleScheduler:
     the version it got, and the next step gets the new one.
     """
 
-    def __init__(self, label: str, plan: EnsemblePlan, acquire: Acquire, in_flight: InFlight | None = None) -> None:
-        """`in_flight`: where steps running beside another of the same request are counted (core/in_flight.py)."""
+    def __init__(self, label: str, plan: EnsemblePlan, acquire: Acquire, in_flight: InFlight | None = None,
+                 statistics: ModelStatistics | None = None) -> None:
+        """`in_flight`: where steps running beside another of the same request are counted (core/in_flight.py).
+        `statistics`: the ensemble's, where each request that succeeds counts as one execution of its rows, as
+        Triton counts them (its compute: the time its steps took, waits in their queues included)."""
+        self._statistics = statistics
         self._label = label
         self._plan = plan
         self._acquire = acquire
@@ -65,8 +71,8 @@ class EnsembleScheduler:
         (`spent_s` does not: each step's model counts from the step's own start). With a `trace`, each step runs
         with a child trace of its own (Trace.child).
 
-        `inputs` are the ensemble's checked inputs; `rows`, `entry` and `batchable` are unused (an ensemble
-        has one signature, and each step counts its own rows and batches in its own model). A failing
+        `inputs` are the ensemble's checked inputs; `rows` are counted in the ensemble's statistics; `entry` and
+        `batchable` are unused (an ensemble has one signature, and each step batches in its own model). A failing
         step cancels the running ones and fails the request with the same ErrorKind, naming the step. `origin`
         is the client's request: its sequence parameters (`sequence_id`, `sequence_start`, `sequence_end`) pass
         to every step whose model is a sequence model, as Triton passes them (core/sequences.py runs them there),
@@ -76,8 +82,13 @@ class EnsembleScheduler:
             raise unavailable(f"ensemble {self._label} is stopping")
         sequence = self._sequence(origin, outputs) if origin is not None and origin.parameters else None
         self._inflight += 1
+        started = time.monotonic_ns()
         try:
-            return await self._execute(inputs, outputs, priority, timeout_us, trace, sequence, origin)
+            results = await self._execute(inputs, outputs, priority, timeout_us, trace, sequence, origin)
+            if self._statistics is not None:
+                timing = ExecutionTiming([0], 0, time.monotonic_ns() - started, 0)
+                self._statistics.record_execution(max(rows, 1), 1, timing)
+            return results
         finally:
             self._inflight -= 1
             if not self._inflight and self._idle is not None and not self._idle.done():

@@ -284,7 +284,8 @@ def load_ensemble_version(name: str, version: int, plan: LoadPlan, acquire: Acqu
     """An ensemble version: its steps run on the composing models that `acquire` holds at request time.
     `labels`: its outputs' (read_labels, off the event loop, by the caller)."""
     assert plan.ensemble is not None
-    scheduler = EnsembleScheduler(f"{name}:{version}", plan.ensemble, acquire, in_flight)
+    statistics = ModelStatistics()
+    scheduler = EnsembleScheduler(f"{name}:{version}", plan.ensemble, acquire, in_flight, statistics)
     served = Signature.from_config(plan.config)
-    return ServedModel(name, version, plan.config, served, scheduler, ModelStatistics(),
+    return ServedModel(name, version, plan.config, served, scheduler, statistics,
                        named=named_signatures(served, "", "", {}), labels=labels or {})
