@@ -3,7 +3,8 @@ the operator's regular expression become string parameters of the inference requ
 `request.parameters()`).
 
 As Triton: the pattern matches anywhere in the name (a partial match), case-insensitively unless it starts with
-`(?-i)`; a matching header named like a parameter the server reads (`priority`, `sequence_id`, ...) or starting
+`(?-i)` (names are matched as they arrive: lower-cased by this server's HTTP parser, as gRPC metadata is);
+a matching header named like a parameter the server reads (`priority`, `sequence_id`, ...) or starting
 `triton_` is refused with Triton's words. Python's `re` stands in for RE2: the patterns Triton's docs show are read
 the same.
 """
