@@ -31,15 +31,24 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_client_models as client_models  # noqa: E402
 
-PYTHON_IDENTITY = """import triton_python_backend_utils as pb_utils
+PYTHON_IDENTITY = """import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.outputs = [output["name"] for output in json.loads(args["model_config"])["output"]]
+
     def execute(self, requests):
+        # As Triton's identity test backend: OUTPUTi = INPUTi, zeros where an optional INPUTi was left out.
         responses = []
-        for request in requests:  # INPUTi -> OUTPUTi for the inputs the request has (some may be optional)
-            given = [(i, pb_utils.get_input_tensor_by_name(request, f"INPUT{i}")) for i in range(8)]
-            responses.append(pb_utils.InferenceResponse(
-                [pb_utils.Tensor(f"OUTPUT{i}", tensor.as_numpy()) for i, tensor in given if tensor is not None]))
+        for request in requests:
+            given = {name: pb_utils.get_input_tensor_by_name(request, name.replace("OUTPUT", "INPUT"))
+                     for name in self.outputs}
+            present = [tensor.as_numpy() for tensor in given.values() if tensor is not None]
+            tensors = [pb_utils.Tensor(name, tensor.as_numpy() if tensor is not None else np.zeros_like(present[0]))
+                       for name, tensor in given.items() if tensor is not None or present]
+            responses.append(pb_utils.InferenceResponse(tensors))
         return responses
 """
 

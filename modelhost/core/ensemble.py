@@ -164,7 +164,7 @@ class EnsembleScheduler:
         finally:
             self._in_flight.parallel_steps -= beside
             await _discard(running)  # a step failed or the caller left: the others are not wanted
-        return {name: tensors[name] for name in outputs}
+        return {name: tensors[name] for name in outputs if name in tensors}  # a step may leave an output out
 
     def _steps_for(self, outputs: Sequence[str]) -> frozenset[int]:
         key = frozenset(outputs)

@@ -169,10 +169,13 @@ class Signature:
         return names
 
     def shape_outputs(self, results: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
-        """Outputs in response order, reshaped from the backend's `reshape` to the API's `dims`."""
+        """Outputs in response order, reshaped from the backend's `reshape` to the API's `dims`; those the backend
+        did not give (a Triton Python model may answer some) are absent."""
         shaped = {}
         for name in names:
-            array = results[name]
+            array = results.get(name)
+            if array is None:
+                continue
             rule = self.outputs[name]
             if rule.reshape is not None:
                 lead = array.shape[:1] if self.max_batch_size > 0 else ()

@@ -304,6 +304,39 @@ output [ { name: "KEYS" data_type: TYPE_STRING dims: [ -1 ] } ]
 ensemble_scheduling { step [ { model_name: "parameters" model_version: -1
   input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "KEYS" value: "KEYS" } } ] }
 """
+PARTIAL_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+PARTIAL = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):  # an output for each input given, as Triton's qa/L0_optional_input's model
+        responses = []
+        for request in requests:
+            given = [(i, pb_utils.get_input_tensor_by_name(request, f"INPUT{i}")) for i in (0, 1)]
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor(f"OUTPUT{i}", t.as_numpy() * 2) for i, t in given if t is not None]))
+        return responses
+"""
+PARTIAL_ENSEMBLE_CONFIG = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 1 ] optional: true },
+        { name: "B" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]
+output [ { name: "C" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "D" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "partial" model_version: -1
+    input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+    output_map { key: "OUTPUT0" value: "a2" } output_map { key: "OUTPUT1" value: "b2" } },
+  { model_name: "partial" model_version: -1
+    input_map { key: "INPUT0" value: "a2" } input_map { key: "INPUT1" value: "b2" }
+    output_map { key: "OUTPUT0" value: "C" } output_map { key: "OUTPUT1" value: "D" } } ] }
+"""
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +344,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     repo = tmp_path_factory.mktemp("triton_python_repo")
     write_model(repo, "add_sub", ADD_SUB_CONFIG, ADD_SUB)
     write_model(repo, "parameters", PARAMETERS_CONFIG, PARAMETERS)
+    write_model(repo, "partial", PARTIAL_CONFIG, PARTIAL)
+    (repo / "partial_ensemble" / "1").mkdir(parents=True)
+    (repo / "partial_ensemble" / "config.pbtxt").write_text(PARTIAL_ENSEMBLE_CONFIG)
     (repo / "parameters_ensemble" / "1").mkdir(parents=True)
     (repo / "parameters_ensemble" / "config.pbtxt").write_text(PARAMETERS_ENSEMBLE_CONFIG)
     write_model(repo, "per_request", PER_REQUEST_CONFIG, PER_REQUEST)
@@ -365,6 +401,20 @@ def test_model_sees_the_requests_own_parameters_not_those_the_server_reads(serve
     inputs[0].set_data_from_numpy(np.ones(1, np.float32))
     result = client.infer(model, inputs, parameters={"key1": 1, "key2": "two"}, priority=1, timeout=10**7)
     assert result.as_numpy("KEYS").tolist() == [b"key1", b"key2"]
+
+
+@pytest.mark.parametrize(("model", "given", "answered"), [("partial", "INPUT0", "OUTPUT0"),
+                                                          ("partial_ensemble", "A", "C"),
+                                                          ("partial_ensemble", "B", "D")])
+def test_a_response_may_hold_some_outputs(server: ServerProcess, model: str, given: str, answered: str) -> None:
+    """As Triton: the outputs a Triton Python model leaves out are absent from the answer, and an ensemble's
+    later step takes them as missing optional inputs (its qa/L0_optional_input)."""
+    client = httpclient.InferenceServerClient(server.url)
+    tensor = httpclient.InferInput(given, [1], "FP32").set_data_from_numpy(np.array([1.5], np.float32))
+    result = client.infer(model, [tensor])
+    assert [output["name"] for output in result.get_response()["outputs"]] == [answered]
+    expected = 3.0 if model == "partial" else 6.0
+    np.testing.assert_array_equal(result.as_numpy(answered), [expected])
 
 
 def test_triton_prefixed_parameters_are_refused_in_tritons_words(server: ServerProcess) -> None:

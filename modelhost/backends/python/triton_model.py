@@ -175,7 +175,9 @@ class TritonUserModel:
             return ModelhostError(ERROR_KINDS.get(error.code(), ErrorKind.INTERNAL), error.message())
         arrays = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
         try:
-            return check_outputs(self._spec.label, self._rules, arrays, outputs, rows)
+            # As Triton: a response may hold some of the outputs; the others are absent from the answer (and from an
+            # ensemble's later steps, which take them as missing optional inputs).
+            return check_outputs(self._spec.label, self._rules, arrays, outputs, rows, partial=True)
         except ModelhostError as exc:  # the model's bug, not the client's: the operator should see it
             client_log(log, logging.ERROR, "python-model-failed", "%s", exc.message)
             return exc

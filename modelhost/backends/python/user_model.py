@@ -154,17 +154,21 @@ def call_user(spec: UserCodeSpec, what: str, function: Any, *args: Any) -> Any:
 
 
 def check_outputs(
-    label: str, rules: dict[str, OutputRule], results: Any, outputs: list[str], rows: int | None
+    label: str, rules: dict[str, OutputRule], results: Any, outputs: list[str], rows: int | None,
+    partial: bool = False,
 ) -> dict[str, np.ndarray]:
     """The requested `outputs` of what execute returned, each checked for presence, dtype and shape.
 
-    `rows` is the batch size when the model batches. Nothing is cast: a wrong dtype is the model's bug.
+    `rows` is the batch size when the model batches; `partial`: outputs execute left out are left out (a Triton
+    model's response may hold some of them). Nothing is cast: a wrong dtype is the model's bug.
     """
     if not isinstance(results, dict):
         raise _bad_output(label, f"execute returned a {type(results).__name__}, not a dict of numpy arrays")
     checked = {}
     for name in outputs:
         if name not in results:
+            if partial:
+                continue
             returned = ", ".join(repr(str(n)) for n in results) or "none"
             raise _bad_output(label, f"execute returned no output '{name}' (it returned {returned})")
         array = results[name]
