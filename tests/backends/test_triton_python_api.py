@@ -337,6 +337,22 @@ ensemble_scheduling { step [
     input_map { key: "INPUT0" value: "a2" } input_map { key: "INPUT1" value: "b2" }
     output_map { key: "OUTPUT0" value: "C" } output_map { key: "OUTPUT1" value: "D" } } ] }
 """
+SEQUENCE_CONFIG = """
+backend: "python"
+max_batch_size: 0
+sequence_batching { max_sequence_idle_microseconds: 60000000 }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "WHO" data_type: TYPE_STRING dims: [ 3 ] } ]
+"""
+SEQUENCE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("WHO", np.array(
+            [str(r.correlation_id()), str(r.flags()), str(r.timeout())], dtype=object))]) for r in requests]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -345,6 +361,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "add_sub", ADD_SUB_CONFIG, ADD_SUB)
     write_model(repo, "parameters", PARAMETERS_CONFIG, PARAMETERS)
     write_model(repo, "partial", PARTIAL_CONFIG, PARTIAL)
+    write_model(repo, "sequence_who", SEQUENCE_CONFIG, SEQUENCE)
+    write_model(repo, "sequence_who_isolated", SEQUENCE_CONFIG + ISOLATED, SEQUENCE)
     (repo / "partial_ensemble" / "1").mkdir(parents=True)
     (repo / "partial_ensemble" / "config.pbtxt").write_text(PARTIAL_ENSEMBLE_CONFIG)
     (repo / "parameters_ensemble" / "1").mkdir(parents=True)
@@ -415,6 +433,19 @@ def test_a_response_may_hold_some_outputs(server: ServerProcess, model: str, giv
     assert [output["name"] for output in result.get_response()["outputs"]] == [answered]
     expected = 3.0 if model == "partial" else 6.0
     np.testing.assert_array_equal(result.as_numpy(answered), [expected])
+
+
+@pytest.mark.parametrize("model", ["sequence_who", "sequence_who_isolated"])
+def test_a_sequence_request_tells_its_correlation_id_flags_and_timeout(server: ServerProcess, model: str) -> None:
+    """request.correlation_id(), flags() and timeout() as Triton's Python backend gives them."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
+    tensor.set_data_from_numpy(np.ones(1, np.float32))
+    answers = [client.infer(model, [tensor], sequence_id=sid, sequence_start=start, sequence_end=end,
+                            timeout=timeout).as_numpy("WHO").tolist()
+               for sid, start, end, timeout in ((42, True, False, 0), (42, False, False, 10**7), (42, False, True, 0),
+                                                ("conv-7", True, True, 0))]
+    assert answers == [[b"42", b"1", b"0"], [b"42", b"0", b"10000000"], [b"42", b"2", b"0"], [b"conv-7", b"3", b"0"]]
 
 
 def test_triton_prefixed_parameters_are_refused_in_tritons_words(server: ServerProcess) -> None:

@@ -144,7 +144,7 @@ class TritonModel(InProcessModel):
 
     def infer_requests(self, requests: Sequence[tuple[dict[str, np.ndarray], Any, Any]],
                        outputs: Sequence[str]) -> list[dict[str, np.ndarray] | Exception]:
-        calls = [(inputs, responses, *identity(origin)) for inputs, responses, origin in requests]
+        calls = [(inputs, responses, identity(origin)) for inputs, responses, origin in requests]
         with _logged():
             return list(self._triton.execute_requests(calls, list(outputs)))
 

@@ -17,6 +17,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -49,13 +50,35 @@ class Responses(Protocol):
     def put(self, answer: Any, size: int, last: bool = False) -> None: ...
 
 
-# One request of a batch: its inputs, where its responses go (decoupled) or None, its id and its parameters.
-Call = tuple[Outputs, "Responses | None", str, dict[str, Any]]
+@dataclass(frozen=True, slots=True)
+class RequestIdentity:
+    """What a Triton model's InferenceRequest tells of the client's request beyond its tensors."""
+
+    request_id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    correlation_id: int | str = 0  # the sequence's id, for a sequence request
+    flags: int = 0  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END
+    timeout: int = 0  # µs, the request's `timeout` parameter
 
 
-def identity(origin: Any) -> tuple[str, dict[str, Any]]:
-    """The id and parameters of the client's request (a types.InferRequest), or none."""
-    return ("", {}) if origin is None else (origin.id, model_parameters(origin.parameters))
+# One request of a batch: its inputs, where its responses go (decoupled) or None, and who sent it.
+Call = tuple[Outputs, "Responses | None", RequestIdentity]
+
+
+def identity(origin: Any) -> RequestIdentity:
+    """What the model sees of the client's request (a types.InferRequest), or nothing."""
+    if origin is None:
+        return RequestIdentity()
+    parameters = origin.parameters
+    if not parameters:
+        return RequestIdentity(origin.id)
+    flags = ((pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if parameters.get("sequence_start") is True else 0)
+             | (pb.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if parameters.get("sequence_end") is True else 0))
+    correlation_id = parameters.get("sequence_id", 0)
+    timeout = parameters.get("timeout", 0)
+    return RequestIdentity(origin.id, model_parameters(parameters),
+                           correlation_id if isinstance(correlation_id, (int, str)) else 0, flags,
+                           timeout if isinstance(timeout, int) and not isinstance(timeout, bool) else 0)
 
 
 def triton_args(spec: UserCodeSpec) -> dict[str, str]:
@@ -86,7 +109,7 @@ class TritonUserModel:
 
     def execute(self, inputs: Outputs, outputs: list[str]) -> Outputs:
         """One request (an isolated worker's whole batch, or a lone request); raises its error."""
-        result = self.execute_requests([(inputs, None, "", {})], outputs)[0]
+        result = self.execute_requests([(inputs, None, RequestIdentity())], outputs)[0]
         if isinstance(result, ModelhostError):
             raise result
         return result
@@ -95,13 +118,13 @@ class TritonUserModel:
         """Run execute on a batch of requests: each one's outputs, or its error."""
         results: list[Outputs | ModelhostError] = [{} for _ in calls]
         requests, indices = [], []
-        for index, (inputs, responses, request_id, parameters) in enumerate(calls):
+        for index, (inputs, responses, who) in enumerate(calls):
             if self.decoupled and responses is None:
                 results[index] = ModelhostError(ErrorKind.UNSUPPORTED, (
                     f"model '{self._spec.args['model_name']}' is decoupled (model_transaction_policy decoupled): "
                     "it answers through a stream only (gRPC ModelStreamInfer, HTTP generate_stream)"))
                 continue
-            requests.append(self._request(inputs, responses, outputs, request_id, parameters))
+            requests.append(self._request(inputs, responses, outputs, who))
             indices.append(index)
         if not requests:
             return results
@@ -145,11 +168,12 @@ class TritonUserModel:
         except (Exception, SystemExit) as exc:
             raise execute_error(self._spec, exc) from exc
 
-    def _request(self, inputs: Outputs, responses: Responses | None, outputs: list[str], request_id: str,
-                 parameters: dict[str, Any]) -> pb.InferenceRequest:
+    def _request(self, inputs: Outputs, responses: Responses | None, outputs: list[str],
+                 who: RequestIdentity) -> pb.InferenceRequest:
         request = pb.InferenceRequest(self._spec.args["model_name"], outputs,
-                                      [pb.Tensor(name, array) for name, array in inputs.items()], request_id,
-                                      parameters=parameters)
+                                      [pb.Tensor(name, array) for name, array in inputs.items()], who.request_id,
+                                      correlation_id=who.correlation_id, flags=who.flags, timeout=who.timeout,
+                                      parameters=who.parameters)
         if responses is not None:
             rows = next(iter(inputs.values())).shape[0] if self._spec.batching and inputs else None
 

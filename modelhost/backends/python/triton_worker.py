@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from modelhost.backends.python import triton_utils as pb
 from modelhost.backends.python.channel import Channel
 from modelhost.errors import ModelhostError
+
+if TYPE_CHECKING:
+    from modelhost.backends.python.triton_model import RequestIdentity
 
 Outputs = dict[str, np.ndarray]
 CANCEL_POLL_S = 0.005  # how stale a worker's "not cancelled" may be
@@ -112,14 +115,14 @@ def response_from_wire(wire: tuple[Any, ...]) -> pb.InferenceResponse:
 
 
 def execute_requests(model: Any, channel: Channel, inputs: list[Outputs], outputs: list[str],
-                     streams: list[bool], identities: list[tuple[str, dict[str, Any]]]) -> tuple[Any, ...]:
+                     streams: list[bool], identities: list[RequestIdentity]) -> tuple[Any, ...]:
     """Run a "requests" message on a TritonUserModel: ("ok", each request's outputs or portable error)."""
     lock = threading.Lock()
     server = WorkerBls(channel, lock)
     pb.connect(server)
     senders = [_Stream(channel, lock, index, server) if streamed else None for index, streamed in enumerate(streams)]
     try:
-        calls = [(request, sender, *who) for request, sender, who in zip(inputs, senders, identities, strict=True)]
+        calls = [(request, sender, who) for request, sender, who in zip(inputs, senders, identities, strict=True)]
         results = model.execute_requests(calls, outputs)
     except ModelhostError as exc:
         return "error", exc.kind.value, exc.message, getattr(exc, "details", "")
