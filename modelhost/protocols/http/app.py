@@ -228,7 +228,7 @@ class HttpApp:
         encoding = headers.get(b"content-encoding", b"identity").lower()
         if encoding == b"identity":
             return body
-        if encoding not in _WBITS:
+        if encoding not in CODING_WBITS:
             raise invalid(f"Content-Encoding {encoding.decode(errors='replace')} is not supported (gzip, deflate)")
         return _decompress(body, encoding.decode(), self._max_body_bytes)
 
@@ -251,7 +251,8 @@ class HttpApp:
                 return
 
 
-_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+# Content-Encoding -> zlib window bits (gzip: the 16 says its header and trailer); request bodies and responses.
+CODING_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
 
 
 def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -259,7 +260,7 @@ def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
     parts, size, data = [], 0, body
     try:
         while data:
-            inflater = zlib.decompressobj(_WBITS[encoding.encode()])
+            inflater = zlib.decompressobj(CODING_WBITS[encoding.encode()])
             part = inflater.decompress(data, limit + 1 - size)
             size += len(part)
             if size > limit:

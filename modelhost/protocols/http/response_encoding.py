@@ -14,10 +14,9 @@ import asyncio
 import zlib
 from collections.abc import Sequence
 
-from modelhost.protocols.http.app import HttpResponse
+from modelhost.protocols.http.app import CODING_WBITS, HttpResponse
 
 ACCEPT_ENCODING = b"accept-encoding"
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _CODINGS = (b"identity", b"deflate", b"gzip")
 _INLINE_BYTES = 32 * 1024  # larger bodies are compressed in a worker thread (zlib lets go of the GIL), off the loop
 
@@ -55,8 +54,8 @@ def compressed(parts: Sequence[bytes], coding: str) -> bytes:
     # zlib's state is sized by the window and the hash table: 256 KB at its defaults, which the allocator maps and
     # unmaps on every answer. A window no larger than the body, and a table to match, compress it the same.
     window = min(zlib.MAX_WBITS, max(9, size.bit_length()))
-    compressor = zlib.compressobj(zlib.Z_BEST_SPEED, zlib.DEFLATED, _WBITS[coding] - zlib.MAX_WBITS + window,
-                                  max(1, min(zlib.DEF_MEM_LEVEL, window - 6)))
+    wbits = CODING_WBITS[coding.encode()] - zlib.MAX_WBITS + window
+    compressor = zlib.compressobj(zlib.Z_BEST_SPEED, zlib.DEFLATED, wbits, max(1, min(zlib.DEF_MEM_LEVEL, window - 6)))
     pieces = [compressor.compress(part) for part in parts]
     pieces.append(compressor.flush())
     return b"".join(pieces)
