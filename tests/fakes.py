@@ -17,10 +17,12 @@ GATE_TIMEOUT = 5.0  # a held instance never blocks a failing test longer than th
 
 
 class Echo(Model):
-    """OUTPUTn = INPUTn * 1 for every requested OUTPUTn; records each batch (its inputs, rows and thread)."""
+    """OUTPUTn = INPUTn * 1 for every requested OUTPUTn; records each batch (its inputs, rows, outputs asked for
+    and thread)."""
 
     def __init__(self) -> None:
         self.batches: list[dict[str, np.ndarray]] = []  # the inputs of every call, in call order
+        self.asked: list[list[str]] = []  # the outputs each call asked for
         self.threads: list[str] = []
         self.started = 0  # calls entered
         self.finished = 0  # calls returned or raised
@@ -35,6 +37,7 @@ class Echo(Model):
     def infer(self, inputs: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, np.ndarray]:
         with self._lock:
             self.batches.append({k: v.copy() for k, v in inputs.items()})
+            self.asked.append(list(outputs))
             self.threads.append(threading.current_thread().name)
             self.started += 1
         try:

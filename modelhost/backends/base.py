@@ -86,9 +86,10 @@ class Model(abc.ABC):
         """Run one batch; return at least the named outputs."""
 
     def infer_requests(self, requests: Sequence[tuple[dict[str, np.ndarray], Any, Any]],
-                       outputs: Sequence[str]) -> list[dict[str, np.ndarray] | Exception]:
+                       outputs: Sequence[Sequence[str]]) -> list[dict[str, np.ndarray] | Exception]:
         """Run one batch of requests, where `takes_requests`: each request's (inputs, where its decoupled responses
-        go or None, the client's types.InferRequest or None), in; each one's outputs or its own error, out."""
+        go or None, the client's types.InferRequest or None) and the outputs it asks for, in; each one's outputs or
+        its own error, out."""
         raise NotImplementedError(f"{type(self).__name__} does not take requests one by one")
 
     async def infer_async(self, inputs: dict[str, np.ndarray], outputs: Sequence[str],

@@ -44,7 +44,7 @@ def run_batch(instance: Model, batch: list[Pending], taken: float,
     started = time.monotonic_ns()
     inputs = {name: _concatenate([p.inputs[name] for p in batch], padded - total) for name in first.inputs}
     concatenated = time.monotonic_ns()
-    outputs = call(instance, first.entry, inputs, first.outputs)
+    outputs = call(instance, first.entry, inputs, requested(batch))
     inferred = time.monotonic_ns()
     check_batch_dim(outputs, padded)
     results = []
@@ -59,6 +59,16 @@ def run_batch(instance: Model, batch: list[Pending], taken: float,
             pending.trace.computed(started, concatenated, inferred, ended)
     timing = ExecutionTiming(queue_ns, concatenated - started, inferred - concatenated, ended - inferred)
     return results, timing
+
+
+def requested(batch: list[Pending]) -> Sequence[str]:
+    """The outputs a batch's requests ask for, together (as Triton, requests batch whatever outputs they ask for:
+    each is answered with its own, core/served_model.py)."""
+    names = batch[0].outputs
+    for pending in batch:
+        if pending.outputs != names:
+            return list(dict.fromkeys(name for p in batch for name in p.outputs))
+    return names
 
 
 def check_batch_dim(outputs: Outputs, rows: int) -> None:
@@ -77,7 +87,7 @@ def run_each(instance: Model, batch: list[Pending], taken: float,
     """`run_batch` for a model that takes requests one by one: no concatenation, each request's outputs or error."""
     queue_ns = [int((taken - p.enqueued) * 1e9) for p in batch]
     started = time.monotonic_ns()
-    results = instance.infer_requests([(p.inputs, p.responses, p.origin) for p in batch], batch[0].outputs)
+    results = instance.infer_requests([(p.inputs, p.responses, p.origin) for p in batch], [p.outputs for p in batch])
     return results, ExecutionTiming(queue_ns, 0, time.monotonic_ns() - started, 0)
 
 

@@ -165,7 +165,13 @@ class RequestQueue:
             yield from delayed
 
     def _form(self, head: Pending, instance: int) -> tuple[list[Pending], bool]:
-        """The batch to run now, and whether it is as good as waiting could make it."""
+        """The batch to run now, and whether to run it now rather than wait out the queue delay.
+
+        It runs now when full, at a preferred size, or (Triton's dynamic batcher's rule) once a queued request
+        cannot join it: another batch key (inputs of other shapes or types, another signature) or too many rows
+        for the room left. Waiting could not help the batch past such a request, and the request would wait
+        behind it. Unlike Triton, the batch still takes the requests further down that can join it (a prefix
+        rule would run interleaved shapes one request at a time)."""
         policy = self._policy
         if not policy.batching:
             return [head], True
@@ -176,8 +182,12 @@ class RequestQueue:
         max_rows = max(self.limits.max_batch_size, head.rows)
         pinned = self._pinned
         fewest = None
+        blocked = False
         for pending in self._ordered():
             if pending.key != head.key or rows + pending.rows > max_rows:
+                if pinned and pending.instance not in (-1, instance):
+                    continue
+                blocked = True
                 if fewest is None:
                     fewest = min(self._sizes)
                 if max_rows - rows < fewest:  # no request left in the queue fits the room
@@ -193,7 +203,7 @@ class RequestQueue:
         for preferred in policy.preferred_batch_sizes:
             if preferred in sizes:
                 return batch[: sizes.index(preferred) + 1], True
-        return batch, False
+        return batch, blocked
 
     def _remove(self, pending: Pending) -> None:
         queue = (self._delayed if pending.delayed else self._levels)[pending.level]

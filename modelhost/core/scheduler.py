@@ -177,7 +177,7 @@ class Scheduler:
         if not self._policy.batching:
             key: Any = None
         elif batchable:
-            key = _batch_key(inputs, outputs, entry)
+            key = _batch_key(inputs, entry)
         else:
             key = object()  # equal to no other request's
         # Alone in the queue with an instance free: its round trip, less its execution, is a handoff's cost.
@@ -320,5 +320,7 @@ class Scheduler:
             self._answers.finish(pending, None, error)
 
 
-def _batch_key(inputs: dict[str, np.ndarray], outputs: Sequence[str], entry: str) -> Any:
-    return tuple((name, array.shape[1:], array.dtype.str) for name, array in inputs.items()), tuple(outputs), entry
+def _batch_key(inputs: dict[str, np.ndarray], entry: str) -> Any:
+    """Requests batch when their inputs (names, shapes past the batch dim, types) and signature agree; the outputs
+    they ask for may differ (core/batch_run.py `requested`)."""
+    return tuple((name, array.shape[1:], array.dtype.str) for name, array in inputs.items()), entry

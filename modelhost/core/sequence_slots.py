@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from modelhost.backends.base import Model
-from modelhost.core.batch_run import call, check_batch_dim
+from modelhost.core.batch_run import call, check_batch_dim, requested
 from modelhost.core.request_queue import Pending
 from modelhost.core.statistics import ExecutionTiming
 
@@ -66,13 +66,14 @@ class SlotPadding:
         if instance.takes_requests:
             requests = [(p.inputs, p.responses, p.origin) if (p := by_row.get(r)) is not None else (padding, None, None)
                         for r in range(rows)]
-            answers = instance.infer_requests(requests, first.outputs)
+            answers = instance.infer_requests(requests, [p.outputs if (p := by_row.get(r)) is not None
+                                                         else first.outputs for r in range(rows)])
             ended = time.monotonic_ns()
             return [answers[p.row] for p in batch], ExecutionTiming(queue_ns, 0, ended - started, 0)
         parts = [by_row[r].inputs if r in by_row else padding for r in range(rows)]
         inputs = {name: np.concatenate([part[name] for part in parts]) for name in first.inputs}
         concatenated = time.monotonic_ns()
-        outputs = call(instance, first.entry, inputs, first.outputs)
+        outputs = call(instance, first.entry, inputs, requested(batch))
         inferred = time.monotonic_ns()
         check_batch_dim(outputs, rows)
         results: list[Outputs | Exception] = [

@@ -106,6 +106,27 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("requests", out)]))
         return responses
 """
+ASKED_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "A" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "B" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 300000 }
+"""
+ASKED = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            names = request.requested_output_names()
+            rows = pb_utils.get_input_tensor_by_name(request, "x").as_numpy().shape[0]
+            out = np.full((rows, 1), len(requests) * 10 + len(names), np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(name, out) for name in names]))
+        return responses
+"""
 BLS_CONFIG = """
 backend: "python"
 max_batch_size: 0
@@ -368,6 +389,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (repo / "parameters_ensemble" / "1").mkdir(parents=True)
     (repo / "parameters_ensemble" / "config.pbtxt").write_text(PARAMETERS_ENSEMBLE_CONFIG)
     write_model(repo, "per_request", PER_REQUEST_CONFIG, PER_REQUEST)
+    write_model(repo, "asked", ASKED_CONFIG, ASKED)
+    write_model(repo, "asked_isolated", ASKED_CONFIG + ISOLATED, ASKED)
     write_model(repo, "bls", BLS_CONFIG, BLS)
     write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
     write_model(repo, "add_sub_isolated", ADD_SUB_CONFIG + ISOLATED, ADD_SUB)
@@ -492,6 +515,26 @@ def test_requests_of_a_batch_come_one_by_one(server: ServerProcess) -> None:
         assert answer.shape == (rows, 1)
         assert set(answer.reshape(-1) % 100) == {rows}
     assert max(int(answer[0, 0]) // 100 for answer in answers) > 1  # some execute got several requests
+
+
+@pytest.mark.parametrize("model", ["asked", "asked_isolated"])
+def test_requests_asking_for_other_outputs_batch_and_each_sees_its_own(server: ServerProcess, model: str) -> None:
+    # As Triton: the outputs asked for do not split a batch, and each request's requested_output_names() are its own.
+    client = httpclient.InferenceServerClient(server.url, concurrency=3)
+    asked = [["A"], ["B"], ["B", "A"]]
+
+    def call(names: list[str]) -> httpclient.InferResult:
+        data = httpclient.InferInput("x", [2, 1], "INT32")
+        data.set_data_from_numpy(np.zeros((2, 1), np.int32))
+        return client.infer(model, [data], outputs=[httpclient.InferRequestedOutput(n) for n in names])
+
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(call, asked))
+    for names, answer in zip(asked, answers, strict=True):
+        assert sorted(o["name"] for o in answer.get_response()["outputs"]) == sorted(names)
+        for name in names:
+            assert set(answer.as_numpy(name).reshape(-1) % 10) == {len(names)}
+    assert max(int(answer.as_numpy(names[0])[0, 0]) // 10 for names, answer in zip(asked, answers)) > 1
 
 
 @pytest.mark.parametrize(("model", "mode"), [("bls", "sync"), ("bls", "async"), ("bls_isolated", "sync"),

@@ -1,7 +1,8 @@
 """The request queue's batches (core/request_queue.py): the first queued requests that fit, in queue order, those of
-another batch key, another instance or too many rows passed over; cut at a preferred batch size. Checked against a
-pass over the whole queue on random queues, and the queue's shortcut (it stops looking once no queued request could
-fit the room left) shown to take the same batches."""
+another batch key, another instance or too many rows passed over; cut at a preferred batch size; run at once, not
+after the queue delay, when full, preferred, or once a request of this instance's could not join (Triton's rule).
+Checked against a pass over the whole queue on random queues, and the queue's shortcut (it stops looking once no
+queued request could fit the room left) shown to take the same batches."""
 
 from __future__ import annotations
 
@@ -24,24 +25,29 @@ dynamic_batching { %s max_queue_delay_microseconds: 0 }
 
 
 def reference_batch(queued: list[Pending], instance: int, max_batch_size: int,
-                    preferred: tuple[int, ...]) -> list[Pending]:
+                    preferred: tuple[int, ...]) -> tuple[list[Pending], bool]:
+    """(batch, whether it runs now)."""
     head = next(p for p in queued if p.instance in (-1, instance))
     max_rows = max(max_batch_size, head.rows)
     batch: list[Pending] = []
     sizes: list[int] = []
     rows = 0
+    blocked = False
     for pending in queued:
-        if pending.key != head.key or rows + pending.rows > max_rows or pending.instance not in (-1, instance):
+        if pending.instance not in (-1, instance):
+            continue
+        if pending.key != head.key or rows + pending.rows > max_rows:
+            blocked = True
             continue
         batch.append(pending)
         rows += pending.rows
         sizes.append(rows)
         if rows == max_rows:
-            return batch
+            return batch, True
     for size in preferred:  # descending
         if size in sizes:
-            return batch[: sizes.index(size) + 1]
-    return batch
+            return batch[: sizes.index(size) + 1], True
+    return batch, blocked
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -67,7 +73,9 @@ def test_batches_are_those_a_pass_over_the_whole_queue_takes(seed: int) -> None:
             if not takers:
                 continue
             instance = rng.choice(takers)
-            expected = reference_batch(queued, instance, max_batch_size, tuple(preferred))
+            expected, now = reference_batch(queued, instance, max_batch_size, tuple(preferred))
+            head = next(p for p in queued if p.instance in (-1, instance))
+            assert queue._form(head, instance) == (expected, now)
             assert queue.take(instance) == expected
             queued = [p for p in queued if all(p is not taken for taken in expected)]
             assert queue.rows == sum(p.rows for p in queued)
@@ -94,5 +102,35 @@ def test_a_full_room_stops_the_look_down_a_deep_queue() -> None:
             queue.put(Pending({}, ("y",), 500, Counted("k"), 0, loop.create_future()), "q")
         assert [p.rows for p in queue.take()] == [500, 500]
         assert looked_at == 3
+    finally:
+        loop.close()
+
+
+def test_a_request_that_cannot_join_sends_the_batch_before_its_delay() -> None:
+    """Triton's batcher (qa/L0_optional_input, L0_batcher test_multi_batch_different_shape): with a delay that never
+    ends, a batch waits for more rows until a queued request could not join it (another key, too many rows), then
+    runs at once with the requests that can, further down included; a request only another instance may run does
+    not count."""
+    policy = SchedulingPolicy.from_config(parse_config(CONFIG.replace("max_queue_delay_microseconds: 0",
+                                                                      "max_queue_delay_microseconds: 9000000000")
+                                                       % (8, "")))
+    queue = RequestQueue(policy)
+    loop = asyncio.new_event_loop()
+
+    def put(rows: int, key: str, instance: int = -1) -> Pending:
+        pending = Pending({}, ("y",), rows, key, 0, loop.create_future(), instance=instance)
+        queue.put(pending, "q")
+        return pending
+
+    try:
+        a1, a2 = put(1, "a"), put(2, "a")
+        assert queue._form(a1, -1) == ([a1, a2], False)  # waits for more
+        put(1, "b", instance=1)
+        assert queue._form(a1, 0) == ([a1, a2], False)  # instance 1's own request does not stop instance 0's batch
+        b = put(1, "b")
+        a3 = put(3, "a")
+        assert queue.take() == [a1, a2, a3]  # b cannot join: run now, with a3 from behind it
+        put(8, "b")
+        assert queue._form(b, 0) == ([b], True)  # 1 + 8 rows > 8: b runs now
     finally:
         loop.close()

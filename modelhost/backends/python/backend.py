@@ -143,10 +143,10 @@ class TritonModel(InProcessModel):
         self._triton = user
 
     def infer_requests(self, requests: Sequence[tuple[dict[str, np.ndarray], Any, Any]],
-                       outputs: Sequence[str]) -> list[dict[str, np.ndarray] | Exception]:
+                       outputs: Sequence[Sequence[str]]) -> list[dict[str, np.ndarray] | Exception]:
         calls = [(inputs, responses, identity(origin)) for inputs, responses, origin in requests]
         with _logged():
-            return list(self._triton.execute_requests(calls, list(outputs)))
+            return list(self._triton.execute_requests(calls, [list(names) for names in outputs]))
 
 
 @contextmanager

@@ -7,7 +7,7 @@ spec loads (worker_code.py: a Python model's model.py, a TorchServe handler):
     ("init", WorkerSpec)                  ("ok", kind: None, "triton") | ("error", None, message, traceback)
     ("execute", inputs, output names[,    ("ok", outputs) | ("error", ErrorKind value, message, traceback),
      threads])                              after any number of ("partial", request index, answer)
-    ("requests", [inputs], output names,  ("ok", [outputs or (ErrorKind value, message)]) | ("error", ...), after
+    ("requests", [inputs], [output names], ("ok", [outputs or (ErrorKind value, message)]) | ("error", ...), after
      [streams?], [(id, parameters)])        each streamed request's ("partial", index, (response, final)),
                                             its final one included (triton_worker.py)
     ("stop",)                             ("ok", None) | ("error", None, message, traceback), then exits

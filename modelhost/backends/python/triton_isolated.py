@@ -30,7 +30,7 @@ class IsolatedTritonModel(IsolatedModel):
     runs_async = False  # a lone request also goes to the instance thread, with its stream
 
     def infer_requests(self, requests: Sequence[tuple[Outputs, Any, Any]],
-                       outputs: Sequence[str]) -> list[Outputs | Exception]:
+                       outputs: Sequence[Sequence[str]]) -> list[Outputs | Exception]:
         worker = self._ready_worker()
         streams = [responses for _, responses, _ in requests]
 
@@ -41,8 +41,8 @@ class IsolatedTritonModel(IsolatedModel):
                 size = sum(a.nbytes for a in response.values()) if isinstance(response, dict) else 0
                 streams[index].put((response, final), size, final)
 
-        message = ("requests", [inputs for inputs, _, _ in requests], list(outputs), [s is not None for s in streams],
-                   [identity(origin) for _, _, origin in requests])
+        message = ("requests", [inputs for inputs, _, _ in requests], [list(names) for names in outputs],
+                   [s is not None for s in streams], [identity(origin) for _, _, origin in requests])
         def on_call(what: tuple[Any, ...]) -> Any:
             if what[0] == "cancelled":  # is_cancelled() of a streamed request, in the worker
                 index = what[1]
@@ -57,7 +57,7 @@ class IsolatedTritonModel(IsolatedModel):
         return [_local(result) or {} for result in reply[1]]
 
     def infer(self, inputs: Outputs, outputs: Sequence[str]) -> Outputs:
-        result = self.infer_requests([(inputs, None, None)], outputs)[0]
+        result = self.infer_requests([(inputs, None, None)], [outputs])[0]
         if isinstance(result, Exception):
             raise result
         return result

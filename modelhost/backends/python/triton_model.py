@@ -109,22 +109,23 @@ class TritonUserModel:
 
     def execute(self, inputs: Outputs, outputs: list[str]) -> Outputs:
         """One request (an isolated worker's whole batch, or a lone request); raises its error."""
-        result = self.execute_requests([(inputs, None, RequestIdentity())], outputs)[0]
+        result = self.execute_requests([(inputs, None, RequestIdentity())], [outputs])[0]
         if isinstance(result, ModelhostError):
             raise result
         return result
 
-    def execute_requests(self, calls: Sequence[Call], outputs: list[str]) -> list[Outputs | ModelhostError]:
-        """Run execute on a batch of requests: each one's outputs, or its error."""
+    def execute_requests(self, calls: Sequence[Call], outputs: Sequence[list[str]]) -> list[Outputs | ModelhostError]:
+        """Run execute on a batch of requests (each with the outputs it asks for): each one's outputs, or its
+        error."""
         results: list[Outputs | ModelhostError] = [{} for _ in calls]
         requests, indices = [], []
-        for index, (inputs, responses, who) in enumerate(calls):
+        for index, ((inputs, responses, who), names) in enumerate(zip(calls, outputs, strict=True)):
             if self.decoupled and responses is None:
                 results[index] = ModelhostError(ErrorKind.UNSUPPORTED, (
                     f"model '{self._spec.args['model_name']}' is decoupled (model_transaction_policy decoupled): "
                     "it answers through a stream only (gRPC ModelStreamInfer, HTTP generate_stream)"))
                 continue
-            requests.append(self._request(inputs, responses, outputs, who))
+            requests.append(self._request(inputs, responses, names, who))
             indices.append(index)
         if not requests:
             return results
@@ -139,7 +140,7 @@ class TritonUserModel:
             raise ModelhostError(ErrorKind.INTERNAL, f"{self._spec.label}: execute returned {count} responses for "
                                  f"{len(requests)} requests: it must return one InferenceResponse per request")
         for index, answer, request in zip(indices, answers, requests, strict=True):
-            results[index] = self._outputs(answer, _rows(request) if self._spec.batching else None, outputs)
+            results[index] = self._outputs(answer, _rows(request) if self._spec.batching else None, outputs[index])
         return results
 
     def finalize(self) -> None:

@@ -114,7 +114,7 @@ def response_from_wire(wire: tuple[Any, ...]) -> pb.InferenceResponse:
     return pb.InferenceResponse([pb.Tensor(name, array) for name, array in wire[1].items()])
 
 
-def execute_requests(model: Any, channel: Channel, inputs: list[Outputs], outputs: list[str],
+def execute_requests(model: Any, channel: Channel, inputs: list[Outputs], outputs: list[list[str]],
                      streams: list[bool], identities: list[RequestIdentity]) -> tuple[Any, ...]:
     """Run a "requests" message on a TritonUserModel: ("ok", each request's outputs or portable error)."""
     lock = threading.Lock()
