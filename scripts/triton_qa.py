@@ -5,7 +5,8 @@
 
 Each suite gets the models its test.sh builds (ONNX identity models in place of Triton's generated
 qa_identity_model_repository, a Python identity model in place of the `identity` test backend, the client
-examples' repository from scripts/triton_client_models.py) and a `modelhost serve` on ports 8000/8001 (the tests
+examples' repository from scripts/triton_client_models.py, Triton's qa_model_repository for ONNX and LibTorch made by
+its qa/common/gen_qa_models.py, which needs torch, onnx and ml_dtypes) and a `modelhost serve` on ports 8000/8001 (the tests
 hard-code them: they must be free) with the flags test.sh gives tritonserver. Prints each test module's unittest
 summary; docs/triton_compatibility.md says what differs by decision.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -151,6 +153,44 @@ def empty(qa: Path, repo: Path) -> None:
     repo.mkdir(exist_ok=True)
 
 
+def generated(qa: Path, work: Path, variable: bool) -> Path:
+    """Triton's qa_model_repository (qa_variable_model_repository) for ONNX and LibTorch, made once a run by Triton's
+    own generator, qa/common/gen_qa_models.py."""
+    target = work / ("qa_variable_model_repository" if variable else "qa_model_repository")
+    if not target.exists():
+        subprocess.run([sys.executable, "gen_qa_models.py", "--models_dir", str(target), "--onnx", "--libtorch",
+                        *(["--variable"] if variable else [])], cwd=qa / "common", check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return target
+
+
+def batcher_models(variable: bool) -> Callable[[Path, Path], None]:
+    """qa/L0_batcher/test.sh's models (var_models when `variable`): float32 add/sub models for ONNX, LibTorch and
+    Python (qa/python_models/add_sub with the ONNX model's config), max_batch_size 8, preferred sizes 2 and 6 and
+    a 10 s queue delay."""
+    def build(qa: Path, repo: Path) -> None:
+        source = generated(qa, repo.parent, variable)
+        repo.mkdir()
+        for backend in ("onnx", "libtorch", "python"):
+            model = repo / f"{backend}_float32_float32_float32"
+            if backend == "python":
+                onnx_model = source / "onnx_float32_float32_float32"
+                (model / "1").mkdir(parents=True)
+                config = (onnx_model / "config.pbtxt").read_text()
+                config = re.sub(r"platform:.*", 'backend: "python"', config).replace("onnx", "python")
+                (model / "config.pbtxt").write_text(config)
+                shutil.copy(onnx_model / "output0_labels.txt", model)
+                shutil.copy(qa / "python_models" / "add_sub" / "model.py", model / "1")
+            else:
+                shutil.copytree(source / model.name, model)
+            config = (model / "config.pbtxt").read_text()
+            config = re.sub(r"(?m)^max_batch_size:.*", "max_batch_size: 8", config)
+            config = re.sub(r"(?m)^version_policy:.*", "version_policy: { specific { versions: [1] }}", config)
+            config += "dynamic_batching { preferred_batch_size: [ 2, 6 ], max_queue_delay_microseconds: 10000000 }\n"
+            (model / "config.pbtxt").write_text(config.replace("16", "-1") if variable else config)
+    return build
+
+
 @dataclass
 class Suite:
     directory: str
@@ -173,6 +213,16 @@ def suites() -> list[Suite]:
         "test_register_out_of_bound", "test_register_reserved_names", "test_register_invalid_shm_key",
         "test_python_client_leak")]
     parameters = "parameters_test.InferenceParametersTest."
+    batcher = ["test_static_batch_preferred", "test_static_batch_lt_any_preferred", "test_static_batch_not_preferred",
+               "test_static_batch_gt_max_preferred", "test_multi_batch_not_preferred",
+               "test_multi_batch_gt_max_preferred", "test_multi_batch_sum_gt_max_preferred",
+               "test_multi_same_output0", "test_multi_same_output1", "test_multi_different_outputs",
+               "test_multi_different_output_order"]
+    # test_multi_batch_different_shape_allow_ragged needs Triton's custom C++ backend (its "custom" trial); the
+    # DELAY tests need TRITONSERVER_DELAY_SCHEDULER, a test hook inside Triton's scheduler.
+    different_shape = ["test_multi_batch_not_preferred_different_shape", "test_multi_batch_preferred_different_shape",
+                       "test_multi_batch_different_shape"]
+    batcher_env = {"BACKENDS": "onnx libtorch python"}
     return [
         Suite("L0_http", ["python", "http_test.py"], http_repository,
               ["--model-control-mode", "explicit", "--load-model", "*"]),
@@ -200,6 +250,9 @@ def suites() -> list[Suite]:
         *[Suite("L0_client_timeout", ["python", "client_infer_timeout_test.py", f"ClientInferTimeoutTest.{test}"],
                 delayed_identity) for test in ("test_grpc_infer", "test_grpc_async_infer", "test_grpc_stream_infer",
                                                "test_http_infer", "test_http_async_infer")],
+        *[Suite("L0_batcher", ["python", "batcher_test.py", f"BatcherTest.{test}"], batcher_models(kind == "VARIABLE"),
+                env={**batcher_env, "BATCHER_TYPE": kind})
+          for kind, tests in (("FIXED", batcher), ("VARIABLE", batcher + different_shape)) for test in tests],
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params"], copied("L0_parameters/"
                                                                                               "model_repository")),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params_reserved_rejected"],

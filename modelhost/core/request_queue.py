@@ -141,8 +141,9 @@ class RequestQueue:
                         return None
                     self._cond.wait()
                     continue
-                batch, complete = self._form(head, instance)
-                wait = head.enqueued + self.limits.max_queue_delay_s - self._clock.now()
+                delay = self.limits.max_queue_delay_s
+                wait = head.enqueued + delay - self._clock.now()
+                batch, complete = self._form(head, instance, expired=delay > 0 and wait <= 0)
                 if complete or wait <= 0 or self._closed:
                     for pending in batch:
                         self._remove(pending)
@@ -164,33 +165,36 @@ class RequestQueue:
             yield from queue
             yield from delayed
 
-    def _form(self, head: Pending, instance: int) -> tuple[list[Pending], bool]:
-        """The batch to run now, and whether to run it now rather than wait out the queue delay.
+    def _form(self, head: Pending, instance: int, expired: bool = False) -> tuple[list[Pending], bool]:
+        """The batch to run now, and whether to run it now rather than wait out the queue delay (`expired`: the
+        head has waited it out).
 
-        It runs now when full, at a preferred size, or (Triton's dynamic batcher's rule) once a queued request
-        cannot join it: another batch key (inputs of other shapes or types, another signature) or too many rows
-        for the room left. Waiting could not help the batch past such a request, and the request would wait
-        behind it. Unlike Triton, the batch still takes the requests further down that can join it (a prefix
-        rule would run interleaved shapes one request at a time)."""
+        As Triton's dynamic batcher: a batch with preferred sizes holds no more rows than the largest (unless its
+        delay has expired: then up to max_batch_size) and is cut at the largest it reaches; it runs now when full,
+        at a preferred size, or once a queued request cannot join it: another batch key (inputs of other shapes or
+        types, another signature) or too many rows for the room left. Waiting could not help the batch past such a
+        request, and the request would wait behind it. Unlike Triton's, the batch still takes the requests further
+        down that can join it (a batch that is a prefix of the queue runs interleaved shapes one at a time)."""
         policy = self._policy
         if not policy.batching:
             return [head], True
+        preferred = () if expired else policy.preferred_batch_sizes
+        room = min(self.limits.max_batch_size, preferred[0]) if preferred else self.limits.max_batch_size
+        room = max(room, head.rows)  # a request of more rows than the room still runs (alone)
         batch: list[Pending] = []
         sizes: list[int] = []
         rows = 0
-        # A request of more rows than a target's smaller batch size still runs (alone).
-        max_rows = max(self.limits.max_batch_size, head.rows)
         pinned = self._pinned
         fewest = None
         blocked = False
         for pending in self._ordered():
-            if pending.key != head.key or rows + pending.rows > max_rows:
+            if pending.key != head.key or rows + pending.rows > room:
                 if pinned and pending.instance not in (-1, instance):
                     continue
                 blocked = True
                 if fewest is None:
                     fewest = min(self._sizes)
-                if max_rows - rows < fewest:  # no request left in the queue fits the room
+                if room - rows < fewest:  # no request left in the queue fits the room
                     break
                 continue
             if pinned and pending.instance not in (-1, instance):
@@ -198,12 +202,12 @@ class RequestQueue:
             batch.append(pending)
             rows += pending.rows
             sizes.append(rows)
-            if rows == max_rows:
-                return batch, True
-        for preferred in policy.preferred_batch_sizes:
-            if preferred in sizes:
-                return batch[: sizes.index(preferred) + 1], True
-        return batch, blocked
+            if rows == room:
+                break
+        for size in preferred:  # descending
+            if size in sizes:
+                return batch[: sizes.index(size) + 1], True
+        return batch, blocked or rows == room
 
     def _remove(self, pending: Pending) -> None:
         queue = (self._delayed if pending.delayed else self._levels)[pending.level]

@@ -1,6 +1,7 @@
 """The request queue's batches (core/request_queue.py): the first queued requests that fit, in queue order, those of
-another batch key, another instance or too many rows passed over; cut at a preferred batch size; run at once, not
-after the queue delay, when full, preferred, or once a request of this instance's could not join (Triton's rule).
+another batch key, another instance or too many rows passed over; no more rows than the largest preferred size and
+cut at the largest reached; run at once, not after the queue delay, when full, preferred, or once a request of this
+instance's could not join (Triton's rules).
 Checked against a pass over the whole queue on random queues, and the queue's shortcut (it stops looking once no
 queued request could fit the room left) shown to take the same batches."""
 
@@ -28,7 +29,7 @@ def reference_batch(queued: list[Pending], instance: int, max_batch_size: int,
                     preferred: tuple[int, ...]) -> tuple[list[Pending], bool]:
     """(batch, whether it runs now)."""
     head = next(p for p in queued if p.instance in (-1, instance))
-    max_rows = max(max_batch_size, head.rows)
+    max_rows = max(min([max_batch_size, *preferred[:1]]), head.rows)  # preferred sizes: no more than the largest
     batch: list[Pending] = []
     sizes: list[int] = []
     rows = 0
@@ -43,11 +44,11 @@ def reference_batch(queued: list[Pending], instance: int, max_batch_size: int,
         rows += pending.rows
         sizes.append(rows)
         if rows == max_rows:
-            return batch, True
+            break
     for size in preferred:  # descending
         if size in sizes:
             return batch[: sizes.index(size) + 1], True
-    return batch, blocked
+    return batch, blocked or rows == max_rows
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -132,5 +133,35 @@ def test_a_request_that_cannot_join_sends_the_batch_before_its_delay() -> None:
         assert queue.take() == [a1, a2, a3]  # b cannot join: run now, with a3 from behind it
         put(8, "b")
         assert queue._form(b, 0) == ([b], True)  # 1 + 8 rows > 8: b runs now
+    finally:
+        loop.close()
+
+
+def test_preferred_sizes_cap_a_batch_until_its_delay_expires() -> None:
+    """Triton's batcher (qa/L0_batcher test_static_batch_gt_max_preferred, test_multi_batch_sum_gt_max_preferred):
+    with preferred sizes [2, 6] of 8, a batch holds at most 6 rows and runs at once when the next request would take
+    it past them, or when one request alone has them; once the delay has expired it takes up to 8."""
+    policy = SchedulingPolicy.from_config(parse_config(CONFIG.replace("max_queue_delay_microseconds: 0",
+                                                                      "max_queue_delay_microseconds: 9000000000")
+                                                       % (8, "preferred_batch_size: [ 2, 6 ]")))
+    queue = RequestQueue(policy)
+    loop = asyncio.new_event_loop()
+
+    def put(rows: int) -> Pending:
+        pending = Pending({}, ("y",), rows, "a", 0, loop.create_future())
+        queue.put(pending, "q")
+        return pending
+
+    try:
+        three = put(3)
+        assert queue._form(three, -1) == ([three], False)
+        four = put(4)
+        assert queue._form(three, -1) == ([three], True)  # 3 + 4 > 6
+        assert queue._form(three, -1, expired=True) == ([three, four], False)  # up to 8 once the delay is out
+        assert queue.take() == [three]
+        assert queue._form(four, -1) == ([four], False)  # 4 < 6: waits
+        seven = put(7)
+        assert queue.take() == [four]
+        assert queue._form(seven, -1) == ([seven], True)  # 7 alone is past the largest preferred size
     finally:
         loop.close()
