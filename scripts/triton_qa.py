@@ -7,8 +7,8 @@ Each suite gets the models its test.sh builds (ONNX identity models in place of 
 qa_identity_model_repository, a Python identity model in place of the `identity` test backend, the client
 examples' repository from scripts/triton_client_models.py, Triton's qa_model_repository for ONNX and LibTorch made by
 its qa/common/gen_qa_models.py, which needs torch, onnx and ml_dtypes) and a `modelhost serve` on ports 8000/8001
-(the tests hard-code them: they must be free) with the flags test.sh gives tritonserver. Prints each test module's unittest
-summary; docs/triton_compatibility.md says what differs by decision.
+(the tests hard-code them: they must be free) with the flags test.sh gives tritonserver. Prints each test module's
+unittest summary; docs/triton_compatibility.md says what differs by decision.
 """
 
 from __future__ import annotations
