@@ -153,15 +153,50 @@ def empty(qa: Path, repo: Path) -> None:
     repo.mkdir(exist_ok=True)
 
 
-def generated(qa: Path, work: Path, variable: bool) -> Path:
-    """Triton's qa_model_repository (qa_variable_model_repository) for ONNX and LibTorch, made once a run by Triton's
-    own generator, qa/common/gen_qa_models.py."""
-    target = work / ("qa_variable_model_repository" if variable else "qa_model_repository")
+def generated(qa: Path, work: Path, variable: bool, kind: str = "model") -> Path:
+    """Triton's qa_<kind>_repository (qa_variable_<kind>_repository) for ONNX and LibTorch, made once a run by
+    Triton's own generator, qa/common/gen_qa_<kind>s.py (kind "model" or "sequence_model")."""
+    target = work / f"qa_{'variable_' if variable else ''}{kind}_repository"
     if not target.exists():
-        subprocess.run([sys.executable, "gen_qa_models.py", "--models_dir", str(target), "--onnx", "--libtorch",
+        subprocess.run([sys.executable, f"gen_qa_{kind}s.py", "--models_dir", str(target), "--onnx", "--libtorch",
                         *(["--variable"] if variable else [])], cwd=qa / "common", check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return target
+
+
+def python_in_place_of_onnx(qa: Path, onnx_model: Path, model: Path, code: str) -> None:
+    """test.sh's Python stand-in for an ONNX model: its config for the Python backend, qa/python_models/<code>."""
+    (model / "1").mkdir(parents=True)
+    config = (onnx_model / "config.pbtxt").read_text()
+    (model / "config.pbtxt").write_text(re.sub(r"platform:.*", 'backend: "python"', config).replace("onnx", "python"))
+    for labels in onnx_model.glob("*.txt"):
+        shutil.copy(labels, model)
+    shutil.copy(qa / "python_models" / code / "model.py", model / "1")
+
+
+def sequence_models(trial: str) -> Callable[[Path, Path], None]:
+    """qa/L0_sequence_batcher/test.sh's models<trial> (0: no batching, 4 instances; 1, 2, 4: max_batch_size 4, 2, 1
+    with that many instances; v: variable shapes): int32 and bool accumulators for ONNX, LibTorch and Python. Their
+    KIND_GPU instance groups become KIND_CPU (this machine has no GPU)."""
+    batch, count = {"0": (0, 4), "1": (4, 1), "2": (2, 2), "4": (1, 4), "v": (4, 1)}[trial]
+
+    def build(qa: Path, repo: Path) -> None:
+        source = generated(qa, repo.parent, trial == "v", "sequence_model")
+        repo.mkdir()
+        for backend in ("onnx", "libtorch", "python"):
+            for dtype in ("int32", "bool"):
+                name = f"{backend}_{'nobatch_' if not batch else ''}sequence_{dtype}"
+                model = repo / name
+                if backend == "python":
+                    python_in_place_of_onnx(qa, source / name.replace("python", "onnx"), model, "sequence_int32")
+                else:
+                    shutil.copytree(source / name, model)
+                config = (model / "config.pbtxt").read_text().replace("kind: KIND_GPU", "kind: KIND_CPU")
+                config = config.replace("kind: KIND_CPU", f"kind: KIND_CPU\ncount: {count}")
+                if batch:
+                    config = re.sub(r"(?m)^max_batch_size:.*", f"max_batch_size: {batch}", config)
+                (model / "config.pbtxt").write_text(config)
+    return build
 
 
 def batcher_models(variable: bool) -> Callable[[Path, Path], None]:
@@ -174,13 +209,7 @@ def batcher_models(variable: bool) -> Callable[[Path, Path], None]:
         for backend in ("onnx", "libtorch", "python"):
             model = repo / f"{backend}_float32_float32_float32"
             if backend == "python":
-                onnx_model = source / "onnx_float32_float32_float32"
-                (model / "1").mkdir(parents=True)
-                config = (onnx_model / "config.pbtxt").read_text()
-                config = re.sub(r"platform:.*", 'backend: "python"', config).replace("onnx", "python")
-                (model / "config.pbtxt").write_text(config)
-                shutil.copy(onnx_model / "output0_labels.txt", model)
-                shutil.copy(qa / "python_models" / "add_sub" / "model.py", model / "1")
+                python_in_place_of_onnx(qa, source / "onnx_float32_float32_float32", model, "add_sub")
             else:
                 shutil.copytree(source / model.name, model)
             config = (model / "config.pbtxt").read_text()
@@ -223,6 +252,11 @@ def suites() -> list[Suite]:
     different_shape = ["test_multi_batch_not_preferred_different_shape", "test_multi_batch_preferred_different_shape",
                        "test_multi_batch_different_shape"]
     batcher_env = {"BACKENDS": "onnx libtorch python"}
+    # The NO_DELAY tests; the others need TRITONSERVER_DELAY_SCHEDULER or Triton's custom C++ sequence backend.
+    sequence = ["test_simple_sequence", "test_length1_sequence", "test_batch_size", "test_no_sequence_start",
+                "test_no_sequence_start2", "test_no_sequence_end", "test_no_correlation_id"]
+    sequence_env = {"BACKENDS": "onnx libtorch python", "ENSEMBLES": "0", "IMPLICIT_STATE": "0",
+                    "INITIAL_STATE_FILE": "0"}
     return [
         Suite("L0_http", ["python", "http_test.py"], http_repository,
               ["--model-control-mode", "explicit", "--load-model", "*"]),
@@ -253,6 +287,12 @@ def suites() -> list[Suite]:
         *[Suite("L0_batcher", ["python", "batcher_test.py", f"BatcherTest.{test}"], batcher_models(kind == "VARIABLE"),
                 env={**batcher_env, "BATCHER_TYPE": kind})
           for kind, tests in (("FIXED", batcher), ("VARIABLE", batcher + different_shape)) for test in tests],
+        *[Suite("L0_sequence_batcher", ["python", "sequence_batcher_test.py", f"SequenceBatcherTest.{test}"],
+                sequence_models(trial), env={**sequence_env, "NO_BATCHING": "1" if trial == "0" else "0",
+                                             "MODEL_INSTANCES": {"0": "4", "v": "1"}.get(trial, trial),
+                                             "BATCHER_TYPE": "VARIABLE" if trial == "v" else "FIXED",
+                                             "TRIAL": trial})
+          for trial in ("0", "1", "2", "4", "v") for test in sequence],
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params"], copied("L0_parameters/"
                                                                                               "model_repository")),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params_reserved_rejected"],
@@ -301,6 +341,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("qa", type=Path, help="Triton server repository's qa directory")
     parser.add_argument("--only", default="", help="run the suites whose label contains this")
+    parser.add_argument("--show", action="store_true", help="print the output of each suite that fails")
     args = parser.parse_args()
     if not ports_free():
         raise SystemExit("ports 8000-8002 are taken: Triton's QA tests hard-code 8000 and 8001")
@@ -316,6 +357,8 @@ def main() -> None:
             output = (run.stdout + run.stderr).splitlines()
             lines = [line for line in output if line.startswith(("Ran ", "OK", "FAILED"))]
             print(f"{suite.label}: {' '.join(lines[-2:])}", flush=True)
+            if args.show and run.returncode:
+                print("\n".join(output[-60:]), flush=True)
         finally:
             server.terminate()
             server.wait(30)

@@ -3,7 +3,7 @@
 Neither file declares its tensors' types and shapes, so config.pbtxt must list every input and output.
 Names follow Triton's pytorch backend. Inputs: when every config input is named like an argument of
 forward(), by that name; else when every one is `<name>__<index>` (INPUT__0), by that position; else in
-config order. A forward() whose one argument is a Dict[str, Tensor] gets every input under its config name.
+config order. A sequence model's control inputs and state tensors go by `<name>__<index>` (START__1) alone. A forward() whose one argument is a Dict[str, Tensor] gets every input under its config name.
 Outputs: forward() returns a tensor (position 0), a tuple or list (positions: `<name>__<index>` when every
 output is named so, else config order), or a dict (by config name).
 
@@ -222,12 +222,15 @@ def _load_module(path: Path, device: str = "cpu") -> tuple[Any, list[_Argument]]
 
 
 def _bind(path: Path, config: ModelConfig, arguments: list[_Argument]) -> _Binding:
-    outputs = _positions([t.name for t in config.output], [])
+    states = config.sequence_batching.state
+    outputs = _positions([t.name for t in config.output], []) | _sequence_positions([s.output_name for s in states])
     dtypes = {t.name: _TORCH_DTYPES[v2_datatype(t.data_type)] for t in config.output}
+    dtypes |= {s.output_name: _TORCH_DTYPES[v2_datatype(s.data_type)] for s in states}
+    sequence_inputs = [c.name for c in config.sequence_batching.control_input] + [s.input_name for s in states]
     if len(arguments) == 1 and arguments[0].type.startswith("Dict[str, Tensor]"):
         return _Binding(True, {}, (), outputs, dtypes)
     names = [a.name for a in arguments]
-    positions = _positions([t.name for t in config.input], names)
+    positions = _positions([t.name for t in config.input], names) | _sequence_positions(sequence_inputs)
     where = f"forward({', '.join(names)}) of {path.name}"
     for name, position in positions.items():
         if position >= len(arguments):
@@ -254,6 +257,19 @@ def _positions(names: list[str], arguments: list[str]) -> dict[str, int]:
     if all(index is not None for index in indices):
         return dict(zip(names, indices))  # type: ignore[arg-type]
     return {name: position for position, name in enumerate(names)}
+
+
+def _sequence_positions(names: list[str]) -> dict[str, int]:
+    """The positions of a sequence model's control inputs and state tensors: as in Triton's pytorch backend, each
+    named <name>__<index> (START__1), whatever convention the config's inputs and outputs follow."""
+    positions = {}
+    for name in names:
+        index = _named_index(name)
+        if index is None:
+            raise ConfigError(f"sequence_batching tensor '{name}' does not follow the <name>__<index> naming "
+                              "convention, which a PyTorch model's sequence controls and states need (START__1)")
+        positions[name] = index
+    return positions
 
 
 def _named_index(name: str) -> int | None:

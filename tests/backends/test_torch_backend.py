@@ -290,6 +290,13 @@ def test_forward_argument_without_input_is_a_config_error(tmp_path: Path) -> Non
         load(script(tmp_path, Affine()), io("features FP32 4", "y FP32 2"))
 
 
+def test_a_sequence_control_must_be_named_with_its_index(tmp_path: Path) -> None:
+    control = ('sequence_batching { control_input [ { name: "start" control [ { kind: CONTROL_SEQUENCE_START '
+               "int32_false_true: [ 0, 1 ] } ] } ] }")
+    with pytest.raises(ConfigError, match=r"sequence_batching tensor 'start' does not follow the <name>__<index>"):
+        load(script(tmp_path, AddSub()), io("a FP32 1", "y FP32 1", extra=control))
+
+
 def test_input_index_beyond_forward_arguments(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"input 'INPUT__2' is argument 2 of forward\(a, b\)"):
         load(script(tmp_path, AddSub()), io("INPUT__0 FP32 1; INPUT__1 FP32 1; INPUT__2 FP32 1", "y FP32 1"))

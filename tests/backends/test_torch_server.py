@@ -1,7 +1,8 @@
 """A real server on a repository with TorchScript models, queried with tritonclient.http and checked against torch.
 
 One server for the module (like the start_server fixture, module-scoped): a batching TorchScript model, a
-Triton-named one with tuple outputs, and a model.pt of garbage bytes that must fail alone.
+Triton-named one with tuple outputs, sequence models (controls; implicit state) named as Triton's pytorch backend
+names them, and a model.pt of garbage bytes that must fail alone.
 """
 
 from __future__ import annotations
@@ -39,6 +40,44 @@ output [
 ]
 """
 
+CONTROLS_CONFIG = """
+backend: "pytorch"
+max_batch_size: 4
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  control_input [
+    { name: "START__1" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY__2" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+}
+input [ { name: "INPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+STATE_CONFIG = """
+backend: "pytorch"
+max_batch_size: 4
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  control_input [ { name: "START__1" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
+  state [ { input_name: "SUM_IN__2" output_name: "SUM_OUT__1" data_type: TYPE_INT32 dims: [ 1 ]
+            initial_state { name: "zero" data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } ]
+}
+input [ { name: "INPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+class Controls(torch.nn.Module):
+    def forward(self, value: torch.Tensor, start: torch.Tensor, ready: torch.Tensor) -> torch.Tensor:
+        return value + 100 * start + 10 * ready
+
+
+class RunningSum(torch.nn.Module):
+    def forward(self, value: torch.Tensor, start: torch.Tensor,
+                total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        total = torch.where(start == 1, value, total + value)
+        return total, total
+
 
 class Affine(torch.nn.Module):
     def __init__(self) -> None:
@@ -74,6 +113,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write(root, "add_sub", ADD_SUB_CONFIG, AddSub())
     write(root, "affine_any_width", AFFINE_CONFIG.replace("dims: [ 4 ]", "dims: [ -1 ]"), Affine())
     write(root, "broken", AFFINE_CONFIG, None)
+    write(root, "controls", CONTROLS_CONFIG, Controls())
+    write(root, "running_sum", STATE_CONFIG, RunningSum())
     return root
 
 
@@ -190,3 +231,18 @@ def test_broken_model_fails_alone_with_a_reason(
     assert "broken/1/model.pt as TorchScript" in reason and "PytorchStreamReader failed" in reason, reason
     assert client.is_model_ready("affine") and not client.is_model_ready("broken")
     assert client.is_server_ready()
+
+
+@pytest.mark.parametrize(("model", "expected"), [("controls", [111, 12, 13]), ("running_sum", [1, 3, 6])])
+def test_sequence_controls_and_state_reach_forward_by_their_index(
+    client: httpclient.InferenceServerClient, model: str, expected: list[int]
+) -> None:
+    # As Triton's pytorch backend: START__1, READY__2 and the state's SUM_IN__2 / SUM_OUT__1 are forward()'s
+    # arguments and results at those positions (Triton's QA sequence models are named so).
+    answers = []
+    for step, value in enumerate([1, 2, 3]):
+        data = httpclient.InferInput("INPUT__0", [1, 1], "INT32")
+        data.set_data_from_numpy(np.array([[value]], np.int32))
+        result = client.infer(model, [data], sequence_id=7, sequence_start=step == 0, sequence_end=step == 2)
+        answers.append(int(result.as_numpy("OUTPUT__0")[0, 0]))
+    assert answers == expected
