@@ -3,7 +3,8 @@
 Neither file declares its tensors' types and shapes, so config.pbtxt must list every input and output.
 Names follow Triton's pytorch backend. Inputs: when every config input is named like an argument of
 forward(), by that name; else when every one is `<name>__<index>` (INPUT__0), by that position; else in
-config order. A sequence model's control inputs and state tensors go by `<name>__<index>` (START__1) alone. A forward() whose one argument is a Dict[str, Tensor] gets every input under its config name.
+config order. A sequence model's control inputs and state tensors go by `<name>__<index>` (START__1)
+alone. A forward() whose one argument is a Dict[str, Tensor] gets every input under its config name.
 Outputs: forward() returns a tensor (position 0), a tuple or list (positions: `<name>__<index>` when every
 output is named so, else config order), or a dict (by config name).
 
