@@ -154,9 +154,10 @@ def empty(qa: Path, repo: Path) -> None:
 
 
 def generated(qa: Path, work: Path, variable: bool, kind: str = "model") -> Path:
-    """Triton's qa_<kind>_repository (qa_variable_<kind>_repository) for ONNX and LibTorch, made once a run by
-    Triton's own generator, qa/common/gen_qa_<kind>s.py (kind "model" or "sequence_model")."""
-    target = work / f"qa_{'variable_' if variable else ''}{kind}_repository"
+    """Triton's models of one kind for ONNX and LibTorch (variable shapes where asked), made once a run by Triton's
+    own generator, qa/common/gen_qa_<kind>s.py: "model" (qa_model_repository), "sequence_model"
+    (qa_sequence_model_repository), "implicit_model" (qa_sequence_implicit_model_repository)."""
+    target = work / f"gen_qa_{kind}s{'_variable' if variable else ''}"
     if not target.exists():
         subprocess.run([sys.executable, f"gen_qa_{kind}s.py", "--models_dir", str(target), "--onnx", "--libtorch",
                         *(["--variable"] if variable else [])], cwd=qa / "common", check=True,
@@ -174,17 +175,23 @@ def python_in_place_of_onnx(qa: Path, onnx_model: Path, model: Path, code: str) 
     shutil.copy(qa / "python_models" / code / "model.py", model / "1")
 
 
-def sequence_models(trial: str) -> Callable[[Path, Path], None]:
+def sequence_models(trial: str, implicit: bool = False) -> Callable[[Path, Path], None]:
     """qa/L0_sequence_batcher/test.sh's models<trial> (0: no batching, 4 instances; 1, 2, 4: max_batch_size 4, 2, 1
-    with that many instances; v: variable shapes): int32 and bool accumulators for ONNX, LibTorch and Python. Their
-    KIND_GPU instance groups become KIND_CPU (this machine has no GPU)."""
+    with that many instances; v: variable shapes): int32 and bool accumulators for ONNX, LibTorch and Python, or
+    with `implicit` (IMPLICIT_STATE=1, as qa/L0_implicit_state runs it) ONNX and LibTorch ones keeping their sum in
+    implicit state, strings too. Their KIND_GPU instance groups become KIND_CPU (this machine has no GPU)."""
     batch, count = {"0": (0, 4), "1": (4, 1), "2": (2, 2), "4": (1, 4), "v": (4, 1)}[trial]
+    backends = ("onnx", "libtorch") if implicit else ("onnx", "libtorch", "python")
+
+    def dtypes(backend: str) -> tuple[str, ...]:  # test.sh's get_datatype, and what sequence_batcher_test.py sends
+        strings = implicit and (backend == "onnx" or (backend == "libtorch" and not batch))
+        return ("object", "int32", "bool") if strings else ("int32", "bool")
 
     def build(qa: Path, repo: Path) -> None:
-        source = generated(qa, repo.parent, trial == "v", "sequence_model")
+        source = generated(qa, repo.parent, trial == "v", "implicit_model" if implicit else "sequence_model")
         repo.mkdir()
-        for backend in ("onnx", "libtorch", "python"):
-            for dtype in ("int32", "bool"):
+        for backend in backends:
+            for dtype in dtypes(backend):
                 name = f"{backend}_{'nobatch_' if not batch else ''}sequence_{dtype}"
                 model = repo / name
                 if backend == "python":
@@ -197,6 +204,22 @@ def sequence_models(trial: str) -> Callable[[Path, Path], None]:
                     config = re.sub(r"(?m)^max_batch_size:.*", f"max_batch_size: {batch}", config)
                 (model / "config.pbtxt").write_text(config)
     return build
+
+
+def implicit_models(qa: Path, repo: Path) -> None:
+    """qa/L0_implicit_state/test.sh's ONNX and LibTorch state models (without its custom C++ backend's): each
+    once as generated, once with its state output also declared an output, which a client may then ask for. Their
+    KIND_GPU instances run on CPU (--gpu-fallback cpu)."""
+    source = generated(qa, repo.parent, False, "implicit_model")
+    repo.mkdir()
+    for backend, state in (("onnx", "OUTPUT_STATE"), ("libtorch", "OUTPUT_STATE__1")):
+        name = f"{backend}_nobatch_sequence_int32"
+        shutil.copytree(source / name, repo / name)
+        allowed = repo / f"{name}_output"
+        shutil.copytree(source / name, allowed)
+        config = re.sub(r"(?m)^name:.*", f'name: "{allowed.name}"', (allowed / "config.pbtxt").read_text())
+        declared = f'output [{{ name: "{state}" data_type: TYPE_INT32 dims: [ 1 ] }}]\n'
+        (allowed / "config.pbtxt").write_text(config + declared)
 
 
 def batcher_models(variable: bool) -> Callable[[Path, Path], None]:
@@ -288,11 +311,15 @@ def suites() -> list[Suite]:
                 env={**batcher_env, "BATCHER_TYPE": kind})
           for kind, tests in (("FIXED", batcher), ("VARIABLE", batcher + different_shape)) for test in tests],
         *[Suite("L0_sequence_batcher", ["python", "sequence_batcher_test.py", f"SequenceBatcherTest.{test}"],
-                sequence_models(trial), env={**sequence_env, "NO_BATCHING": "1" if trial == "0" else "0",
-                                             "MODEL_INSTANCES": {"0": "4", "v": "1"}.get(trial, trial),
-                                             "BATCHER_TYPE": "VARIABLE" if trial == "v" else "FIXED",
-                                             "TRIAL": trial})
-          for trial in ("0", "1", "2", "4", "v") for test in sequence],
+                sequence_models(trial, implicit),
+                env={**sequence_env, "NO_BATCHING": "1" if trial == "0" else "0",
+                     "MODEL_INSTANCES": {"0": "4", "v": "1"}.get(trial, trial),
+                     "BATCHER_TYPE": "VARIABLE" if trial == "v" else "FIXED", "TRIAL": trial,
+                     **({"IMPLICIT_STATE": "1", "BACKENDS": "onnx libtorch"} if implicit else {})})
+          for implicit in (False, True) for trial in ("0", "1", "2", "4", "v") for test in sequence],
+        *[Suite("L0_implicit_state", ["python", "implicit_state.py", f"ImplicitStateTest.{test}"], implicit_models,
+                ["--gpu-fallback", "cpu"], {"BACKENDS": "onnx libtorch"})
+          for test in ("test_request_output_not_allowed", "test_request_output")],
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params"], copied("L0_parameters/"
                                                                                               "model_repository")),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params_reserved_rejected"],

@@ -97,15 +97,16 @@ def complete_config(
 
 def _server_fed(config: ModelConfig) -> set[str]:
     """A sequence model's tensors that are the server's, not the client's: control inputs, state inputs and
-    outputs (core/sequences.py). The config lists none of them as inputs or outputs."""
+    outputs (core/sequences.py). The config lists none of them as inputs, nor controls and state inputs as outputs;
+    a state output may be an output too (as in Triton: a client may then ask for it)."""
     sequences = config.sequence_batching
     states = sequences.state
-    fed = ({c.name for c in sequences.control_input} | {s.input_name for s in states}
-           | {s.output_name for s in states})
-    for name in [t.name for t in config.input] + [t.name for t in config.output]:
-        if name in fed:
-            raise ConfigError(f"{CONFIG_FILENAME}: '{name}' is a sequence_batching control or state tensor, "
-                              "which the server fills and keeps: do not list it as an input or output")
+    fed_inputs = {c.name for c in sequences.control_input} | {s.input_name for s in states}
+    fed = fed_inputs | {s.output_name for s in states}
+    listed = [t.name for t in config.input if t.name in fed] + [t.name for t in config.output if t.name in fed_inputs]
+    if listed:
+        raise ConfigError(f"{CONFIG_FILENAME}: '{listed[0]}' is a sequence_batching control or state tensor, which "
+                          "the server fills and keeps: do not list it as an input or output")
     return fed
 
 

@@ -10,6 +10,7 @@ output becomes the next request's state input. A sequence's state is dropped whe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,12 +48,13 @@ class ImplicitState:
     def initial(self) -> State:
         return {t.input_name: t.initial for t in self.tensors}
 
-    def take(self, label: str, results: dict[str, np.ndarray]) -> State:
-        """The next state from one request's results, removing the state outputs from them; INTERNAL when the
-        model gave a state output of the wrong type or rank."""
+    def take(self, label: str, results: dict[str, np.ndarray], asked: Sequence[str] = ()) -> State:
+        """The next state from one request's results, removing the state outputs from them but those the request
+        `asked` for (a state output the config also lists as an output); INTERNAL when the model gave a state
+        output of the wrong type or rank."""
         state: State = {}
         for tensor in self.tensors:
-            array = results.pop(tensor.output_name)
+            array = results[tensor.output_name] if tensor.output_name in asked else results.pop(tensor.output_name)
             if array.dtype != tensor.dtype or array.ndim != tensor.initial.ndim:
                 raise ModelhostError(
                     ErrorKind.INTERNAL,

@@ -173,8 +173,9 @@ class SequenceBatcher:
             if not self.state.tensors:
                 return await submit(feeds, names, instance=instance, row=row)
             feeds.update(sequence.state if sequence.state is not None else self.state.initial())
-            results = await submit(feeds, [*names, *self.state.output_names], instance=instance, row=row)
-            sequence.state = self.state.take(self._label, results)
+            kept = [name for name in self.state.output_names if name not in names]
+            results = await submit(feeds, [*names, *kept], instance=instance, row=row)
+            sequence.state = self.state.take(self._label, results, names)
             return results
         finally:
             if flags.end:

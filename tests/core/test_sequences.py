@@ -296,9 +296,10 @@ def test_config_errors(old: str, new: str, problem: str) -> None:
         SequenceBatcher("acc", "acc:1", parse_config(text.replace(old, new)), 1, ManualClock())
 
 
-def test_a_config_that_lists_a_control_as_an_input_is_refused() -> None:
+@pytest.mark.parametrize("listed", ["input", "output"])
+def test_a_config_that_lists_a_control_as_an_input_or_output_is_refused(listed: str) -> None:
     config = parse_config(CONFIG % (2, 10, 0))
-    config.input.add(name="START", data_type=config.input[0].data_type, dims=[1])
+    getattr(config, listed).add(name="START", data_type=config.input[0].data_type, dims=[1])
     with pytest.raises(ConfigError, match="'START' is a sequence_batching control or state tensor"):
         complete_config(config, [], [], "1/model.onnx", 0)
 

@@ -94,6 +94,10 @@ def server(repository: Path) -> Iterator[ServerProcess]:
     (repo / "pystate" / "1").mkdir(parents=True)
     (repo / "pystate" / "config.pbtxt").write_text(PYSTATE_CONFIG)
     (repo / "pystate" / "1" / "model.py").write_text(PYSTATE)
+    (repo / "pystate_shown" / "1").mkdir(parents=True)
+    (repo / "pystate_shown" / "config.pbtxt").write_text(PYSTATE_CONFIG.replace(
+        'output [ { name: "y"', 'output [ { name: "ACC_OUT" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "y"'))
+    (repo / "pystate_shown" / "1" / "model.py").write_text(PYSTATE)
     (repo / "pinned" / "1").mkdir(parents=True)
     (repo / "pinned" / "config.pbtxt").write_text(PINNED_CONFIG)
     (repo / "pinned" / "1" / "model.py").write_text(PINNED)
@@ -406,6 +410,29 @@ def test_python_model_with_string_ids_and_implicit_state(server: ServerProcess) 
     finally:
         http.close()
         rpc.close()
+
+
+def test_a_state_output_the_config_lists_as_an_output_may_be_asked_for(server: ServerProcess) -> None:
+    # As Triton (qa/L0_implicit_state test_request_output, test_request_output_not_allowed).
+    client = httpclient.InferenceServerClient(server.url)
+
+    def send(model: str, x: list[float], names: list[str], **flags: bool) -> httpclient.InferResult:
+        tensor = httpclient.InferInput("x", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.array([x], np.float32))
+        return client.infer(model, [tensor], outputs=[httpclient.InferRequestedOutput(n) for n in names],
+                            sequence_id="shown", **flags)
+
+    try:
+        first = send("pystate_shown", [1, 2], ["ACC_OUT", "y"], sequence_start=True)
+        assert first.as_numpy("ACC_OUT").tolist() == [[1, 2]] and first.as_numpy("y").tolist() == [[1, 2]]
+        second = send("pystate_shown", [1, 1], ["y"])
+        assert second.as_numpy("y").tolist() == [[2, 3]] and second.as_numpy("ACC_OUT") is None
+        third = send("pystate_shown", [1, 1], ["ACC_OUT"], sequence_end=True)  # the state went on meanwhile
+        assert third.as_numpy("ACC_OUT").tolist() == [[3, 4]] and third.as_numpy("y") is None
+        message = error_of(send, "pystate", [1, 2], ["ACC_OUT"], sequence_start=True, sequence_end=True)
+        assert "unexpected inference output 'ACC_OUT' for model 'pystate'" in message
+    finally:
+        client.close()
 
 
 def error_of(call: Any, *args: Any, **kwargs: Any) -> str:

@@ -217,8 +217,9 @@ def _state_outputs(config: ModelConfig) -> tuple[OutputRule, ...]:
     """A sequence model's state outputs (config sequence_batching.state, core/sequence_state.py): execute returns
     them as it returns any output, and the server keeps them for the sequence's next request."""
     batch = (-1,) if config.max_batch_size > 0 else ()
+    listed = {t.name for t in config.output}
     return tuple(OutputRule(s.output_name, v2_datatype(s.data_type), (*batch, *s.dims))
-                 for s in config.sequence_batching.state)
+                 for s in config.sequence_batching.state if s.output_name not in listed)
 
 
 def _no_tensors(path: Path) -> str:
