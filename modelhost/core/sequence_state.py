@@ -80,7 +80,7 @@ def _tensor(state: ModelSequenceBatching.State, batch: tuple[int, ...], model_di
     if len(state.initial_state) > 1:
         raise ConfigError(f"{where}: initial_state must have at most one entry")
     dims = tuple(state.dims)
-    shape = tuple(max(d, 0) for d in dims)
+    shape = tuple(1 if d == -1 else d for d in dims)  # as Triton: a variable dim starts at 1
     value = None
     if state.initial_state:
         initial = state.initial_state[0]

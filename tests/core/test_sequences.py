@@ -425,3 +425,14 @@ def test_a_string_state_from_a_data_file(tmp_path: Any) -> None:
     assert initial.dtype == np.object_ and initial.tolist() == [[b"hi", b""]] and not initial.flags.writeable
     zeros = ImplicitState(parse_config(str(config).replace('data_file: "words"', "zero_data: true")))
     assert zeros.initial()["S"].tolist() == [[b"", b""]]
+
+
+@pytest.mark.parametrize(("batching", "dims", "shape"), [(2, "[ -1 ]", (1, 1)), (0, "[ 3, -1 ]", (3, 1))])
+def test_a_state_without_initial_state_starts_as_zeros_with_variable_dims_of_1(batching: int, dims: str,
+                                                                              shape: tuple[int, ...]) -> None:
+    # As Triton's sequence_state.cc (its QA's variable-shape implicit-state models start from one zero).
+    config = parse_config(f"""
+        max_batch_size: {batching}
+        sequence_batching {{ state [ {{ input_name: "S" output_name: "T" data_type: TYPE_INT32 dims: {dims} }} ] }}""")
+    initial = ImplicitState(config).initial()["S"]
+    assert initial.shape == shape and not initial.any()
