@@ -8,6 +8,9 @@ alone. A forward() whose one argument is a Dict[str, Tensor] gets every input un
 Outputs: forward() returns a tensor (position 0), a tuple or list (positions: `<name>__<index>` when every
 output is named so, else config order), or a dict (by config name).
 
+TYPE_STRING tensors are `List[str]` on the model's side, as in Triton's pytorch backend: one dimension, batch
+included; each element UTF-8.
+
 Inputs reach forward() as tensors that share the request's memory (torch.from_numpy, no copy), read-only
 ones included: a model must not write its inputs in place.
 
@@ -56,7 +59,8 @@ _TORCH_DTYPES = {
     "FP64": torch.float64,
 }
 _ERROR_PREFIX = re.compile(r"^\w+(Error|Exception): ")
-_DATATYPES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+_DATATYPES: dict[torch.dtype | None, str] = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+_DATATYPES[None] = "BYTES (List[str])"
 _REQUIRED = object()  # a forward() argument without a default value
 _PER_THREAD_COUNTS = "parallel backend: OpenMP" in torch.__config__.parallel_info()
 # Inputs are lent read-only by contract (module docstring), so torch's once-per-process warning that a
@@ -125,7 +129,7 @@ class _Binding:
     positions: dict[str, int]  # config input -> forward() argument position
     defaults: tuple[Any, ...]  # the arguments passed where an optional input is absent
     outputs: dict[str, int]  # config output -> position in a tuple result
-    dtypes: dict[str, torch.dtype]  # config output -> the dtype its tensor must have
+    dtypes: dict[str, torch.dtype | None]  # config output -> the dtype its tensor must have (None: List[str])
 
 
 class TorchModel(Model):
@@ -143,9 +147,10 @@ class TorchModel(Model):
         assert module is not None, "instance used after unload"
         if _PER_THREAD_COUNTS and torch.get_num_threads() != self._threads:
             torch.set_num_threads(self._threads)  # this thread's OpenMP team only (module docstring)
-        tensors = {name: _to_torch(array) for name, array in inputs.items()}
+        tensors = {name: _to_torch(name, array) for name, array in inputs.items()}
         if self._device is not None:
-            tensors = {name: tensor.to(self._device) for name, tensor in tensors.items()}
+            tensors = {name: tensor.to(self._device) if isinstance(tensor, torch.Tensor) else tensor
+                       for name, tensor in tensors.items()}
         try:
             with torch.inference_mode():
                 result = module(tensors) if self._binding.dict_input else module(*self._arguments(tensors))
@@ -155,7 +160,7 @@ class TorchModel(Model):
             raise ModelhostError(ErrorKind.INVALID_INPUT, message) from exc
         return {name: self._output(result, name) for name in outputs}
 
-    def _arguments(self, tensors: dict[str, torch.Tensor]) -> list[Any]:
+    def _arguments(self, tensors: dict[str, torch.Tensor | list[str]]) -> list[Any]:
         arguments = list(self._binding.defaults)
         for name, position in self._binding.positions.items():
             if name in tensors:
@@ -173,10 +178,14 @@ class TorchModel(Model):
         else:
             tensor = result if position == 0 else None
             where = f"output '{name}' is position {position}, but it returned one {type(result).__name__}"
+        expected = self._binding.dtypes[name]
+        if expected is None and isinstance(tensor, list) and all(isinstance(item, str) for item in tensor):
+            strings = np.empty(len(tensor), np.object_)
+            strings[:] = [item.encode() for item in tensor]
+            return strings
         if not isinstance(tensor, torch.Tensor):
             found = "" if tensor is None else f" (found {type(tensor).__name__})"
             raise ModelhostError(ErrorKind.INTERNAL, f"{self._label}: {where}{found}")
-        expected = self._binding.dtypes[name]
         if tensor.dtype != expected:
             declared = _DATATYPES[expected]
             raise ModelhostError(
@@ -199,7 +208,15 @@ def _config_signature(path: Path, config: ModelConfig) -> ModelSignature:
             f"{CONFIG_FILENAME} must list every input and output of {path.name}: a PyTorch model file does not "
             "declare their names, data types and shapes"
         )
-    return config_signature(config, CONFIG_FILENAME, tuple(_TORCH_DTYPES), TorchBackend.name)
+    signature = config_signature(config, CONFIG_FILENAME, (*_TORCH_DTYPES, "BYTES"), TorchBackend.name)
+    for kind, specs in (("input", signature.inputs), ("output", signature.outputs)):
+        for spec in specs:
+            if spec.datatype == "BYTES" and len(spec.shape) != 1:
+                raise ConfigError(
+                    f"{CONFIG_FILENAME} {kind} '{spec.name}' is TYPE_STRING of shape {format_shape(spec.shape)}: a "
+                    "PyTorch model takes strings as a List[str], of one dimension, batch included (Triton only "
+                    "supports 1 dimensional List of String)")
+    return signature
 
 
 def _load_module(path: Path, device: str = "cpu") -> tuple[Any, list[_Argument]]:
@@ -225,8 +242,8 @@ def _load_module(path: Path, device: str = "cpu") -> tuple[Any, list[_Argument]]
 def _bind(path: Path, config: ModelConfig, arguments: list[_Argument]) -> _Binding:
     states = config.sequence_batching.state
     outputs = _positions([t.name for t in config.output], []) | _sequence_positions([s.output_name for s in states])
-    dtypes = {t.name: _TORCH_DTYPES[v2_datatype(t.data_type)] for t in config.output}
-    dtypes |= {s.output_name: _TORCH_DTYPES[v2_datatype(s.data_type)] for s in states}
+    dtypes = {t.name: _TORCH_DTYPES.get(v2_datatype(t.data_type)) for t in config.output}
+    dtypes |= {s.output_name: _TORCH_DTYPES.get(v2_datatype(s.data_type)) for s in states}
     sequence_inputs = [c.name for c in config.sequence_batching.control_input] + [s.input_name for s in states]
     if len(arguments) == 1 and arguments[0].type.startswith("Dict[str, Tensor]"):
         return _Binding(True, {}, (), outputs, dtypes)
@@ -283,7 +300,13 @@ def _intra_op_threads(config: ModelConfig, default: int) -> int:
     return natural_parameter(string_parameters(config, lower=True), INTRA_OP_PARAMETERS, 0) or default
 
 
-def _to_torch(array: np.ndarray) -> torch.Tensor:
+def _to_torch(name: str, array: np.ndarray) -> torch.Tensor | list[str]:
+    if array.dtype == np.object_:  # a TYPE_STRING tensor (one dimension: _config_signature)
+        try:
+            return [item.decode() if isinstance(item, bytes) else str(item) for item in array.reshape(-1).tolist()]
+        except UnicodeDecodeError:
+            raise ModelhostError(ErrorKind.INVALID_INPUT, f"input '{name}' holds an element that is not UTF-8: a "
+                                 "PyTorch model takes strings as a List[str]") from None
     if any(stride < 0 for stride in array.strides):  # torch.from_numpy refuses negative strides
         array = np.ascontiguousarray(array)
     return torch.from_numpy(array)

@@ -56,6 +56,11 @@ class OptionalBias(torch.nn.Module):
         return x + bias
 
 
+class Shout(torch.nn.Module):
+    def forward(self, words: list[str], count: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+        return [word.upper() + "!" for word in words], count + len(words)
+
+
 class Clone(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.clone()
@@ -269,9 +274,24 @@ def test_config_must_list_inputs_and_outputs(tmp_path: Path) -> None:
         load(path, "max_batch_size: 4")
 
 
-def test_bytes_tensors_are_refused_at_load(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="input 'x' has data_type TYPE_STRING, which the pytorch backend does not"):
-        load(script(tmp_path, Clone()), io("x STRING 1", "y FP32 1"))
+def test_string_tensors_are_lists_of_str(tmp_path: Path) -> None:
+    # As Triton's pytorch backend: a TYPE_STRING tensor of one dimension is a List[str] in and out.
+    model = load(script(tmp_path, Shout()), io("INPUT__0 STRING -1; INPUT__1 INT64 1", "OUTPUT__0 STRING -1; "
+                                                                                    "OUTPUT__1 INT64 1"))
+    words = np.array([b"caf\xc3\xa9", b"", b"ok"], dtype=np.object_)
+    result = model.infer({"INPUT__0": words, "INPUT__1": np.array([1])}, ["OUTPUT__0", "OUTPUT__1"])
+    assert result["OUTPUT__0"].dtype == np.object_
+    assert result["OUTPUT__0"].tolist() == [b"CAF\xc3\xa9!", b"!", b"OK!"]  # TorchScript's upper() is ASCII-only
+    assert result["OUTPUT__1"].tolist() == [4]
+    with pytest.raises(ModelhostError, match="input 'INPUT__0' holds an element that is not UTF-8") as caught:
+        model.infer({"INPUT__0": np.array([b"\xff"], np.object_), "INPUT__1": np.array([1])}, ["OUTPUT__0"])
+    assert caught.value.kind is ErrorKind.INVALID_INPUT
+
+
+def test_string_tensors_of_more_than_one_dimension_are_refused_at_load(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"input 'x' is TYPE_STRING of shape \[-1,1\]: a PyTorch model takes "
+                                          r"strings as a List\[str\], of one dimension, batch included"):
+        load(script(tmp_path, Clone()), io("x STRING 1", "y FP32 1", max_batch_size=4))
 
 
 @pytest.mark.parametrize("content", ["garbage", "state_dict"])
