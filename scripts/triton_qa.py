@@ -222,6 +222,30 @@ def implicit_models(qa: Path, repo: Path) -> None:
         (allowed / "config.pbtxt").write_text(config + declared)
 
 
+def infer_models(qa: Path, repo: Path) -> None:
+    """qa/L0_infer/test.sh's models for its CPU target: Triton's qa_model_repository for ONNX and LibTorch, and
+    Python stand-ins of the ONNX ones (qa/python_models/add_sub, sub_add for the swapped types), each on
+    KIND_CPU instances; no ensembles (ENSEMBLES=0)."""
+    source = generated(qa, repo.parent, False)
+    repo.mkdir()
+    for model in sorted(source.iterdir()):
+        if "bf16" in model.name:
+            continue
+        shutil.copytree(model, repo / model.name)
+        if model.name.startswith("onnx"):
+            python = repo / model.name.replace("onnx", "python")
+            (python / "1").mkdir(parents=True)
+            config = re.sub(r"platform:.*", "", (model / "config.pbtxt").read_text())
+            config = re.sub(r"version_policy.*", 'backend: "python"', config).replace("onnx", "python")
+            (python / "config.pbtxt").write_text(config)
+            shutil.copy(model / "output0_labels.txt", python)
+            swapped = any(python.name in (f"python_{t}_{t}_{t}", f"python_nobatch_{t}_{t}_{t}")
+                          for t in ("float32", "int32", "int16", "int8"))
+            shutil.copy(qa / "python_models" / ("sub_add" if swapped else "add_sub") / "model.py", python / "1")
+    for config in repo.glob("*/config.pbtxt"):
+        config.write_text(config.read_text() + "instance_group [ { kind: KIND_CPU }]\n")
+
+
 def batcher_models(variable: bool) -> Callable[[Path, Path], None]:
     """qa/L0_batcher/test.sh's models (var_models when `variable`): float32 add/sub models for ONNX, LibTorch and
     Python (qa/python_models/add_sub with the ONNX model's config), max_batch_size 8, preferred sizes 2 and 6 and
@@ -320,6 +344,8 @@ def suites() -> list[Suite]:
         *[Suite("L0_implicit_state", ["python", "implicit_state.py", f"ImplicitStateTest.{test}"], implicit_models,
                 ["--gpu-fallback", "cpu"], {"BACKENDS": "onnx libtorch"})
           for test in ("test_request_output_not_allowed", "test_request_output")],
+        Suite("L0_infer", ["python", "infer_test.py"], infer_models,
+              env={"BACKENDS": "onnx libtorch python", "ENSEMBLES": "0", "TRITON_SERVER_CPU_ONLY": "1"}),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params"], copied("L0_parameters/"
                                                                                               "model_repository")),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params_reserved_rejected"],
