@@ -153,13 +153,15 @@ def empty(qa: Path, repo: Path) -> None:
     repo.mkdir(exist_ok=True)
 
 
-def generated(qa: Path, work: Path, variable: bool, kind: str = "model") -> Path:
+def generated(qa: Path, work: Path, variable: bool, kind: str = "model", ensembles: bool = False) -> Path:
     """Triton's models of one kind for ONNX and LibTorch (variable shapes where asked), made once a run by Triton's
     own generator, qa/common/gen_qa_<kind>s.py: "model" (qa_model_repository), "sequence_model"
-    (qa_sequence_model_repository), "implicit_model" (qa_sequence_implicit_model_repository)."""
-    target = work / f"gen_qa_{kind}s{'_variable' if variable else ''}"
+    (qa_sequence_model_repository), "implicit_model" (qa_sequence_implicit_model_repository), "identity_model",
+    "reshape_model". `ensembles`: its ensembles of them instead (qa_ensemble_model_repository's part)."""
+    target = work / f"gen_qa_{kind}s{'_variable' if variable else ''}{'_ensembles' if ensembles else ''}"
     if not target.exists():
-        subprocess.run([sys.executable, f"gen_qa_{kind}s.py", "--models_dir", str(target), "--onnx", "--libtorch",
+        subprocess.run([sys.executable, f"gen_qa_{kind}s.py", "--models_dir", str(target),
+                        *(["--ensemble"] if ensembles else ["--onnx", "--libtorch"]),
                         *(["--variable"] if variable else [])], cwd=qa / "common", check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return target
@@ -244,6 +246,46 @@ def infer_models(qa: Path, repo: Path) -> None:
             shutil.copy(qa / "python_models" / ("sub_add" if swapped else "add_sub") / "model.py", python / "1")
     for config in repo.glob("*/config.pbtxt"):
         config.write_text(config.read_text() + "instance_group [ { kind: KIND_CPU }]\n")
+
+
+def generated_models(kind: str, variable: bool = False, cpu: bool = False) -> Callable[[Path, Path], None]:
+    """All of Triton's generated models of one kind (generated()) but BF16 ones, and its ensembles of them, as a
+    test.sh copies them; `cpu`: KIND_CPU instance groups appended to the models, as its CPU target does. The
+    ensembles' `nop_*` models are on the `identity` test backend: a Python identity here."""
+    def build(qa: Path, repo: Path) -> None:
+        repo.mkdir()
+        for model in sorted(generated(qa, repo.parent, variable, kind).iterdir()):
+            if "bf16" not in model.name:
+                shutil.copytree(model, repo / model.name)
+                if cpu:
+                    config = repo / model.name / "config.pbtxt"
+                    config.write_text(config.read_text() + "instance_group [ { kind: KIND_CPU }]\n")
+        for model in sorted(generated(qa, repo.parent, variable, kind, ensembles=True).iterdir()):
+            shutil.copytree(model, repo / model.name, dirs_exist_ok=True)
+            if model.name.startswith("nop_"):
+                (repo / model.name / "1").mkdir(exist_ok=True)
+                config = repo / model.name / "config.pbtxt"
+                config.write_text(config.read_text().replace('backend: "identity"', 'backend: "python"'))
+                (repo / model.name / "1" / "model.py").write_text(PYTHON_IDENTITY)
+    return build
+
+
+def reshape_models(qa: Path, repo: Path) -> None:
+    """qa/L0_infer_reshape/test.sh's: qa_reshape_model_repository, and `custom_*` copies of some ONNX ones on the
+    `identity` test backend (a Python identity model here)."""
+    generated_models("reshape_model")(qa, repo)
+    for suffix in ("nobatch_zero_3_float32", "nobatch_zero_4_float32", "zero_1_float32", "zero_2_float32",
+                   "zero_3_float32", "zero_4_float32", "nobatch_zero_1_int32", "nobatch_zero_2_int32",
+                   "nobatch_zero_3_int32", "zero_1_int32", "zero_2_int32", "zero_3_int32"):
+        if not (repo / f"onnx_{suffix}").exists():  # made for TensorRT only
+            continue
+        custom = repo / f"custom_{suffix}"
+        (custom / "1").mkdir(parents=True)
+        config = (repo / f"onnx_{suffix}" / "config.pbtxt").read_text()
+        config = re.sub(r"(?m)^platform:.*", 'backend: "python"', config)
+        config = re.sub(r"(?m)^name:.*", f'name: "{custom.name}"', config)
+        (custom / "config.pbtxt").write_text(config + "instance_group [ { kind: KIND_CPU }]\n")
+        (custom / "1" / "model.py").write_text(PYTHON_IDENTITY)
 
 
 def batcher_models(variable: bool) -> Callable[[Path, Path], None]:
@@ -346,6 +388,10 @@ def suites() -> list[Suite]:
           for test in ("test_request_output_not_allowed", "test_request_output")],
         Suite("L0_infer", ["python", "infer_test.py"], infer_models,
               env={"BACKENDS": "onnx libtorch python", "ENSEMBLES": "0", "TRITON_SERVER_CPU_ONLY": "1"}),
+        Suite("L0_infer_variable", ["python", "infer_variable_test.py"], generated_models("model", True, True)),
+        Suite("L0_infer_zero", ["python", "infer_zero_test.py"], generated_models("identity_model"),
+              ["--gpu-fallback", "cpu"], {"BACKENDS": "onnx libtorch"}),
+        Suite("L0_infer_reshape", ["python", "infer_reshape_test.py"], reshape_models, ["--gpu-fallback", "cpu"]),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params"], copied("L0_parameters/"
                                                                                               "model_repository")),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params_reserved_rejected"],

@@ -60,6 +60,9 @@ ensemble_scheduling { step [
 ] }
 """
 COMPOSING = ("preprocess", "scale", "postprocess")
+# The same steps under an ensemble without a batch dim (max_batch_size 0): its [4] input reaches the batching steps as
+# a batch of 1, and their [1, 1] answer leaves it as [1] (Triton's ensembles do so; its qa/L0_infer_zero's run so).
+FLAT_CONFIG = ENSEMBLE_CONFIG.replace("max_batch_size: 8", "max_batch_size: 0")
 
 
 def python_model(repo: Path, name: str, code: str, config: str) -> None:
@@ -76,6 +79,8 @@ def repository(tmp_path: Path) -> Path:
     write_model(repo, "scale", scale_model(3.0), SCALE_CONFIG)
     (repo / "pipeline" / "1").mkdir(parents=True)  # an ensemble's version directory is empty
     (repo / "pipeline" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    (repo / "flat" / "1").mkdir(parents=True)
+    (repo / "flat" / "config.pbtxt").write_text(FLAT_CONFIG)
     return repo
 
 
@@ -125,6 +130,20 @@ def test_ensemble_runs_each_step_batched(start_server, repository: Path) -> None
         metadata = client.get_model_metadata("pipeline")
         assert metadata["platform"] == "ensemble"
         assert [i["name"] for i in metadata["inputs"]] == ["RAW"]
+    finally:
+        client.close()
+
+
+def test_an_ensemble_without_a_batch_dim_over_batching_steps(start_server, repository: Path) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(repository)
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        raw = np.arange(4, dtype=np.float32)
+        x = httpclient.InferInput("RAW", [4], "FP32")
+        x.set_data_from_numpy(raw)
+        score = client.infer("flat", [x]).as_numpy("SCORE")
+        assert score.shape == (1,)
+        np.testing.assert_allclose(score, expected(raw[np.newaxis])[0])
     finally:
         client.close()
 

@@ -172,7 +172,7 @@ class TorchModel(Model):
         if isinstance(result, dict):
             tensor = result.get(name)
             where = f"its dict result has no key '{name}' (keys: {', '.join(map(str, result))})"
-        elif isinstance(result, (tuple, list)):
+        elif isinstance(result, (tuple, list)) and not _strings(result):
             tensor = result[position] if position < len(result) else None
             where = f"output '{name}' is position {position} of its result, which has {len(result)}"
         else:
@@ -288,6 +288,11 @@ def _sequence_positions(names: list[str]) -> dict[str, int]:
                               "convention, which a PyTorch model's sequence controls and states need (START__1)")
         positions[name] = index
     return positions
+
+
+def _strings(result: Any) -> bool:
+    """Whether forward() gave a List[str]: one TYPE_STRING output, not a list of outputs."""
+    return isinstance(result, list) and bool(result) and all(isinstance(item, str) for item in result)
 
 
 def _named_index(name: str) -> int | None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from modelhost.client_log import client_log
+from modelhost.core.ensemble_batch_dims import fitted
 from modelhost.core.ensemble_plan import LATEST, Acquire, EnsemblePlan, EnsembleStep, Resolve
 from modelhost.core.in_flight import InFlight
 from modelhost.core.sequence_controls import SequenceFlags, refuse_sequence, sequence_flags
@@ -138,16 +139,18 @@ class EnsembleScheduler:
     ) -> Outputs:
         plan = self._plan
         tensors: dict[str, np.ndarray] = dict(inputs)  # the ensemble's tensor namespace for this request
+        own = plan.signature
+        batched = dict.fromkeys(inputs, own.max_batch_size > 0)  # tensor -> made with a batch dim
         waiting = set(self._steps_for(outputs))
         done: set[int] = set()
-        running: dict[asyncio.Task[Outputs], int] = {}
+        running: dict[asyncio.Task[tuple[Outputs, bool]], int] = {}
         beside = 0  # steps counted in in_flight.parallel_steps
         try:
             while True:
                 for index in sorted(i for i in waiting if plan.needs[i] <= done):
                     waiting.discard(index)
-                    task = asyncio.ensure_future(self._run_step(plan.steps[index], tensors, priority, timeout_us,
-                                                                trace, sequence, origin))
+                    task = asyncio.ensure_future(self._run_step(plan.steps[index], tensors, batched, priority,
+                                                                timeout_us, trace, sequence, origin))
                     running[task] = index
                 if not running:
                     break
@@ -157,14 +160,18 @@ class EnsembleScheduler:
                 for task in finished:
                     index = running.pop(task)
                     try:
-                        tensors.update(task.result())
+                        made, batching = task.result()
                     except Exception as exc:
                         raise self._failure(plan.steps[index], exc) from exc
+                    tensors.update(made)
+                    batched.update(dict.fromkeys(made, batching))
                     done.add(index)
         finally:
             self._in_flight.parallel_steps -= beside
             await _discard(running)  # a step failed or the caller left: the others are not wanted
-        return {name: tensors[name] for name in outputs if name in tensors}  # a step may leave an output out
+        # A step may leave an output out.
+        return {name: fitted(tensors[name], batched[name], own.outputs[name].dims, own.max_batch_size > 0)
+                for name in outputs if name in tensors}
 
     def _steps_for(self, outputs: Sequence[str]) -> frozenset[int]:
         key = frozenset(outputs)
@@ -174,26 +181,32 @@ class EnsembleScheduler:
         return needed
 
     async def _run_step(
-        self, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int, timeout_us: int | None,
-        trace: Trace | None = None, sequence: SequenceFlags | None = None, origin: Any = None,
-    ) -> Outputs:
-        """One step runs as a client's request does (ServedModel.run), its outputs mapped back to the ensemble's."""
+        self, step: EnsembleStep, tensors: dict[str, np.ndarray], batched: dict[str, bool], priority: int,
+        timeout_us: int | None, trace: Trace | None = None, sequence: SequenceFlags | None = None,
+        origin: Any = None,
+    ) -> tuple[Outputs, bool]:
+        """One step runs as a client's request does (ServedModel.run): its outputs mapped back to the ensemble's,
+        and whether its model batches (its outputs then have a batch dim)."""
         hold = self._acquire(step.model_name, step.version)
         try:
             served: ServedModel = hold.take()
         except ModelhostError as exc:  # the ensemble exists; it cannot serve without this model
             raise unavailable(exc.message) from None
         try:
-            return await self._run_on(served, step, tensors, priority, timeout_us, trace, sequence, origin)
+            made = await self._run_on(served, step, tensors, batched, priority, timeout_us, trace, sequence, origin)
+            return made, served.signature.max_batch_size > 0
         finally:
             hold.give_back()
 
     @staticmethod
-    async def _run_on(served: ServedModel, step: EnsembleStep, tensors: dict[str, np.ndarray], priority: int,
-                      timeout_us: int | None, trace: Trace | None = None,
+    async def _run_on(served: ServedModel, step: EnsembleStep, tensors: dict[str, np.ndarray],
+                      batched: dict[str, bool], priority: int, timeout_us: int | None, trace: Trace | None = None,
                       sequence: SequenceFlags | None = None, origin: Any = None) -> Outputs:
         # An optional ensemble input the request left out stays out; a required model input then fails there.
-        feeds = {name: tensors[tensor] for name, tensor in step.input_map.items() if tensor in tensors}
+        own = served.signature
+        batching = own.max_batch_size > 0
+        feeds = {name: fitted(tensors[tensor], batched[tensor], own.inputs[name].dims, batching)
+                 for name, tensor in step.input_map.items() if tensor in tensors}
         step_trace = trace.child(served.name, served.version) if trace is not None else None
         # A sequence step gets the request's sequence (a request without one is then refused there).
         # Each step sees the client's request (its id and parameters), as Triton passes them through ensembles.
@@ -211,7 +224,7 @@ class EnsembleScheduler:
         return ModelhostError(ErrorKind.INTERNAL, f"{where}: model '{step.model_name}' failed: {exc}")
 
 
-async def _discard(tasks: Iterable[asyncio.Task[Outputs]]) -> None:
+async def _discard(tasks: Iterable[asyncio.Task[Any]]) -> None:
     """Cancel steps no longer wanted and wait until they are gone; their own errors are not reported."""
     tasks = list(tasks)
     for task in tasks:

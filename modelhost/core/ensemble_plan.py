@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from modelhost.config.model_config_pb2 import ModelConfig, ModelEnsembling
 from modelhost.config.pbtxt import ConfigError
+from modelhost.core.ensemble_batch_dims import dims_agree
 from modelhost.core.signature import Signature, TensorRule
 from modelhost.errors import ModelhostError
 from modelhost.types import RequestedOutput, format_shape
@@ -107,7 +108,7 @@ class EnsemblePlan:
         """Check each step against its composing model, as `resolve` finds it now: the mapped names exist,
         every required input is mapped, each tensor has one datatype and compatible shapes everywhere, and
         the composing models batch at least as much as the ensemble. Raises ConfigError."""
-        seen: dict[str, tuple[str, str, tuple[int, ...]]] = {}  # tensor -> (where, datatype, full shape)
+        seen: dict[str, tuple[str, str, TensorRule, bool]] = {}  # tensor -> (where, datatype, rule, batching)
         own = self.signature
         for rules, kind in ((own.inputs, "input"), (own.outputs, "output")):
             for rule in rules.values():
@@ -120,7 +121,7 @@ class EnsemblePlan:
             self._check_step(seen, step, model)
 
     def _check_step(
-        self, seen: dict[str, tuple[str, str, tuple[int, ...]]], step: EnsembleStep, model: Signature
+        self, seen: dict[str, tuple[str, str, TensorRule, bool]], step: EnsembleStep, model: Signature
     ) -> None:
         where = f"ensemble '{self.name}' {step.describe()}"
         if self.signature.max_batch_size > model.max_batch_size:
@@ -140,23 +141,27 @@ class EnsemblePlan:
             raise ConfigError(f"{where}: input_map leaves the model's required input(s) {unmapped} unmapped")
 
     def _agree(
-        self, seen: dict[str, tuple[str, str, tuple[int, ...]]], tensor: str, where: str, rule: TensorRule,
+        self, seen: dict[str, tuple[str, str, TensorRule, bool]], tensor: str, where: str, rule: TensorRule,
         max_batch_size: int,
     ) -> None:
-        shape = ((-1,) if max_batch_size > 0 else ()) + rule.dims
+        """As Triton: a tensor's places agree on its datatype, and on its dims or its full shapes (a place that
+        batches and one that does not: core/ensemble_batch_dims.py moves the batch dim between them)."""
+        batching = max_batch_size > 0
         if tensor not in seen:
-            seen[tensor] = (where, rule.datatype, shape)
+            seen[tensor] = (where, rule.datatype, rule, batching)
             return
-        first, datatype, first_shape = seen[tensor]
-        if datatype != rule.datatype or not _compatible(first_shape, shape):
+        first, datatype, first_rule, first_batching = seen[tensor]
+        first_shape, shape = _full(first_rule.dims, first_batching), _full(rule.dims, batching)
+        if datatype != rule.datatype or not (dims_agree(first_rule.dims, rule.dims)
+                                             or dims_agree(first_shape, shape)):
             raise ConfigError(
                 f"ensemble '{self.name}': tensor '{tensor}' is {datatype} {format_shape(first_shape)} as {first}, "
                 f"but {rule.datatype} {format_shape(shape)} as {where}"
             )
 
 
-def _compatible(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
+def _full(dims: tuple[int, ...], batching: bool) -> tuple[int, ...]:
+    return ((-1,) if batching else ()) + dims
 
 
 def _step(ensemble: str, position: int, step: ModelEnsembling.Step) -> EnsembleStep:

@@ -61,6 +61,11 @@ class Shout(torch.nn.Module):
         return [word.upper() + "!" for word in words], count + len(words)
 
 
+class Words(torch.nn.Module):
+    def forward(self, words: list[str]) -> list[str]:
+        return words[::-1]
+
+
 class Clone(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.clone()
@@ -286,6 +291,12 @@ def test_string_tensors_are_lists_of_str(tmp_path: Path) -> None:
     with pytest.raises(ModelhostError, match="input 'INPUT__0' holds an element that is not UTF-8") as caught:
         model.infer({"INPUT__0": np.array([b"\xff"], np.object_), "INPUT__1": np.array([1])}, ["OUTPUT__0"])
     assert caught.value.kind is ErrorKind.INVALID_INPUT
+
+
+def test_a_list_of_str_result_is_the_one_string_output(tmp_path: Path) -> None:
+    model = load(script(tmp_path, Words()), io("INPUT__0 STRING -1", "OUTPUT__0 STRING -1"))
+    words = np.array([b"a", b"b"], dtype=np.object_)
+    assert model.infer({"INPUT__0": words}, ["OUTPUT__0"])["OUTPUT__0"].tolist() == [b"b", b"a"]
 
 
 def test_string_tensors_of_more_than_one_dimension_are_refused_at_load(tmp_path: Path) -> None:
