@@ -248,10 +248,12 @@ def infer_models(qa: Path, repo: Path) -> None:
         config.write_text(config.read_text() + "instance_group [ { kind: KIND_CPU }]\n")
 
 
-def generated_models(kind: str, variable: bool = False, cpu: bool = False) -> Callable[[Path, Path], None]:
-    """All of Triton's generated models of one kind (generated()) but BF16 ones, and its ensembles of them, as a
-    test.sh copies them; `cpu`: KIND_CPU instance groups appended to the models, as its CPU target does. The
-    ensembles' `nop_*` models are on the `identity` test backend: a Python identity here."""
+def generated_models(kind: str, variable: bool = False, cpu: bool = False,
+                     variable_ensembles: bool | None = None) -> Callable[[Path, Path], None]:
+    """All of Triton's generated models of one kind (generated()) but BF16 ones, and its ensembles of them (of
+    variable shapes as `variable_ensembles`, else as `variable`), as a test.sh copies them; `cpu`: KIND_CPU
+    instance groups appended to the models, as its CPU target does. The ensembles' `nop_*` models are on the
+    `identity` test backend: a Python identity here."""
     def build(qa: Path, repo: Path) -> None:
         repo.mkdir()
         for model in sorted(generated(qa, repo.parent, variable, kind).iterdir()):
@@ -260,7 +262,8 @@ def generated_models(kind: str, variable: bool = False, cpu: bool = False) -> Ca
                 if cpu:
                     config = repo / model.name / "config.pbtxt"
                     config.write_text(config.read_text() + "instance_group [ { kind: KIND_CPU }]\n")
-        for model in sorted(generated(qa, repo.parent, variable, kind, ensembles=True).iterdir()):
+        ensembles_variable = variable if variable_ensembles is None else variable_ensembles
+        for model in sorted(generated(qa, repo.parent, ensembles_variable, kind, ensembles=True).iterdir()):
             shutil.copytree(model, repo / model.name, dirs_exist_ok=True)
             if model.name.startswith("nop_"):
                 (repo / model.name / "1").mkdir(exist_ok=True)
@@ -270,10 +273,24 @@ def generated_models(kind: str, variable: bool = False, cpu: bool = False) -> Ca
     return build
 
 
+def with_plan_stand_ins(build: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
+    """`build`, and an ONNX copy of each ONNX model named as its TensorRT twin (plan_*): tests that try TensorRT
+    first (InferVariableTest) then reach their ONNX and LibTorch parts. Counted apart in the compatibility table."""
+    def stand_ins(qa: Path, repo: Path) -> None:
+        build(qa, repo)
+        for model in sorted(repo.glob("onnx_*")):
+            twin = repo / model.name.replace("onnx", "plan", 1)
+            if not twin.exists():
+                shutil.copytree(model, twin)
+                config = (twin / "config.pbtxt").read_text()
+                (twin / "config.pbtxt").write_text(re.sub(r'(?m)^name:.*', f'name: "{twin.name}"', config))
+    return stand_ins
+
+
 def reshape_models(qa: Path, repo: Path) -> None:
     """qa/L0_infer_reshape/test.sh's: qa_reshape_model_repository, and `custom_*` copies of some ONNX ones on the
     `identity` test backend (a Python identity model here)."""
-    generated_models("reshape_model")(qa, repo)
+    generated_models("reshape_model", variable=True, variable_ensembles=False)(qa, repo)  # as Triton makes them
     for suffix in ("nobatch_zero_3_float32", "nobatch_zero_4_float32", "zero_1_float32", "zero_2_float32",
                    "zero_3_float32", "zero_4_float32", "nobatch_zero_1_int32", "nobatch_zero_2_int32",
                    "nobatch_zero_3_int32", "zero_1_int32", "zero_2_int32", "zero_3_int32"):
@@ -389,6 +406,8 @@ def suites() -> list[Suite]:
         Suite("L0_infer", ["python", "infer_test.py"], infer_models,
               env={"BACKENDS": "onnx libtorch python", "ENSEMBLES": "0", "TRITON_SERVER_CPU_ONLY": "1"}),
         Suite("L0_infer_variable", ["python", "infer_variable_test.py"], generated_models("model", True, True)),
+        Suite("L0_infer_variable", ["python", "infer_variable_test.py"],
+              with_plan_stand_ins(generated_models("model", True, True)), env={"PLAN": "onnx stand-ins"}),
         Suite("L0_infer_zero", ["python", "infer_zero_test.py"], generated_models("identity_model"),
               ["--gpu-fallback", "cpu"], {"BACKENDS": "onnx libtorch"}),
         Suite("L0_infer_reshape", ["python", "infer_reshape_test.py"], reshape_models, ["--gpu-fallback", "cpu"]),
@@ -457,7 +476,7 @@ def main() -> None:
             lines = [line for line in output if line.startswith(("Ran ", "OK", "FAILED"))]
             print(f"{suite.label}: {' '.join(lines[-2:])}", flush=True)
             if args.show and run.returncode:
-                print("\n".join(output[-60:]), flush=True)
+                print("\n".join(output[-300:]), flush=True)
         finally:
             server.terminate()
             server.wait(30)

@@ -43,7 +43,7 @@ platform: "onnxruntime_onnx"
 max_batch_size: 8
 dynamic_batching { max_queue_delay_microseconds: 20000 }
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] label_filename: "labels.txt" } ]
 """
 ENSEMBLE_CONFIG = """
 platform: "ensemble"
@@ -63,6 +63,17 @@ COMPOSING = ("preprocess", "scale", "postprocess")
 # The same steps under an ensemble without a batch dim (max_batch_size 0): its [4] input reaches the batching steps as
 # a batch of 1, and their [1, 1] answer leaves it as [1] (Triton's ensembles do so; its qa/L0_infer_zero's run so).
 FLAT_CONFIG = ENSEMBLE_CONFIG.replace("max_batch_size: 8", "max_batch_size: 0")
+# An ensemble output without a label_filename of its own: classified with the labels of the step output it is.
+LABELLED_CONFIG = """
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "SCALED" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "scale" model_version: -1
+    input_map { key: "INPUT0" value: "RAW" } output_map { key: "OUTPUT0" value: "SCALED" } }
+] }
+"""
 
 
 def python_model(repo: Path, name: str, code: str, config: str) -> None:
@@ -77,6 +88,9 @@ def repository(tmp_path: Path) -> Path:
     python_model(repo, "preprocess", PREPROCESS, PYTHON_CONFIG.format(input="RAW", output="FEATURES", dims=4))
     python_model(repo, "postprocess", POSTPROCESS, PYTHON_CONFIG.format(input="X", output="SCORE", dims=1))
     write_model(repo, "scale", scale_model(3.0), SCALE_CONFIG)
+    (repo / "scale" / "labels.txt").write_text("cat\ndog\nemu\nyak\n")
+    (repo / "labelled" / "1").mkdir(parents=True)
+    (repo / "labelled" / "config.pbtxt").write_text(LABELLED_CONFIG)
     (repo / "pipeline" / "1").mkdir(parents=True)  # an ensemble's version directory is empty
     (repo / "pipeline" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     (repo / "flat" / "1").mkdir(parents=True)
@@ -144,6 +158,18 @@ def test_an_ensemble_without_a_batch_dim_over_batching_steps(start_server, repos
         score = client.infer("flat", [x]).as_numpy("SCORE")
         assert score.shape == (1,)
         np.testing.assert_allclose(score, expected(raw[np.newaxis])[0])
+    finally:
+        client.close()
+
+
+def test_an_ensemble_output_takes_its_steps_labels(start_server, repository: Path) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(repository)
+    client = httpclient.InferenceServerClient(server.url)
+    try:
+        x = httpclient.InferInput("RAW", [1, 4], "FP32")
+        x.set_data_from_numpy(np.array([[1, 4, 2, 3]], np.float32))
+        result = client.infer("labelled", [x], outputs=[httpclient.InferRequestedOutput("SCALED", class_count=2)])
+        assert result.as_numpy("SCALED").tolist() == [[b"12.000000:1:dog", b"9.000000:3:yak"]]
     finally:
         client.close()
 

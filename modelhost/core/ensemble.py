@@ -23,7 +23,7 @@ import numpy as np
 
 from modelhost.client_log import client_log
 from modelhost.core.ensemble_batch_dims import fitted
-from modelhost.core.ensemble_plan import LATEST, Acquire, EnsemblePlan, EnsembleStep, Resolve
+from modelhost.core.ensemble_plan import LATEST, Acquire, EnsemblePlan, EnsembleStep, Resolve, own_view
 from modelhost.core.in_flight import InFlight
 from modelhost.core.sequence_controls import SequenceFlags, refuse_sequence, sequence_flags
 from modelhost.core.statistics import ExecutionTiming, ModelStatistics
@@ -170,7 +170,7 @@ class EnsembleScheduler:
             self._in_flight.parallel_steps -= beside
             await _discard(running)  # a step failed or the caller left: the others are not wanted
         # A step may leave an output out.
-        return {name: fitted(tensors[name], batched[name], own.outputs[name].dims, own.max_batch_size > 0)
+        return {name: fitted(tensors[name], batched[name], own_view(own.outputs[name]).dims, own.max_batch_size > 0)
                 for name in outputs if name in tensors}
 
     def _steps_for(self, outputs: Sequence[str]) -> frozenset[int]:

@@ -8,7 +8,7 @@ ConfigError naming the ensemble, the step (counted from 1 in config order) and t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from modelhost.config.model_config_pb2 import ModelConfig, ModelEnsembling
@@ -112,13 +112,29 @@ class EnsemblePlan:
         own = self.signature
         for rules, kind in ((own.inputs, "input"), (own.outputs, "output")):
             for rule in rules.values():
-                self._agree(seen, rule.name, f"ensemble {kind}", rule, own.max_batch_size)
+                self._agree(seen, rule.name, f"ensemble {kind}", own_view(rule), own.max_batch_size)
         for step in self.steps:
             try:
                 model = resolve(step.model_name, step.version).signature
             except ModelhostError as exc:
                 raise ConfigError(f"ensemble '{self.name}' {step.describe()}: {exc.message}") from None
             self._check_step(seen, step, model)
+
+    def inherited_labels(self, resolve: Resolve,
+                         labels: dict[str, tuple[bytes, ...]]) -> dict[str, tuple[bytes, ...]]:
+        """`labels` (the ensemble's own, by its outputs' label_filename), and for each output without them the
+        labels of the step output that makes it, as Triton's ensembles take them."""
+        found = dict(labels)
+        for step in self.steps:
+            for name, tensor in step.output_map.items():
+                if tensor in self.signature.outputs and tensor not in found:
+                    try:
+                        inherited = resolve(step.model_name, step.version).labels.get(name)
+                    except ModelhostError:
+                        continue  # the step fails on its own when it runs
+                    if inherited:
+                        found[tensor] = inherited
+        return found
 
     def _check_step(
         self, seen: dict[str, tuple[str, str, TensorRule, bool]], step: EnsembleStep, model: Signature
@@ -158,6 +174,11 @@ class EnsemblePlan:
                 f"ensemble '{self.name}': tensor '{tensor}' is {datatype} {format_shape(first_shape)} as {first}, "
                 f"but {rule.datatype} {format_shape(shape)} as {where}"
             )
+
+
+def own_view(rule: TensorRule) -> TensorRule:
+    """An ensemble's own input or output as its steps see it: its `reshape`, where it has one (as Triton checks)."""
+    return rule if rule.reshape is None else replace(rule, dims=rule.reshape)
 
 
 def _full(dims: tuple[int, ...], batching: bool) -> tuple[int, ...]:

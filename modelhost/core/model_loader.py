@@ -210,6 +210,7 @@ class ModelLoader:
         try:
             if plan.ensemble is not None:
                 labels = await asyncio.to_thread(read_labels, plan.config, source.path)
+                labels = plan.ensemble.inherited_labels(self._get, labels)
                 served = load_ensemble_version(record.name, version, plan, self._acquire, labels, self._in_flight)
             elif loaded is not None and version in loaded:
                 served = taken(loaded.pop(version))
