@@ -227,7 +227,8 @@ def implicit_models(qa: Path, repo: Path) -> None:
 def infer_models(qa: Path, repo: Path) -> None:
     """qa/L0_infer/test.sh's models for its CPU target: Triton's qa_model_repository for ONNX and LibTorch, and
     Python stand-ins of the ONNX ones (qa/python_models/add_sub, sub_add for the swapped types), each on
-    KIND_CPU instances; no ensembles (ENSEMBLES=0)."""
+    KIND_CPU instances; the generated ensembles of the ONNX and LibTorch ones (their `nop_*` models a Python
+    identity) and qa/ensemble_models."""
     source = generated(qa, repo.parent, False)
     repo.mkdir()
     for model in sorted(source.iterdir()):
@@ -246,6 +247,22 @@ def infer_models(qa: Path, repo: Path) -> None:
             shutil.copy(qa / "python_models" / ("sub_add" if swapped else "add_sub") / "model.py", python / "1")
     for config in repo.glob("*/config.pbtxt"):
         config.write_text(config.read_text() + "instance_group [ { kind: KIND_CPU }]\n")
+    for model in sorted(generated(qa, repo.parent, False, ensembles=True).iterdir()):
+        if model.name.startswith("nop_"):
+            nop(model, repo)
+        elif "onnx" in model.name or "libtorch" in model.name:
+            shutil.copytree(model, repo / model.name)
+    for model in sorted((qa / "ensemble_models").iterdir()):
+        shutil.copytree(model, repo / model.name)
+        (repo / model.name / "1").mkdir(exist_ok=True)
+    # qa/custom_models/custom_zero_1_float32 on the `identity` test backend, batching and not, as test.sh edits it.
+    config = (qa / "custom_models" / "custom_zero_1_float32" / "config.pbtxt").read_text()
+    config = config.replace('backend: "identity"', 'backend: "python"') + "instance_group [ { kind: KIND_CPU }]\n"
+    for name, batch, dims in (("custom_zero_1_float32", 8, "-1"), ("custom_nobatch_zero_1_float32", 0, "-1, -1")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(PYTHON_IDENTITY)
+        edited = config.replace("custom_zero_1_float32", name).replace("max_batch_size: 1", f"max_batch_size: {batch}")
+        (repo / name / "config.pbtxt").write_text(edited.replace("dims: [ 1 ]", f"dims: [ {dims} ]"))
 
 
 def generated_models(kind: str, variable: bool = False, cpu: bool = False,
@@ -264,13 +281,20 @@ def generated_models(kind: str, variable: bool = False, cpu: bool = False,
                     config.write_text(config.read_text() + "instance_group [ { kind: KIND_CPU }]\n")
         ensembles_variable = variable if variable_ensembles is None else variable_ensembles
         for model in sorted(generated(qa, repo.parent, ensembles_variable, kind, ensembles=True).iterdir()):
-            shutil.copytree(model, repo / model.name, dirs_exist_ok=True)
             if model.name.startswith("nop_"):
-                (repo / model.name / "1").mkdir(exist_ok=True)
-                config = repo / model.name / "config.pbtxt"
-                config.write_text(config.read_text().replace('backend: "identity"', 'backend: "python"'))
-                (repo / model.name / "1" / "model.py").write_text(PYTHON_IDENTITY)
+                nop(model, repo)
+            else:
+                shutil.copytree(model, repo / model.name, dirs_exist_ok=True)
     return build
+
+
+def nop(model: Path, repo: Path) -> None:
+    """A generated ensemble's `nop_*` model, on the `identity` test backend: a Python identity here."""
+    shutil.copytree(model, repo / model.name, dirs_exist_ok=True)
+    (repo / model.name / "1").mkdir(exist_ok=True)
+    config = repo / model.name / "config.pbtxt"
+    config.write_text(config.read_text().replace('backend: "identity"', 'backend: "python"'))
+    (repo / model.name / "1" / "model.py").write_text(PYTHON_IDENTITY)
 
 
 def with_plan_stand_ins(build: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
@@ -404,7 +428,7 @@ def suites() -> list[Suite]:
                 ["--gpu-fallback", "cpu"], {"BACKENDS": "onnx libtorch"})
           for test in ("test_request_output_not_allowed", "test_request_output")],
         Suite("L0_infer", ["python", "infer_test.py"], infer_models,
-              env={"BACKENDS": "onnx libtorch python", "ENSEMBLES": "0", "TRITON_SERVER_CPU_ONLY": "1"}),
+              env={"BACKENDS": "onnx libtorch python", "TRITON_SERVER_CPU_ONLY": "1"}),
         Suite("L0_infer_variable", ["python", "infer_variable_test.py"], generated_models("model", True, True)),
         Suite("L0_infer_variable", ["python", "infer_variable_test.py"],
               with_plan_stand_ins(generated_models("model", True, True)), env={"PLAN": "onnx stand-ins"}),

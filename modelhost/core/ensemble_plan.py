@@ -140,7 +140,8 @@ class EnsemblePlan:
         self, seen: dict[str, tuple[str, str, TensorRule, bool]], step: EnsembleStep, model: Signature
     ) -> None:
         where = f"ensemble '{self.name}' {step.describe()}"
-        if self.signature.max_batch_size > model.max_batch_size:
+        # As Triton: a step whose model does not batch takes the ensemble's batch whole (core/ensemble_batch_dims.py).
+        if model.max_batch_size and self.signature.max_batch_size > model.max_batch_size:
             raise ConfigError(
                 f"{where}: the ensemble's max_batch_size {self.signature.max_batch_size} is above the model's "
                 f"max_batch_size {model.max_batch_size}"

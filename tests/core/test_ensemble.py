@@ -527,6 +527,14 @@ def diamond_repo(sum_io: str = BINARY, left_io: str = UNARY, left_config: str = 
                       served("right", Compute(times(3))), served("sum", Compute(add_inputs), io=sum_io))
 
 
+def test_a_step_whose_model_does_not_batch_fits_a_batching_ensemble() -> None:
+    # As Triton (qa/ensemble_models/batch_to_nobatch_*): such a step takes the ensemble's batch whole.
+    async def scenario() -> None:
+        plan_of(DIAMOND).check_models(diamond_repo(left_config="max_batch_size: 0").resolve)
+
+    run(scenario())
+
+
 @pytest.mark.parametrize(
     ("repo_args", "message"),
     [
