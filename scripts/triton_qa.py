@@ -329,6 +329,38 @@ def reshape_models(qa: Path, repo: Path) -> None:
         (custom / "1" / "model.py").write_text(PYTHON_IDENTITY)
 
 
+def string_models(qa: Path, repo: Path) -> None:
+    """qa/L0_string_io/test.sh's: the generated onnx_zero_1_object identity and qa/python_models/string_identity
+    with dims [ 8 ]."""
+    repo.mkdir()
+    shutil.copytree(generated(qa, repo.parent, False, "identity_model") / "onnx_zero_1_object",
+                    repo / "onnx_zero_1_object")
+    shutil.copytree(qa / "python_models" / "string_identity", repo / "string_identity")
+    (repo / "string_identity" / "1").mkdir()
+    (repo / "string_identity" / "model.py").rename(repo / "string_identity" / "1" / "model.py")
+    config = repo / "string_identity" / "config.pbtxt"
+    config.write_text(config.read_text().replace("[ 1 ]", "[ 8 ]"))
+
+
+def nullchar_models(qa: Path, repo: Path) -> None:
+    """qa/L0_nullchar_string/test.sh's: qa/python_models/string as python_string, the generated
+    libtorch_nobatch_zero_1_object."""
+    repo.mkdir()
+    (repo / "python_string" / "1").mkdir(parents=True)
+    shutil.copy(qa / "python_models" / "string" / "model.py", repo / "python_string" / "1")
+    config = (qa / "python_models" / "string" / "config.pbtxt").read_text()
+    (repo / "python_string" / "config.pbtxt").write_text(config.replace('name: "string"', 'name: "python_string"'))
+    shutil.copytree(generated(qa, repo.parent, False, "identity_model") / "libtorch_nobatch_zero_1_object",
+                    repo / "libtorch_nobatch_zero_1_object")
+
+
+def output_name_models(qa: Path, repo: Path) -> None:
+    """qa/L0_output_name/test.sh's: the generated *_nobatch_zero_1_float32 identities."""
+    repo.mkdir()
+    for model in generated(qa, repo.parent, False, "identity_model").glob("*_nobatch_zero_1_float32"):
+        shutil.copytree(model, repo / model.name)
+
+
 def batcher_models(variable: bool) -> Callable[[Path, Path], None]:
     """qa/L0_batcher/test.sh's models (var_models when `variable`): float32 add/sub models for ONNX, LibTorch and
     Python (qa/python_models/add_sub with the ONNX model's config), max_batch_size 8, preferred sizes 2 and 6 and
@@ -435,6 +467,13 @@ def suites() -> list[Suite]:
         Suite("L0_infer_zero", ["python", "infer_zero_test.py"], generated_models("identity_model"),
               ["--gpu-fallback", "cpu"], {"BACKENDS": "onnx libtorch"}),
         Suite("L0_infer_reshape", ["python", "infer_reshape_test.py"], reshape_models, ["--gpu-fallback", "cpu"]),
+        Suite("L0_string_io", ["python", "string_client_test.py", "-v"], string_models, ["--gpu-fallback", "cpu"]),
+        *[Suite("L0_nullchar_string", ["python", "nullchar_string_client.py", "-m", model, *protocol], nullchar_models,
+                ["--gpu-fallback", "cpu"])
+          for model in ("python_string", "libtorch_nobatch_zero_1_object")
+          for protocol in ([], ["-i", "grpc", "-u", "localhost:8001"])],
+        Suite("L0_output_name", ["python", "output_name_test.py", "OutputNameValidationTest"], output_name_models,
+              ["--gpu-fallback", "cpu"]),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params"], copied("L0_parameters/"
                                                                                               "model_repository")),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params_reserved_rejected"],
@@ -498,7 +537,8 @@ def main() -> None:
                                  capture_output=True, text=True, timeout=600)
             output = (run.stdout + run.stderr).splitlines()
             lines = [line for line in output if line.startswith(("Ran ", "OK", "FAILED"))]
-            print(f"{suite.label}: {' '.join(lines[-2:])}", flush=True)
+            summary = " ".join(lines[-2:]) or f"exit status {run.returncode}"  # a script that is not a unittest
+            print(f"{suite.label}: {summary}", flush=True)
             if args.show and run.returncode:
                 print("\n".join(output[-300:]), flush=True)
         finally:

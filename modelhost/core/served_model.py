@@ -109,8 +109,8 @@ class ServedModel:
         else:
             named = self.named_signature(signature_name)
             signature, entry = named.signature, named.entry
+        names = signature.check_outputs(outputs)  # first, as Triton (its qa/L0_output_name)
         feeds, rows = signature.check_inputs(inputs)
-        names = signature.check_outputs(outputs)
         batchable = signature.max_batch_size > 0
         counts = class_counts(outputs) if outputs else None
         if counts:

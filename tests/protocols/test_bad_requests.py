@@ -119,6 +119,10 @@ INFER_CASES = {
                           b'"data": [1, 2, 3, 4]}], "parameters": {"priority": ' + DEEP_JSON + b'}}',
                           400, ("'priority'", "non-negative")),
     "output-without-name": Case("tiny", {**GOOD_TINY, "outputs": [{"parameters": {}}]}, 400, ("outputs[0]", "'name'")),
+    # As Triton (qa/L0_output_name): an unknown output is named before a wrong input
+    "unknown-output-and-input": Case("tiny", {"inputs": [tensor("INPUT0", "FP32", [1, 4], [1] * 4)],
+                                              "outputs": [{"name": "DUMMY"}]},
+                                     400, ("unexpected inference output 'DUMMY' for model 'tiny'",)),
     # Triton's binary tensor data extension
     "binary-truncated": _binary_case("tiny", {"inputs": [tensor("x", "FP32", [1, 4], binary_data_size=16)]},
                                      [X16[:8]], 400, "'x'", "binary_data_size 16", "8 bytes"),
