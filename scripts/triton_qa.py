@@ -55,6 +55,12 @@ class TritonPythonModel:
 """
 
 
+SHM_MONITOR = """class SharedMemoryManager:
+    def __init__(self, name):
+        raise AssertionError(f"modelhost made a Triton Python-backend region: {name}")
+"""
+
+
 def identity_model(repo: Path, name: str, elem: int, count: int, dims: list[int], config_type: str,
                    extra: str = "", max_batch: int = 8) -> None:
     """Triton's qa_identity_model_repository model `name`: INPUTi -> OUTPUTi unchanged."""
@@ -361,6 +367,33 @@ def output_name_models(qa: Path, repo: Path) -> None:
         shutil.copytree(model, repo / model.name)
 
 
+def python_test_models(qa: Path, repo: Path) -> None:
+    """qa/L0_backend_python/test.sh's models for its python_test.py, from qa/python_models."""
+    models = qa / "python_models"
+    repo.mkdir()
+
+    def add(name: str, source: str = "", config: str = "") -> Path:
+        (repo / name / "1").mkdir(parents=True)
+        shutil.copy(models / (source or name) / "model.py", repo / name / "1")
+        text = config or (models / (source or name) / "config.pbtxt").read_text()
+        (repo / name / "config.pbtxt").write_text(re.sub(r"(?m)^name:.*", f'name: "{name}"', text))
+        return repo / name
+
+    identity = (models / "identity_fp32" / "config.pbtxt").read_text()
+    for name in ("identity_fp32", "identity_bf16", "pytorch_fp32_fp32", "delayed_model", "init_args", "optional",
+                 "non_contiguous", "string", "string_fixed", "dlpack_identity"):
+        add(name)
+    add("identity_uint8", "identity_fp32", re.sub(r"(?m)^max_batch_size:.*", "max_batch_size: 8", identity.replace(
+        "TYPE_FP32", "TYPE_UINT8")) + "dynamic_batching { preferred_batch_size: [8], "
+        "max_queue_delay_microseconds: 12000000 }\n")
+    add("identity_uint8_nobatch", "identity_fp32",
+        re.sub(r"(?m)^max_batch_size:.*", "", identity.replace("TYPE_FP32", "TYPE_UINT8")))
+    add("identity_uint32", "identity_fp32", identity.replace("TYPE_FP32", "TYPE_UINT32"))
+    add("identity_bool", "identity_fp32", identity.replace("TYPE_FP32", "TYPE_BOOL"))
+    default = add("default_model_name", "identity_fp32", identity + 'default_model_filename: "mymodel.py"\n')
+    (default / "1" / "model.py").rename(default / "1" / "mymodel.py")
+
+
 def batcher_models(variable: bool) -> Callable[[Path, Path], None]:
     """qa/L0_batcher/test.sh's models (var_models when `variable`): float32 add/sub models for ONNX, LibTorch and
     Python (qa/python_models/add_sub with the ONNX model's config), max_batch_size 8, preferred sizes 2 and 6 and
@@ -389,6 +422,10 @@ class Suite:
     repository: Callable[[Path, Path], None]
     flags: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # Where under the suite's directory the repository goes ("": the directory), and the server's environment, its
+    # "{root}" the suite's directory: for a test.sh model that checks where it was loaded from.
+    place: str = ""
+    server_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -474,6 +511,8 @@ def suites() -> list[Suite]:
           for protocol in ([], ["-i", "grpc", "-u", "localhost:8001"])],
         Suite("L0_output_name", ["python", "output_name_test.py", "OutputNameValidationTest"], output_name_models,
               ["--gpu-fallback", "cpu"]),
+        Suite("L0_backend_python", ["python", "-m", "pytest", "-q", "python_test.py"], python_test_models,
+              ["--allow-client-shm"], place="qa/L0_backend_python/models", server_env={"TRITON_DIR": "{root}"}),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params"], copied("L0_parameters/"
                                                                                               "model_repository")),
         Suite("L0_parameters", ["python", "-m", "unittest", parameters + "test_params_reserved_rejected"],
@@ -498,11 +537,11 @@ def ports_free() -> bool:
     return True
 
 
-def serve(repo: Path, flags: list[str], log: Path) -> subprocess.Popen[bytes]:
+def serve(repo: Path, flags: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     server = subprocess.Popen(
         [sys.executable, "-m", "modelhost", "serve", "--model-repository", str(repo), "--http-port", "8000",
          "--grpc-port", "8001", "--metrics-port", "8002", *flags],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -527,17 +566,26 @@ def main() -> None:
     if not ports_free():
         raise SystemExit("ports 8000-8002 are taken: Triton's QA tests hard-code 8000 and 8001")
     work = Path(tempfile.mkdtemp(prefix="triton-qa-"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(args.qa / "common"), os.environ.get("PYTHONPATH", "")])}
+    # Triton's shared memory leak probe (qa/common/shm_util.py) imports its C++ triton_shm_monitor, and watches only
+    # Triton's Python-backend regions in /dev/shm, which modelhost never makes: a module that is never called.
+    (work / "triton_shm_monitor.py").write_text(SHM_MONITOR)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(args.qa / "common"), str(work),
+                                                         os.environ.get("PYTHONPATH", "")])}
     for index, suite in enumerate(s for s in suites() if args.only in s.label):
-        repo = work / f"repo{index}"
+        root = work / f"repo{index}"
+        repo = root / suite.place if suite.place else root
+        repo.parent.mkdir(parents=True, exist_ok=True)
         suite.repository(args.qa, repo)
-        server = serve(repo, suite.flags, work / f"server{index}.log")
+        server_env = {name: value.replace("{root}", str(root)) for name, value in suite.server_env.items()}
+        server = serve(repo, suite.flags, work / f"server{index}.log", server_env)
         try:
             run = subprocess.run(suite.command, cwd=args.qa / suite.directory, env={**env, **suite.env},
                                  capture_output=True, text=True, timeout=600)
             output = (run.stdout + run.stderr).splitlines()
             lines = [line for line in output if line.startswith(("Ran ", "OK", "FAILED"))]
-            summary = " ".join(lines[-2:]) or f"exit status {run.returncode}"  # a script that is not a unittest
+            pytest = [line.strip("= ") for line in output if line.startswith("=") and (" passed" in line
+                                                                                     or " failed" in line)]
+            summary = " ".join(lines[-2:]) or " ".join(pytest[-1:]) or f"exit status {run.returncode}"
             print(f"{suite.label}: {summary}", flush=True)
             if args.show and run.returncode:
                 print("\n".join(output[-300:]), flush=True)

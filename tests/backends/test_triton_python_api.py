@@ -106,6 +106,15 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("requests", out)]))
         return responses
 """
+ONE_ROW = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("requests", np.full((1, 1), 7, np.int32))])
+                for _ in requests]
+"""
 ASKED_CONFIG = """
 backend: "python"
 max_batch_size: 8
@@ -390,6 +399,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     (repo / "parameters_ensemble" / "config.pbtxt").write_text(PARAMETERS_ENSEMBLE_CONFIG)
     write_model(repo, "per_request", PER_REQUEST_CONFIG, PER_REQUEST)
     write_model(repo, "asked", ASKED_CONFIG, ASKED)
+    write_model(repo, "one_row", PER_REQUEST_CONFIG, ONE_ROW)
     write_model(repo, "asked_isolated", ASKED_CONFIG + ISOLATED, ASKED)
     write_model(repo, "bls", BLS_CONFIG, BLS)
     write_model(repo, "repeat", REPEAT_CONFIG, REPEAT)
@@ -515,6 +525,14 @@ def test_requests_of_a_batch_come_one_by_one(server: ServerProcess) -> None:
         assert answer.shape == (rows, 1)
         assert set(answer.reshape(-1) % 100) == {rows}
     assert max(int(answer[0, 0]) // 100 for answer in answers) > 1  # some execute got several requests
+
+
+def test_a_response_is_its_requests_whatever_its_batch_dim(server: ServerProcess) -> None:
+    # As Triton (its qa/python_models/init_args): one row answered to a request of two passes as the model gave it.
+    client = httpclient.InferenceServerClient(server.url)
+    data = httpclient.InferInput("x", [2, 1], "INT32")
+    data.set_data_from_numpy(np.zeros((2, 1), np.int32))
+    assert client.infer("one_row", [data]).as_numpy("requests").tolist() == [[7]]
 
 
 @pytest.mark.parametrize("model", ["asked", "asked_isolated"])

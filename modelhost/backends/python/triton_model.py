@@ -139,8 +139,8 @@ class TritonUserModel:
             count = len(answers) if isinstance(answers, list | tuple) else type(answers).__name__
             raise ModelhostError(ErrorKind.INTERNAL, f"{self._spec.label}: execute returned {count} responses for "
                                  f"{len(requests)} requests: it must return one InferenceResponse per request")
-        for index, answer, request in zip(indices, answers, requests, strict=True):
-            results[index] = self._outputs(answer, _rows(request) if self._spec.batching else None, outputs[index])
+        for index, answer in zip(indices, answers, strict=True):
+            results[index] = self._outputs(answer, outputs[index])
         return results
 
     def finalize(self) -> None:
@@ -176,10 +176,9 @@ class TritonUserModel:
                                       correlation_id=who.correlation_id, flags=who.flags, timeout=who.timeout,
                                       parameters=who.parameters)
         if responses is not None:
-            rows = next(iter(inputs.values())).shape[0] if self._spec.batching and inputs else None
 
             def deliver(response: pb.InferenceResponse | None, final: bool) -> None:
-                item = None if response is None else self._outputs(response, rows, outputs)
+                item = None if response is None else self._outputs(response, outputs)
                 size = sum(a.nbytes for a in item.values()) if isinstance(item, dict) else 0
                 responses.put((item, final), size, final)
 
@@ -190,7 +189,7 @@ class TritonUserModel:
             request._cancelled = cancelled
         return request
 
-    def _outputs(self, response: Any, rows: int | None, outputs: list[str]) -> Outputs | ModelhostError:
+    def _outputs(self, response: Any, outputs: list[str]) -> Outputs | ModelhostError:
         """A response's requested outputs, checked against the config, or its error."""
         if not isinstance(response, pb.InferenceResponse):
             return ModelhostError(ErrorKind.INTERNAL, f"{self._spec.label}: execute returned a "
@@ -202,15 +201,12 @@ class TritonUserModel:
         try:
             # As Triton: a response may hold some of the outputs; the others are absent from the answer (and from an
             # ensemble's later steps, which take them as missing optional inputs).
-            return check_outputs(self._spec.label, self._rules, arrays, outputs, rows, partial=True)
+            # A response is its request's alone, so its batch dim is not checked against the request's (Triton passes
+            # it as the model gives it: its qa/python_models/init_args answers one row to a batch of two).
+            return check_outputs(self._spec.label, self._rules, arrays, outputs, None, partial=True)
         except ModelhostError as exc:  # the model's bug, not the client's: the operator should see it
             client_log(log, logging.ERROR, "python-model-failed", "%s", exc.message)
             return exc
-
-
-def _rows(request: pb.InferenceRequest) -> int | None:
-    tensors = request.inputs()
-    return tensors[0].as_numpy().shape[0] if tensors else None
 
 
 def load_triton_model(spec: UserCodeSpec, model_class: type) -> TritonUserModel:
