@@ -46,6 +46,25 @@ def test_tensors_and_responses() -> None:
     assert error.code() == pb.TritonError.INTERNAL and pb.InferenceResponse(error=error).error() is error
 
 
+def test_dlpack_capsules_round_trip_through_torch_sharing_memory() -> None:
+    # Triton's examples (qa/python_models/identity_bf16, dlpack_*): Tensor.from_dlpack(name, to_dlpack(t)) and back.
+    import torch
+    import torch.utils.dlpack
+
+    source = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    tensor = pb.Tensor.from_dlpack("t", torch.utils.dlpack.to_dlpack(source))
+    assert tensor.as_numpy().tolist() == source.tolist()
+    source[0, 0] = 9  # shared, not copied
+    assert tensor.as_numpy()[0, 0] == 9
+    back = torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
+    assert back.tolist() == source.tolist()
+    request_input = np.arange(3, dtype=np.int32)
+    request_input.setflags(write=False)  # as a request's inputs are
+    assert torch.utils.dlpack.from_dlpack(pb.Tensor("in", request_input).to_dlpack()).tolist() == [0, 1, 2]
+    with pytest.raises(pb.TritonError, match="tensor 'x': from_dlpack cannot read it"):
+        pb.Tensor.from_dlpack("x", object())
+
+
 def test_a_sender_closes_with_the_final_flag() -> None:
     sent: list[tuple[object, bool]] = []
     sender = pb.InferenceResponseSender(lambda response, final: sent.append((response, final)), lambda: False)

@@ -89,14 +89,35 @@ class Tensor:
         return True
 
     def to_dlpack(self) -> Any:
-        return self._array.__dlpack__()
+        """A DLPack capsule sharing the tensor's memory. A read-only tensor (a request's input) goes out as DLPack
+        1.0's versioned capsule, which carries the read-only flag the older one cannot (torch reads both)."""
+        if self._array.flags.writeable:
+            return self._array.__dlpack__()
+        return self._array.__dlpack__(max_version=(1, 0))
 
     @classmethod
     def from_dlpack(cls, name: str, capsule: Any) -> Tensor:
-        if not hasattr(capsule, "__dlpack__"):
-            raise TritonError(f"tensor '{name}': from_dlpack takes an object with __dlpack__ (a torch or numpy "
-                              "tensor); modelhost does not read bare DLPack capsules")
-        return cls(name, np.from_dlpack(capsule))
+        """From a DLPack capsule (torch.utils.dlpack.to_dlpack(t), as Triton's examples pass) or an object with
+        __dlpack__ (a torch tensor, a numpy array), sharing its memory; a CPU tensor only."""
+        source = capsule if hasattr(capsule, "__dlpack__") else _CpuCapsule(capsule)
+        try:
+            return cls(name, np.from_dlpack(source))
+        except (TypeError, ValueError, RuntimeError, BufferError) as exc:
+            raise TritonError(f"tensor '{name}': from_dlpack cannot read it as a CPU tensor: {exc}") from None
+
+
+class _CpuCapsule:
+    """A bare DLPack capsule as numpy reads one: through __dlpack__, on the CPU (numpy then checks the capsule's own
+    device, and refuses a GPU one)."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return 1, 0  # kDLCPU, device 0
 
 
 class InferenceResponse:
