@@ -155,9 +155,10 @@ def call_user(spec: UserCodeSpec, what: str, function: Any, *args: Any) -> Any:
 
 def check_outputs(
     label: str, rules: dict[str, OutputRule], results: Any, outputs: list[str], rows: int | None,
-    partial: bool = False,
+    partial: bool = False, shapes: bool = True,
 ) -> dict[str, np.ndarray]:
-    """The requested `outputs` of what execute returned, each checked for presence, dtype and shape.
+    """The requested `outputs` of what execute returned, each checked for presence, dtype and (with `shapes`)
+    shape.
 
     `rows` is the batch size when the model batches; `partial`: outputs execute left out are left out (a Triton
     model's response may hold some of them). Nothing is cast: a wrong dtype is the model's bug.
@@ -182,7 +183,8 @@ def check_outputs(
         elif array.dtype != DATATYPE_DTYPES[rule.datatype]:
             raise _bad_output(label, f"output '{name}' has dtype {array.dtype}, but config.pbtxt declares "
                                      f"{rule.datatype} ({DATATYPE_DTYPES[rule.datatype]}); modelhost does not cast")
-        _check_shape(label, rule, array.shape, rows)
+        if shapes:
+            _check_shape(label, rule, array.shape, rows)
         checked[name] = array
     return checked
 
