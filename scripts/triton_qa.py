@@ -585,7 +585,7 @@ def main() -> None:
             lines = [line for line in output if line.startswith(("Ran ", "OK", "FAILED"))]
             pytest = [line.strip("= ") for line in output if line.startswith("=") and (" passed" in line
                                                                                      or " failed" in line)]
-            summary = " ".join(lines[-2:]) or " ".join(pytest[-1:]) or f"exit status {run.returncode}"
+            summary = " ".join(pytest[-1:]) or " ".join(lines[-2:]) or f"exit status {run.returncode}"
             print(f"{suite.label}: {summary}", flush=True)
             if args.show and run.returncode:
                 print("\n".join(output[-300:]), flush=True)
