@@ -429,7 +429,8 @@ class Suite:
 
     @property
     def label(self) -> str:
-        return f"{self.directory} {' '.join(self.command[2:])} {' '.join(f'{k}={v}' for k, v in self.env.items())}"
+        words = [word for word in self.command if word not in ("python", "-m", "unittest", "pytest", "-q", "-v")]
+        return f"{self.directory} {' '.join(words)} {' '.join(f'{k}={v}' for k, v in self.env.items())}"
 
 
 def suites() -> list[Suite]:
