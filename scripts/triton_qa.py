@@ -30,6 +30,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+import modelhost
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_client_models as client_models  # noqa: E402
 
@@ -272,7 +274,7 @@ def infer_models(qa: Path, repo: Path) -> None:
 
 
 def generated_models(kind: str, variable: bool = False, cpu: bool = False,
-                     variable_ensembles: bool | None = None) -> Callable[[Path, Path], None]:
+                     variable_ensembles: bool | None = None, ensembles: bool = True) -> Callable[[Path, Path], None]:
     """All of Triton's generated models of one kind (generated()) but BF16 ones, and its ensembles of them (of
     variable shapes as `variable_ensembles`, else as `variable`), as a test.sh copies them; `cpu`: KIND_CPU
     instance groups appended to the models, as its CPU target does. The ensembles' `nop_*` models are on the
@@ -285,6 +287,8 @@ def generated_models(kind: str, variable: bool = False, cpu: bool = False,
                 if cpu:
                     config = repo / model.name / "config.pbtxt"
                     config.write_text(config.read_text() + "instance_group [ { kind: KIND_CPU }]\n")
+        if not ensembles:
+            return
         ensembles_variable = variable if variable_ensembles is None else variable_ensembles
         for model in sorted(generated(qa, repo.parent, ensembles_variable, kind, ensembles=True).iterdir()):
             if model.name.startswith("nop_"):
@@ -505,6 +509,10 @@ def suites() -> list[Suite]:
         Suite("L0_infer_zero", ["python", "infer_zero_test.py"], generated_models("identity_model"),
               ["--gpu-fallback", "cpu"], {"BACKENDS": "onnx libtorch"}),
         Suite("L0_infer_reshape", ["python", "infer_reshape_test.py"], reshape_models, ["--gpu-fallback", "cpu"]),
+        Suite("L0_server_status", ["python", "server_status_test.py", "ServerMetadataTest"],
+              generated_models("model", ensembles=False), ["--repository-poll-secs", "1", "--model-control-mode",
+                                                            "poll", "--gpu-fallback", "cpu", "--server-name", "triton"],
+              {"TRITON_SERVER_VERSION": modelhost.__version__}),  # what Triton's container sets
         Suite("L0_string_io", ["python", "string_client_test.py", "-v"], string_models, ["--gpu-fallback", "cpu"]),
         *[Suite("L0_nullchar_string", ["python", "nullchar_string_client.py", "-m", model, *protocol], nullchar_models,
                 ["--gpu-fallback", "cpu"])

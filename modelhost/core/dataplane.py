@@ -28,8 +28,10 @@ T = TypeVar("T")
 Decode = Callable[[ModelMetadata], tuple[InferRequest, T]]
 
 SERVER_NAME = "modelhost"
-EXTENSIONS = ("classification", "binary_tensor_data", "model_configuration", "model_repository", "schedule_policy",
-              "statistics", "trace", "logging", "system_shared_memory")
+# Triton's list, in its order, but cuda_shared_memory (its routes answer that there is no GPU support here).
+EXTENSIONS = ("classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+              "schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data", "parameters",
+              "statistics", "trace", "logging")
 
 
 class DataPlane:

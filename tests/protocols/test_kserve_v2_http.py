@@ -98,6 +98,8 @@ def test_server_metadata(client: httpclient.InferenceServerClient) -> None:
     extensions = metadata["extensions"]
     assert isinstance(extensions, list) and all(isinstance(e, str) for e in extensions)
     assert {"binary_tensor_data", "model_configuration", "model_repository"} <= set(extensions)
+    # What modelhost does of Triton's list (its qa/L0_server_status checks it)
+    assert {"sequence", "parameters", "model_repository(unload_dependents)", "classification"} <= set(extensions)
     assert "classification" in extensions
 
 
