@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -172,14 +172,14 @@ class TorchModel(Model):
         if isinstance(result, dict):
             tensor = result.get(name)
             where = f"its dict result has no key '{name}' (keys: {', '.join(map(str, result))})"
-        elif isinstance(result, (tuple, list)) and not _strings(result):
+        elif isinstance(result, (tuple, list)) and not (result and _strings(result)):
             tensor = result[position] if position < len(result) else None
             where = f"output '{name}' is position {position} of its result, which has {len(result)}"
         else:
             tensor = result if position == 0 else None
             where = f"output '{name}' is position {position}, but it returned one {type(result).__name__}"
         expected = self._binding.dtypes[name]
-        if expected is None and isinstance(tensor, list) and all(isinstance(item, str) for item in tensor):
+        if expected is None and _strings(tensor):
             strings = np.empty(len(tensor), np.object_)
             strings[:] = [item.encode() for item in tensor]
             return strings
@@ -290,9 +290,10 @@ def _sequence_positions(names: list[str]) -> dict[str, int]:
     return positions
 
 
-def _strings(result: Any) -> bool:
-    """Whether forward() gave a List[str]: one TYPE_STRING output, not a list of outputs."""
-    return isinstance(result, list) and bool(result) and all(isinstance(item, str) for item in result)
+def _strings(value: Any) -> TypeGuard[list[str]]:
+    """Whether `value` is a List[str] (a TYPE_STRING output; a whole result that is one, when not empty, is the
+    model's one output rather than a list of outputs)."""
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def _named_index(name: str) -> int | None:

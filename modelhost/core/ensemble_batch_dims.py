@@ -17,8 +17,8 @@ def fitted(array: np.ndarray, batched: bool, dims: tuple[int, ...], batching: bo
     if batched == batching:
         return array
     if batching:
-        return array[np.newaxis] if _matches(dims, array.shape) else array
-    if array.ndim and array.shape[0] == 1 and not _matches(dims, array.shape):
+        return array[np.newaxis] if dims_agree(dims, array.shape) else array
+    if array.ndim and array.shape[0] == 1 and not dims_agree(dims, array.shape):
         return array.reshape(array.shape[1:])
     return array
 
@@ -26,7 +26,3 @@ def fitted(array: np.ndarray, batched: bool, dims: tuple[int, ...], batching: bo
 def dims_agree(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     """Equal but where either is -1 (a variable dim)."""
     return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
-
-
-def _matches(dims: tuple[int, ...], shape: tuple[int, ...]) -> bool:
-    return dims_agree(dims, tuple(shape))
